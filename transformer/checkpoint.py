@@ -1,0 +1,269 @@
+"""The only module that writes or reads checkpoints and finds them in run directories.
+
+A checkpoint is a directory `checkpoints/step_00001234/` holding
+  model.safetensors   weights (no pickle),
+  training.pt         optimizer moments and RNG states: tensors and numbers only, read with
+                      torch.load(weights_only=True), which refuses any pickled code,
+  meta.json           step, data position, model config, vocabulary sizes, tokenizer fingerprint,
+                      metrics, and the size and SHA-256 of the two files above.
+It is written into a temporary directory, fsynced, then renamed: a reader sees all of it or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model as load_safetensors_model
+from safetensors.torch import save_model as save_safetensors_model
+
+from .config import Config, ModelConfig, load_config
+from .errors import CheckpointError, ConfigError
+from .model import Transformer
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+BEST = "best"
+MODEL_FILE, TRAINING_FILE, META_FILE = "model.safetensors", "training.pt", "meta.json"
+RUN_CONFIG = "config.yaml"  # the resolved config, saved in the run directory
+TOKENIZER_DIR = "tokenizer"  # the run's tokenizer files, next to its checkpoints
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems (and Windows) cannot open directories; rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Atomically make directory `tmp` appear as `final`, replacing an older one if present."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def save_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
+                    meta: dict[str, Any], rng_state: dict[str, Any]) -> Path:
+    """Write checkpoint `checkpoints/step_<meta['step']>` atomically and return its path.
+
+    `meta` must be JSON-serialisable; model config and vocabulary sizes are added here so that
+    any checkpoint can rebuild its own model. Raises CheckpointError if the disk refuses.
+    """
+    checkpoints = Path(run_dir) / CHECKPOINTS
+    final = checkpoints / step_dir_name(int(meta["step"]))
+    tmp = checkpoints / f".tmp-{final.name}-{os.getpid()}"
+    try:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_safetensors_model(model, str(tmp / MODEL_FILE))
+        torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state}, tmp / TRAINING_FILE)
+        files = {}
+        for name in (MODEL_FILE, TRAINING_FILE):
+            _fsync_file(tmp / name)
+            files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+        full_meta = dict(meta, model_config=asdict(model.config), src_vocab_size=model.src_vocab_size,
+                         tgt_vocab_size=model.tgt_vocab_size, files=files)
+        _write_json(tmp / META_FILE, full_meta)
+        _fsync_file(tmp / META_FILE)
+        _publish(tmp, final)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"cannot write checkpoint {final}: {error.strerror or error}. "
+            "Training stopped so that no work goes unsaved; free space or fix permissions, then rerun to resume."
+        ) from error
+    return final
+
+
+def read_meta(checkpoint: Path, verify: bool = True, need_training_state: bool = False) -> dict[str, Any]:
+    """Read meta.json of `checkpoint` and (with `verify`) check the size and SHA-256 of its files."""
+    checkpoint = Path(checkpoint)
+    meta_path = checkpoint / META_FILE
+    if not meta_path.is_file():
+        raise CheckpointError(f"{checkpoint}: not a checkpoint ({META_FILE} is missing)")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{meta_path}: unreadable ({error})") from None
+    if not isinstance(meta, dict) or "files" not in meta or "model_config" not in meta:
+        raise CheckpointError(f"{meta_path}: not a checkpoint description of this project")
+    if verify:
+        names = [MODEL_FILE] + ([TRAINING_FILE] if need_training_state else [])
+        for name in names:
+            expected = meta["files"].get(name)
+            path = checkpoint / name
+            if expected is None or not path.is_file():
+                raise CheckpointError(f"{path}: missing from the checkpoint")
+            size = path.stat().st_size
+            if size != expected["bytes"]:
+                raise CheckpointError(f"{path}: truncated or corrupt ({size} bytes, expected {expected['bytes']})")
+            if _sha256(path) != expected["sha256"]:
+                raise CheckpointError(f"{path}: corrupt (SHA-256 differs from the one recorded at save time)")
+    return meta
+
+
+def load_model(checkpoint: Path, device: torch.device | str = "cpu") -> tuple[Transformer, dict[str, Any]]:
+    """Rebuild the model from the config stored in the checkpoint, then load its weights."""
+    checkpoint = Path(checkpoint)
+    meta = read_meta(checkpoint)
+    try:
+        model_config = ModelConfig(**meta["model_config"])
+    except (TypeError, ConfigError) as error:
+        raise CheckpointError(f"{checkpoint / META_FILE}: invalid model_config ({error})") from None
+    model = Transformer(model_config, meta["src_vocab_size"], meta["tgt_vocab_size"])
+    load_weights(model, checkpoint / MODEL_FILE)
+    return model.to(device), meta
+
+
+def load_weights(model: Transformer, path: Path) -> None:
+    """Load safetensors weights into `model`, naming any shape or key mismatch."""
+    try:
+        missing, unexpected = load_safetensors_model(model, str(path), strict=False)
+    except SafetensorError as error:
+        raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from None
+    except RuntimeError as error:  # shape mismatch
+        raise CheckpointError(f"{path}: weights do not fit this model: {error}") from None
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not fit this model (missing: {sorted(missing)[:5]}, "
+            f"unexpected: {sorted(unexpected)[:5]})"
+        )
+
+
+def load_training_state(checkpoint: Path) -> dict[str, Any]:
+    """Optimizer state and RNG states, loaded without unpickling code (weights_only=True)."""
+    path = Path(checkpoint) / TRAINING_FILE
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any failure here means "do not trust this file"
+        raise CheckpointError(f"{path}: refused to load ({type(error).__name__}: {error})") from None
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Step checkpoints of a run, oldest first (temporary and best directories excluded)."""
+    directory = Path(run_dir) / CHECKPOINTS
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_good_checkpoint(run_dir: Path) -> Path | None:
+    """The newest step checkpoint that verifies; corrupt ones are reported and skipped."""
+    for checkpoint in reversed(list_checkpoints(run_dir)):
+        try:
+            read_meta(checkpoint, verify=True, need_training_state=True)
+            return checkpoint
+        except CheckpointError as error:
+            log.warning("skipping checkpoint: %s", error)
+    return None
+
+
+def save_best(run_dir: Path, checkpoint: Path) -> Path:
+    """Make `checkpoints/best` a copy (hard links where possible) of `checkpoint`'s weights and meta."""
+    best = Path(run_dir) / CHECKPOINTS / BEST
+    tmp = best.with_name(f".tmp-{BEST}-{os.getpid()}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for name in (MODEL_FILE, META_FILE):
+            try:
+                os.link(checkpoint / name, tmp / name)
+            except OSError:
+                shutil.copy2(checkpoint / name, tmp / name)
+        _publish(tmp, best)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"cannot write best checkpoint {best}: {error.strerror or error}") from error
+    return best
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` step checkpoints (the best one is a separate copy)."""
+    for checkpoint in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def find_checkpoint(run: Path | None = None, checkpoint: Path | None = None,
+                    runs_root: Path = Path("runs")) -> Path:
+    """The checkpoint translation should use: `checkpoint` if given; else the best (or newest) one
+    of `run`; else of the run under `runs_root` with the most recently written checkpoint."""
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+        if not (checkpoint / META_FILE).is_file():
+            raise CheckpointError(f"{checkpoint}: not a checkpoint directory (no {META_FILE})")
+        return checkpoint
+    if run is None:
+        candidates = []
+        if Path(runs_root).is_dir():
+            for run_dir in Path(runs_root).iterdir():
+                metas = list((run_dir / CHECKPOINTS).glob(f"*/{META_FILE}"))
+                if metas:
+                    candidates.append((max(m.stat().st_mtime for m in metas), run_dir))
+        if not candidates:
+            raise CheckpointError(
+                f"no trained run found under {runs_root}/: train one first "
+                "(python train.py --config configs/base.yaml) or pass --run DIR / --checkpoint DIR"
+            )
+        run = max(candidates)[1]
+    run = Path(run)
+    if not run.is_dir():
+        raise CheckpointError(f"run directory not found: {run}")
+    best = run / CHECKPOINTS / BEST
+    if (best / META_FILE).is_file():
+        return best
+    steps = list_checkpoints(run)
+    if not steps:
+        raise CheckpointError(f"{run}: has no checkpoint yet (train it first, or wait for its first save)")
+    return steps[-1]
+
+
+def load_run_config(run_dir: Path) -> Config:
+    """The resolved config a run was started with (`config.yaml` in its directory)."""
+    path = Path(run_dir) / RUN_CONFIG
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (is {run_dir} a run directory?)")
+    return load_config(path)

@@ -1,0 +1,272 @@
+"""Search for translations: greedy and beam search over a batch of source sentences, and
+`translate` / `translate_n_best` from text to text. No training and no file I/O here; the model's
+incremental decoding cache lives in model.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .batching import source_tensor
+from .config import DecodeConfig
+from .model import Transformer
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
+
+logger = logging.getLogger(__name__)
+
+_NEVER_EMITTED = [PAD_ID, BOS_ID]  # their logits are set to -inf at every step
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation of beam search."""
+
+    tokens: list[int]  # target ids, without BOS and EOS
+    score: float  # log_prob / length penalty: what the hypotheses are ranked by
+    log_prob: float  # sum of the log-probabilities of the tokens and the final EOS
+
+
+def gnmt_length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016, Section 7); `length`
+    counts the EOS. alpha = 0 gives 1, so scores are raw log-probability sums."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_output_lengths(src_lengths: Tensor, a: float, b: int, hard_cap: int) -> Tensor:
+    """(B,) source lengths in subwords (without EOS) -> (B,) int64 longest outputs, floor(a * len) + b,
+    between 1 and `hard_cap` (pass model max_len - 1: BOS + that many tokens fills the position table)."""
+    # float64 and a tiny epsilon, so that e.g. 1.1 * 10 floors to 11 and not to 10.
+    lengths = torch.floor(src_lengths.to(torch.float64) * a + 1e-9).long() + b
+    return lengths.clamp(1, hard_cap)
+
+
+class _StepDecoder:
+    """Next-token logits for a working batch of prefixes, incrementally (cache) or by recomputing
+    every prefix from scratch (use_cache=False, for tests and the benchmark)."""
+
+    def __init__(self, model: Transformer, memory: Tensor, src_pad_mask: Tensor, use_cache: bool) -> None:
+        self.model, self.memory, self.src_pad_mask = model, memory, src_pad_mask
+        self.cache = model.init_cache(memory) if use_cache else None
+
+    def logits(self, prefix: Tensor) -> Tensor:
+        """prefix (N, t): BOS and the tokens so far -> (N, V) logits of the next token."""
+        if self.cache is not None:
+            states = self.model.decode(prefix[:, -1:], self.memory, self.src_pad_mask, self.cache)
+        else:
+            states = self.model.decode(prefix, self.memory, self.src_pad_mask)
+        # Only the last position's projection is needed: with V >> D it is the costliest matmul.
+        logits = self.model.project(states[:, -1])
+        logits[:, _NEVER_EMITTED] = float("-inf")
+        return logits
+
+    def select(self, index: Tensor) -> None:
+        """Keep working rows `index` (N',) in that order: reorders beams, drops finished rows."""
+        self.memory = self.memory.index_select(0, index)
+        self.src_pad_mask = self.src_pad_mask.index_select(0, index)
+        if self.cache is not None:
+            self.cache.select(index)
+
+
+@torch.inference_mode()
+def greedy_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
+                  use_cache: bool = True) -> list[list[int]]:
+    """Pick the most probable token at each step (the model should be in eval mode).
+
+    src (B, S) ids with EOS, src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most
+    tokens each output may have (EOS not counted). Returns B id lists without BOS/EOS. A sentence
+    stops at EOS or at its max length, and then leaves the working batch.
+    """
+    batch, device = src.shape[0], src.device
+    if batch == 0:
+        return []
+    max_lengths = max_lengths.to(device)
+    if int(max_lengths.min()) < 1:
+        raise ValueError("max_lengths must all be >= 1")
+    longest = int(max_lengths.max())
+    step_decoder = _StepDecoder(model, model.encode(src, src_pad_mask), src_pad_mask, use_cache)
+
+    output = torch.full((batch, longest), PAD_ID, dtype=torch.long, device=device)
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
+    rows = torch.arange(batch, device=device)  # sentence of each working row
+    row_max = max_lengths
+    prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
+    for step in range(longest):
+        next_token = step_decoder.logits(prefix).argmax(-1)  # (N,)
+        ended = next_token == EOS_ID
+        output[rows, step] = next_token
+        lengths[rows] = step + 1 - ended.long()  # an EOS is written but not counted
+        done = ended | (row_max <= step + 1)
+        if bool(done.all()):
+            break
+        prefix = torch.cat([prefix, next_token[:, None]], dim=1)
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)
+            rows, row_max, prefix = rows[keep], row_max[keep], prefix[keep]
+            step_decoder.select(keep)
+    return [ids[:n] for ids, n in zip(output.tolist(), lengths.tolist())]
+
+
+@torch.inference_mode()
+def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size: int,
+                length_penalty: float, max_lengths: Tensor, n_best: int = 1,
+                use_cache: bool = True) -> list[list[Hypothesis]]:
+    """Beam search over B sentences at once, k = beam_size rows each (the model should be in eval mode).
+
+    src (B, S), src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most tokens an output
+    may have (EOS not counted). Returns, per sentence, its `n_best` hypotheses best first.
+
+    Each step keeps the k best (beam, token) candidates of a sentence by summed float32 log-prob.
+    Candidates ending in EOS leave the beam as finished hypotheses, scored log_prob / lp(length
+    with EOS); their slots are refilled by the next step's top-k. With k = 1 this is exactly greedy
+    search. At max length only EOS is allowed, so every hypothesis is scored with its EOS.
+
+    Stopping rule (exact, for any alpha >= 0): log-probs are <= 0, so an open beam with summed
+    log-prob s can only finish with log_prob <= s and length <= max_length + 1, hence with a score
+    <= s / lp(max_length + 1) (= s when alpha = 0). A sentence stops once its n_best-th finished
+    score is >= that bound for its best open beam, or no open beam is left; it then leaves the
+    working batch.
+    """
+    if beam_size < 1 or not 1 <= n_best <= beam_size:
+        raise ValueError(f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size} and {n_best}")
+    batch, device, k = src.shape[0], src.device, beam_size
+    if batch == 0:
+        return []
+    max_lengths = max_lengths.to(device)
+    if int(max_lengths.min()) < 1:
+        raise ValueError("max_lengths must all be >= 1")
+    neg_inf = float("-inf")
+
+    memory = model.encode(src, src_pad_mask)
+    step_decoder = _StepDecoder(model, memory, src_pad_mask, use_cache)
+    # Encode (and project cross-attention keys/values) once per sentence, then copy to its k rows.
+    step_decoder.select(torch.arange(batch, device=device).repeat_interleave(k))
+
+    sentences = torch.arange(batch, device=device)  # (n,) original index of each working sentence
+    row_max = max_lengths  # (n,)
+    # Only beam 0 is live at first: k identical copies would fill the beam with duplicates.
+    scores = torch.full((batch, k), neg_inf, device=device)  # (n, k) summed log-probs, -inf = no beam
+    scores[:, 0] = 0.0
+    prefix = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)  # (n*k, t)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    worst_kept = torch.full((batch,), neg_inf, device=device)  # (n,) n_best-th finished score, or -inf
+    beam_offset = torch.arange(batch, device=device)[:, None] * k  # (n, 1) first row of each sentence
+
+    step = 0
+    while True:
+        n = scores.shape[0]
+        log_probs = torch.log_softmax(step_decoder.logits(prefix).float(), dim=-1)  # (n*k, V)
+        vocab = log_probs.shape[-1]
+        at_max = (row_max <= step).repeat_interleave(k)  # (n*k,) rows that already hold max tokens
+        if bool(at_max.any()):
+            eos = log_probs[:, EOS_ID].clone()
+            log_probs.masked_fill_(at_max[:, None], neg_inf)
+            log_probs[:, EOS_ID] = eos
+        candidates = (scores[:, :, None] + log_probs.view(n, k, vocab)).view(n, k * vocab)
+        top_scores, top_index = candidates.topk(k, dim=1)  # (n, k)
+        origin = beam_offset[:n] + top_index // vocab  # (n, k) working row each candidate extends
+        tokens = top_index % vocab  # (n, k)
+
+        # Set finished hypotheses aside. All of this step's have the same length: step + 1 with EOS.
+        is_eos = (tokens == EOS_ID) & (top_scores > neg_inf)
+        if bool(is_eos.any()):
+            which, _ = is_eos.nonzero().unbind(1)
+            histories = prefix[origin[is_eos], 1:].tolist()
+            log_prob_list = top_scores[is_eos].tolist()
+            penalty = gnmt_length_penalty(float(step + 1), length_penalty)
+            updated = {}
+            for i, history, log_prob in zip(which.tolist(), histories, log_prob_list):
+                kept = finished[int(sentences[i])]
+                kept.append(Hypothesis(history, log_prob / penalty, log_prob))
+                updated[i] = kept
+            for i, kept in updated.items():
+                kept.sort(key=lambda h: -h.score)  # stable: equal scores keep their order
+                del kept[n_best:]
+                if len(kept) == n_best:
+                    worst_kept[i] = kept[-1].score
+            top_scores = top_scores.masked_fill(is_eos, neg_inf)
+        scores = top_scores
+
+        best_open = scores.max(dim=1).values  # (n,)
+        bound = best_open / gnmt_length_penalty(row_max + 1.0, length_penalty)
+        done = (best_open == neg_inf) | (worst_kept >= bound)
+        if bool(done.all()):
+            break
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)
+            sentences, row_max, worst_kept = sentences[keep], row_max[keep], worst_kept[keep]
+            scores, origin, tokens = scores[keep], origin[keep], tokens[keep]
+        rows = origin.reshape(-1)  # one gather both reorders the beams and drops finished sentences
+        prefix = torch.cat([prefix[rows], tokens.reshape(-1, 1)], dim=1)
+        step_decoder.select(rows)
+        step += 1
+    return finished
+
+
+def _truncate_sources(ids: list[list[int]], limit: int) -> list[list[int]]:
+    """Cut sources to `limit` subwords (so that with EOS they fit the position table), warning once."""
+    too_long = [i for i, row in enumerate(ids) if len(row) > limit]
+    if too_long:
+        logger.warning("%d source sentence(s) longer than %d subwords were truncated (the model's max_len "
+                       "is %d including EOS); first at input index %d",
+                       len(too_long), limit, limit + 1, too_long[0])
+        ids = [row[:limit] if len(row) > limit else row for row in ids]
+    return ids
+
+
+def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
+                     device: torch.device | str, n_best: int, use_cache: bool = True) -> list[list[str]]:
+    """Translate `texts`: for each, its `n_best` translations best first (n_best <= config.beam_size;
+    beam_size 1 = greedy search).
+
+    Sentences are sorted by source length and decoded config.batch_size at a time; the result is in
+    input order and does not depend on the batching. A text with no subwords (empty or blank)
+    translates to "" without running the model (repeated n_best times). Sources longer than
+    model max_len - 1 subwords are truncated to that length with a logged warning (not refused: one
+    odd line should not stop a whole file). The model runs in eval mode, and its mode is restored.
+    """
+    if not 1 <= n_best <= config.beam_size:
+        raise ValueError(f"n_best must be between 1 and decode.beam_size={config.beam_size}, got {n_best}")
+    hard_cap = model.config.max_len - 1
+    ids = _truncate_sources(tokenizers.encode_source(list(texts)), hard_cap)
+    results: list[list[list[int]]] = [[[]] * n_best for _ in ids]
+    # Longest first: peak memory shows up in the first batch, not after minutes of work.
+    order = sorted((i for i, row in enumerate(ids) if row), key=lambda i: -len(ids[i]))
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(order), config.batch_size):
+                chunk = order[start: start + config.batch_size]
+                src, src_pad_mask = source_tensor([ids[i] for i in chunk])
+                src, src_pad_mask = src.to(device), src_pad_mask.to(device)
+                src_lengths = torch.tensor([len(ids[i]) for i in chunk])
+                max_lengths = max_output_lengths(src_lengths, config.max_length_a, config.max_length_b, hard_cap)
+                if config.beam_size == 1:
+                    outputs = [[tokens] for tokens in
+                               greedy_search(model, src, src_pad_mask, max_lengths, use_cache)]
+                else:
+                    hypotheses = beam_search(model, src, src_pad_mask, config.beam_size, config.length_penalty,
+                                             max_lengths, n_best, use_cache)
+                    outputs = [[h.tokens for h in sentence] for sentence in hypotheses]
+                for i, output in zip(chunk, outputs):
+                    results[i] = output
+    finally:
+        model.train(was_training)
+
+    flat = tokenizers.decode_target([tokens for sentence in results for tokens in sentence])
+    return [flat[i * n_best: (i + 1) * n_best] for i in range(len(results))]
+
+
+def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
+              device: torch.device | str, use_cache: bool = True) -> list[str]:
+    """The best translation of each text, in input order; see `translate_n_best`."""
+    return [best[0] for best in translate_n_best(texts, model, tokenizers, config, device, 1, use_cache)]
+
+
+__all__ = ["Hypothesis", "gnmt_length_penalty", "max_output_lengths", "greedy_search", "beam_search",
+           "translate", "translate_n_best"]

@@ -1,0 +1,68 @@
+"""Load a trained run for translation: rebuild the model from its checkpoint, load the run's own
+tokenizers (refusing files that differ from those it was trained with), and translate text."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import checkpoint
+from .config import DecodeConfig
+from .decode import translate_n_best
+from .errors import CheckpointError
+from .model import Transformer
+from .tokenizer import Tokenizers, load_tokenizers, tokenizer_fingerprint
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass
+class Translator:
+    model: Transformer
+    tokenizers: Tokenizers
+    decode: DecodeConfig
+    device: torch.device
+    checkpoint: Path
+
+    def translate(self, texts: list[str], n_best: int = 1) -> list[list[str]]:
+        """For each text, its `n_best` translations, best first."""
+        return translate_n_best(texts, self.model, self.tokenizers, self.decode, self.device, n_best)
+
+
+def run_dir_of(checkpoint_dir: Path) -> Path:
+    """runs/<name>/checkpoints/<step or best>  ->  runs/<name>"""
+    return Path(checkpoint_dir).resolve().parent.parent
+
+
+def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None, device: torch.device | str = "cpu",
+                    runs_root: Path = Path("runs"), **decode_overrides) -> Translator:
+    """The best checkpoint of `run` (default: the newest run under `runs_root`), or `checkpoint_dir`.
+
+    `decode_overrides` replace fields of the run's decode config (beam_size, batch_size, ...).
+    """
+    found = checkpoint.find_checkpoint(run, checkpoint_dir, runs_root)
+    model, meta = checkpoint.load_model(found, device)
+    model.eval()
+    run_dir = run_dir_of(found)
+    tokenizer_dir = run_dir / checkpoint.TOKENIZER_DIR
+    if not tokenizer_dir.is_dir():
+        raise CheckpointError(f"{found}: its tokenizer directory {tokenizer_dir} is missing; "
+                              "copy the whole run directory, not only the checkpoint")
+    tokenizers = load_tokenizers(tokenizer_dir)
+    if meta.get("tokenizer_fingerprint") != tokenizer_fingerprint(tokenizer_dir):
+        raise CheckpointError(f"{found}: was trained with other tokenizer files than those in {tokenizer_dir}")
+    if (tokenizers.source_vocab_size, tokenizers.target_vocab_size) != (model.src_vocab_size, model.tgt_vocab_size):
+        raise CheckpointError(
+            f"{found}: model vocabularies ({model.src_vocab_size}, {model.tgt_vocab_size}) do not match the "
+            f"tokenizers in {tokenizer_dir} ({tokenizers.source_vocab_size}, {tokenizers.target_vocab_size})")
+    decode = DecodeConfig()
+    if (run_dir / checkpoint.RUN_CONFIG).is_file():
+        decode = checkpoint.load_run_config(run_dir).decode
+    decode = dataclasses.replace(decode, **{k: v for k, v in decode_overrides.items() if v is not None})
+    log.info("translating with %s (step %s)", found, meta.get("step"))
+    return Translator(model, tokenizers, decode, torch.device(device), found)

@@ -1,0 +1,72 @@
+"""Run logging: stdlib logging to stderr (tqdm-safe) and to `train.log`, and TensorBoard scalars
+and text. The training loop calls these; it never prints."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+TENSORBOARD_DIR = "tensorboard"
+LOG_FILE = "train.log"
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Writes log lines above an active tqdm bar instead of through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging must never crash training
+            self.handleError(record)
+
+
+def setup_logging(run_dir: Path | None = None, level: int = logging.INFO) -> None:
+    """Log to stderr and, with a run directory, append to run_dir/train.log as well."""
+    root = logging.getLogger()
+    root.setLevel(level)
+    for handler in list(root.handlers):
+        if getattr(handler, "_transformer_handler", False):
+            root.removeHandler(handler)
+            handler.close()
+    console = _TqdmHandler()
+    console.setFormatter(logging.Formatter("%(message)s"))
+    handlers: list[logging.Handler] = [console]
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(Path(run_dir) / LOG_FILE, encoding="utf-8")
+        file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handlers.append(file_handler)
+    for handler in handlers:
+        handler._transformer_handler = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    # Libraries we call are chatty at INFO; their warnings still show.
+    for noisy in ("datasets", "fsspec", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class TensorBoard:
+    """A thin wrapper so the trainer can log a dict of scalars in one call; disabled = no-op."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+        self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD_DIR)) if enabled else None
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.writer is not None:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, step)
+
+    def text(self, step: int, tag: str, text: str) -> None:
+        if self.writer is not None:
+            self.writer.add_text(tag, text, step)
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,269 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+`encode` runs the encoder, `decode` the decoder (whole prefix, or incrementally with a
+`DecoderCache`), `project` turns decoder states into vocabulary logits. No loss, no search here.
+Masks: `src_pad_mask (B, S)` is True at padding; it becomes an SDPA "True = attend" mask in
+exactly one place, `_attend_mask`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .tokenizer import PAD_ID
+
+
+def _attend_mask(src_pad_mask: Tensor) -> Tensor:
+    """(B, S) True = padding  ->  (B, 1, 1, S) True = attend, as F.scaled_dot_product_attention wants."""
+    return ~src_pad_mask[:, None, None, :]
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
+    """(max_len, d_model) table of Section 3.5: sin on even features, cos on odd ones."""
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)[:, : d_model // 2]
+    return table
+
+
+@dataclass
+class LayerCache:
+    """One decoder layer's keys and values: self-attention grows by one step per call,
+    cross-attention is computed once from the encoder output."""
+
+    self_k: Tensor | None  # (B, H, t, Dh)
+    self_v: Tensor | None
+    cross_k: Tensor  # (B, H, S, Dh)
+    cross_v: Tensor
+
+
+@dataclass
+class DecoderCache:
+    """Everything incremental decoding keeps between steps. `length` = positions already decoded."""
+
+    layers: list[LayerCache]
+    length: int = 0
+
+    def select(self, index: Tensor) -> None:
+        """Keep batch rows `index` (in that order): reorders beams and drops finished sentences."""
+        for layer in self.layers:
+            layer.cross_k = layer.cross_k.index_select(0, index)
+            layer.cross_v = layer.cross_v.index_select(0, index)
+            if layer.self_k is not None:
+                layer.self_k = layer.self_k.index_select(0, index)
+                layer.self_v = layer.self_v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """Section 3.2.2. One (3D, D) input projection: self-attention uses it fused for Q, K, V in one
+    matmul; cross-attention uses its first third for Q and the rest for K, V of the memory."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, H, T, Dh)"""
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)
+
+    def _merge(self, x: Tensor) -> Tensor:
+        """(B, H, T, Dh) -> (B, T, D)"""
+        batch, _, length, _ = x.shape
+        return self.out_proj(x.transpose(1, 2).reshape(batch, length, self.d_model))
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of the encoder output, each (B, H, S, Dh)."""
+        k, v = F.linear(memory, self.in_proj.weight[self.d_model:], self.in_proj.bias[self.d_model:]).chunk(2, -1)
+        return self._heads(k), self._heads(v)
+
+    def self_attention(self, x: Tensor, attend_mask: Tensor | None = None, causal: bool = False,
+                       cache: LayerCache | None = None) -> Tensor:
+        """x (B, T, D). With `cache`, x holds only the new positions and attends to all cached ones."""
+        q, k, v = (self._heads(t) for t in self.in_proj(x).chunk(3, -1))
+        if cache is not None:
+            if cache.self_k is not None:
+                k = torch.cat([cache.self_k, k], dim=2)
+                v = torch.cat([cache.self_v, v], dim=2)
+            cache.self_k, cache.self_v = k, v
+            new, total = q.shape[2], k.shape[2]
+            if new > 1:  # several new positions: each sees the cache and the new ones up to itself
+                attend_mask = torch.ones(new, total, dtype=torch.bool, device=x.device).tril(total - new)
+            causal = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask, is_causal=causal)
+        return self._merge(out)
+
+    def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor) -> Tensor:
+        """x (B, T, D) queries the memory's keys/values (B, H, S, Dh)."""
+        q = self._heads(F.linear(x, self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model]))
+        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask))
+
+
+class FeedForward(nn.Module):
+    """Section 3.3: two linear maps with a ReLU between."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(F.relu(self.linear1(x)))
+
+
+class Residual(nn.Module):
+    """A sublayer wrapped as in Section 5.4: post-norm LayerNorm(x + Dropout(sublayer(x))), or
+    pre-norm x + Dropout(sublayer(LayerNorm(x))) which trains more stably without long warm-up."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attention = MultiHeadAttention(config.d_model, config.n_heads)
+        self.feed_forward = FeedForward(config.d_model, config.d_ff)
+        self.attention_block = Residual(config.d_model, config.dropout, config.pre_norm)
+        self.feed_forward_block = Residual(config.d_model, config.dropout, config.pre_norm)
+
+    def forward(self, x: Tensor, attend_mask: Tensor) -> Tensor:
+        x = self.attention_block(x, lambda h: self.attention.self_attention(h, attend_mask))
+        return self.feed_forward_block(x, self.feed_forward)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attention = MultiHeadAttention(config.d_model, config.n_heads)
+        self.cross_attention = MultiHeadAttention(config.d_model, config.n_heads)
+        self.feed_forward = FeedForward(config.d_model, config.d_ff)
+        self.self_block = Residual(config.d_model, config.dropout, config.pre_norm)
+        self.cross_block = Residual(config.d_model, config.dropout, config.pre_norm)
+        self.feed_forward_block = Residual(config.d_model, config.dropout, config.pre_norm)
+
+    def forward(self, x: Tensor, memory_k: Tensor, memory_v: Tensor, attend_mask: Tensor,
+                cache: LayerCache | None = None) -> Tensor:
+        # The target is right-padded, so with a causal mask no real position ever sees padding:
+        # padding needs no mask of its own here, and SDPA can take its fast causal path.
+        x = self.self_block(x, lambda h: self.self_attention.self_attention(h, causal=True, cache=cache))
+        x = self.cross_block(x, lambda h: self.cross_attention.cross_attention(h, memory_k, memory_v, attend_mask))
+        return self.feed_forward_block(x, self.feed_forward)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder with sinusoidal positions and (optionally) one shared embedding matrix."""
+
+    def __init__(self, config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
+        super().__init__()
+        if config.share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError("share_embeddings needs one joint vocabulary (equal source and target sizes)")
+        self.config = config
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        d_model = config.d_model
+        self.src_embedding = nn.Embedding(src_vocab_size, d_model, padding_idx=PAD_ID)
+        if config.share_embeddings:
+            self.tgt_embedding = self.src_embedding
+        else:
+            self.tgt_embedding = nn.Embedding(tgt_vocab_size, d_model, padding_idx=PAD_ID)
+        self.output = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        self.register_buffer("positions", sinusoidal_positions(config.max_len, d_model), persistent=False)
+        self.dropout = nn.Dropout(config.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))
+        # Pre-norm leaves the residual stream un-normalised: one LayerNorm closes each stack.
+        self.encoder_norm = nn.LayerNorm(d_model) if config.pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model) if config.pre_norm else nn.Identity()
+        self._reset_parameters()
+        if config.share_embeddings:
+            self.output.weight = self.src_embedding.weight  # Section 3.4: one matrix, three uses
+
+    def _reset_parameters(self) -> None:
+        for name, parameter in self.named_parameters():
+            if "embedding" in name:
+                # N(0, d^-1/2): after the sqrt(d) scale of Section 3.4 the inputs have unit variance.
+                nn.init.normal_(parameter, std=self.config.d_model ** -0.5)
+            elif parameter.dim() > 1:
+                nn.init.xavier_uniform_(parameter)
+            elif name.endswith("bias"):
+                nn.init.zeros_(parameter)
+        with torch.no_grad():
+            self.src_embedding.weight[PAD_ID].zero_()
+            self.tgt_embedding.weight[PAD_ID].zero_()
+
+    def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
+        """tokens (B, T) -> (B, T, D): scaled embedding plus positions offset..offset+T-1."""
+        length = tokens.shape[1]
+        if offset + length > self.config.max_len:
+            raise ValueError(f"sequence of {offset + length} tokens exceeds model.max_len={self.config.max_len}")
+        x = embedding(tokens) * math.sqrt(self.config.d_model) + self.positions[offset: offset + length]
+        return self.dropout(x)
+
+    def encode(self, src: Tensor, src_pad_mask: Tensor) -> Tensor:
+        """src (B, S) token ids, src_pad_mask (B, S) True at padding -> memory (B, S, D)."""
+        attend = _attend_mask(src_pad_mask)
+        x = self._embed(self.src_embedding, src)
+        for layer in self.encoder_layers:
+            x = layer(x, attend)
+        return self.encoder_norm(x)
+
+    def init_cache(self, memory: Tensor) -> DecoderCache:
+        """A cache holding each layer's cross-attention keys/values of `memory` (B, S, D)."""
+        layers = []
+        for layer in self.decoder_layers:
+            k, v = layer.cross_attention.project_kv(memory)
+            layers.append(LayerCache(None, None, k, v))
+        return DecoderCache(layers)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
+               cache: DecoderCache | None = None) -> Tensor:
+        """tgt_in (B, T) -> decoder states (B, T, D); position t sees tgt_in[:, :t+1] only.
+
+        With `cache` (from `init_cache`), tgt_in holds only the next positions: the cache supplies
+        the earlier ones and the memory's keys/values, and is updated in place.
+        """
+        attend = _attend_mask(src_pad_mask)
+        offset = cache.length if cache is not None else 0
+        x = self._embed(self.tgt_embedding, tgt_in, offset)
+        for index, layer in enumerate(self.decoder_layers):
+            if cache is not None:
+                layer_cache = cache.layers[index]
+                x = layer(x, layer_cache.cross_k, layer_cache.cross_v, attend, layer_cache)
+            else:
+                k, v = layer.cross_attention.project_kv(memory)
+                x = layer(x, k, v, attend)
+        if cache is not None:
+            cache.length += tgt_in.shape[1]
+        return self.decoder_norm(x)
+
+    def project(self, states: Tensor) -> Tensor:
+        """(..., D) decoder states -> (..., V) unnormalised logits (the loss applies log-softmax)."""
+        return self.output(states)
+
+    def forward(self, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V) of the next token at every target position."""
+        memory = self.encode(src, src_pad_mask)
+        return self.project(self.decode(tgt_in, memory, src_pad_mask))
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, counting a shared matrix once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

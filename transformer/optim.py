@@ -1,0 +1,39 @@
+"""Adam and the learning-rate schedule. The rate is a pure function of the step, so resuming
+needs only the step number, never a scheduler's pickled state."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .config import ModelConfig, TrainConfig
+
+
+def learning_rate(step: int, train: TrainConfig, model: ModelConfig) -> float:
+    """The rate for optimiser step `step` (1-based).
+
+    noam (Section 5.3): lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
+    a linear warm-up then decay with the inverse square root of the step.
+    inverse_sqrt: the same shape, but its peak (at step == warmup) is `peak_lr` itself.
+    """
+    step = max(step, 1)
+    warmup = train.warmup_steps
+    shape = min(step ** -0.5, step * warmup ** -1.5)  # peaks at warmup^-0.5
+    if train.schedule == "noam":
+        return train.lr_factor * model.d_model ** -0.5 * shape
+    return train.peak_lr * shape * math.sqrt(warmup)
+
+
+def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Adam:
+    """Adam with the paper's betas and epsilon by default; fused/foreach kernels where torch has them."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    cls = torch.optim.AdamW if train.weight_decay > 0 else torch.optim.Adam
+    return cls(parameters, lr=learning_rate(1, train, model.config), betas=train.adam_betas,
+               eps=train.adam_eps, weight_decay=train.weight_decay, foreach=True)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,220 @@
+"""Byte-pair-encoding tokenizers: train, save, load, fingerprint, and the special-token ids.
+
+The special ids live here and nowhere else. BOS/EOS are *not* added by the tokenizer:
+the batching code adds them, so encoded sequences are plain subwords.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from .config import TokenizerConfig
+from .errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # in id order: the trainer assigns ids 0, 1, 2, 3
+
+JOINT_FILE = "joint.json"
+SOURCE_FILE = "source.json"
+TARGET_FILE = "target.json"
+_TRAIN_BATCH = 1000  # texts handed to the Rust trainer at a time
+
+
+@dataclass(frozen=True)
+class Tokenizers:
+    """The source (English) and target (French) tokenizers; one shared object when `joint`."""
+
+    source: Tokenizer
+    target: Tokenizer
+    joint: bool
+
+    def encode_source(self, texts: list[str]) -> list[list[int]]:
+        """Subword ids of each text, without BOS/EOS."""
+        return [encoding.ids for encoding in self.source.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_target(self, texts: list[str]) -> list[list[int]]:
+        """Subword ids of each text, without BOS/EOS."""
+        return [encoding.ids for encoding in self.target.encode_batch(texts, add_special_tokens=False)]
+
+    def decode_target(self, ids_batch: list[list[int]]) -> list[str]:
+        """Text of each id sequence: stops at the first EOS and skips PAD and BOS.
+
+        UNK is kept and shows as "<unk>": dropping it would hide that a word was lost.
+        """
+        kept = [_strip_specials(ids) for ids in ids_batch]
+        return self.target.decode_batch(kept, skip_special_tokens=False)
+
+    @property
+    def source_vocab_size(self) -> int:
+        return self.source.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.target.get_vocab_size(with_added_tokens=True)
+
+
+def _strip_specials(ids: Iterable[int]) -> list[int]:
+    kept = []
+    for token_id in ids:
+        token_id = int(token_id)  # accept numpy / tensor scalars from the decoder
+        if token_id == EOS_ID:
+            break
+        if token_id not in (PAD_ID, BOS_ID):
+            kept.append(token_id)
+    return kept
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _new_tokenizer() -> Tokenizer:
+    # Without unk_token, BPE silently drops characters it never saw in training.
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.normalizer = normalizers.NFC()
+    # Metaspace keeps spaces as "▁", so decoding restores the text exactly; a Whitespace
+    # pre-tokenizer throws the spaces away and "J'ai froid." could not be rebuilt.
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return tokenizer
+
+
+def _batches(texts: Iterable[str], size: int = _TRAIN_BATCH) -> Iterator[list[str]]:
+    iterator = iter(texts)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+def _train_one(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
+    tokenizer = _new_tokenizer()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_batches(texts), trainer=trainer)
+    _check_special_ids(tokenizer, "the trained tokenizer", RuntimeError)  # a bug if it fails
+    return tokenizer
+
+
+def _check_special_ids(tokenizer: Tokenizer, where: str, error: type[Exception] = CheckpointError) -> None:
+    wrong = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS
+             if tokenizer.token_to_id(token) != SPECIAL_TOKENS.index(token)}
+    if wrong:
+        expected = {token: SPECIAL_TOKENS.index(token) for token in SPECIAL_TOKENS}
+        raise error(f"{where}: special token ids {wrong} differ from the expected {expected}")
+
+
+def train_tokenizers(source_texts: Iterable[str], target_texts: Iterable[str],
+                     config: TokenizerConfig) -> Tokenizers:
+    """Train BPE on the given texts: one vocabulary for both sides if `config.joint`.
+
+    The iterables are consumed once, in batches, so they can stream from disk.
+    """
+    if config.joint:
+        tokenizer = _train_one(itertools.chain(source_texts, target_texts), config)
+        result = Tokenizers(source=tokenizer, target=tokenizer, joint=True)
+    else:
+        result = Tokenizers(source=_train_one(source_texts, config),
+                            target=_train_one(target_texts, config), joint=False)
+    logger.info("trained %s BPE: source vocab %d, target vocab %d",
+                "joint" if config.joint else "separate", result.source_vocab_size, result.target_vocab_size)
+    return result
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # Write then rename, so a crash never leaves a half-written tokenizer behind.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _files(tokenizers_joint: bool) -> tuple[str, ...]:
+    return (JOINT_FILE,) if tokenizers_joint else (SOURCE_FILE, TARGET_FILE)
+
+
+def save_tokenizers(tokenizers: Tokenizers, directory: str | Path) -> None:
+    """Write `directory/joint.json`, or `source.json` and `target.json`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if tokenizers.joint:
+        _write_atomic(directory / JOINT_FILE, tokenizers.source.to_str())
+    else:
+        _write_atomic(directory / SOURCE_FILE, tokenizers.source.to_str())
+        _write_atomic(directory / TARGET_FILE, tokenizers.target.to_str())
+
+
+def _present_files(directory: Path) -> tuple[str, ...]:
+    """Which layout `directory` holds; a CheckpointError if neither or both."""
+    has_joint = (directory / JOINT_FILE).is_file()
+    has_separate = [(directory / name).is_file() for name in (SOURCE_FILE, TARGET_FILE)]
+    if has_joint and any(has_separate):
+        raise CheckpointError(f"{directory}: holds both {JOINT_FILE} and {SOURCE_FILE}/{TARGET_FILE}; "
+                              "cannot tell which tokenizer the run used")
+    if has_joint:
+        return _files(True)
+    if all(has_separate):
+        return _files(False)
+    raise CheckpointError(f"{directory}: no tokenizer found; expected {directory / JOINT_FILE} "
+                          f"or both {directory / SOURCE_FILE} and {directory / TARGET_FILE}")
+
+
+def _load_one(path: Path) -> Tokenizer:
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as error:  # the Rust side raises a bare Exception for bad JSON
+        raise CheckpointError(f"{path}: not a valid tokenizer file ({error})") from None
+    _check_special_ids(tokenizer, str(path))
+    return tokenizer
+
+
+def load_tokenizers(directory: str | Path) -> Tokenizers:
+    """Read what `save_tokenizers` wrote; a CheckpointError naming the path if missing or corrupt."""
+    directory = Path(directory)
+    names = _present_files(directory)
+    if names == (JOINT_FILE,):
+        tokenizer = _load_one(directory / JOINT_FILE)
+        return Tokenizers(source=tokenizer, target=tokenizer, joint=True)
+    return Tokenizers(source=_load_one(directory / SOURCE_FILE),
+                      target=_load_one(directory / TARGET_FILE), joint=False)
+
+
+def tokenizer_fingerprint(directory: str | Path) -> str:
+    """sha256 (hex) over the tokenizer files' names and bytes, in name order.
+
+    Checkpoints store it so that a run refuses to resume with a different tokenizer.
+    """
+    directory = Path(directory)
+    digest = hashlib.sha256()
+    for name in sorted(_present_files(directory)):
+        data = (directory / name).read_bytes()
+        # Name and length go in too, so the joint and separate layouts can never collide.
+        digest.update(f"{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+__all__ = [
+    "PAD", "UNK", "BOS", "EOS", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "SPECIAL_TOKENS",
+    "Tokenizers", "train_tokenizers", "save_tokenizers", "load_tokenizers", "tokenizer_fingerprint",
+]

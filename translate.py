@@ -1,0 +1,160 @@
+"""Translate English to French with a trained run.
+
+  python translate.py "I am cold." "Where is the station?"
+  cat file.en | python translate.py > file.fr
+  python translate.py --input file.en --output file.fr --reference file.fr.ref
+  python translate.py --interactive
+
+Default model: the best checkpoint of the newest run under runs/. Translations go to stdout,
+one line per input line (empty lines stay empty); logs, progress and scores go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from itertools import islice
+from pathlib import Path
+from typing import Iterable, Iterator, TextIO
+
+from transformer.errors import UserError
+from transformer.inference import Translator, load_translator
+from transformer.logs import setup_logging
+from transformer.metrics import score
+from transformer.runtime import select_device
+
+# Lines read from a stream before translating them: large enough to batch and sort by length,
+# small enough that a long file streams and memory stays flat.
+STREAM_CHUNK = 2000
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sentences", nargs="*", help="sentences to translate (default: read stdin)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--run", type=Path, help="run directory (default: the newest run under runs/)")
+    where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
+    parser.add_argument("--input", type=Path, help="file with one English sentence per line")
+    parser.add_argument("--output", type=Path, help="write translations here instead of stdout")
+    search = parser.add_mutually_exclusive_group()
+    search.add_argument("--beam", type=int, metavar="K", help="beam size (default: the run's decode.beam_size)")
+    search.add_argument("--greedy", action="store_true", help="greedy search (same as --beam 1)")
+    parser.add_argument("--n-best", type=int, default=1, metavar="N", help="print the N best translations, tab-separated")
+    parser.add_argument("--length-penalty", type=float, metavar="ALPHA", help="GNMT length penalty (0 = none)")
+    parser.add_argument("--max-length-a", type=float, metavar="A", help="longest output = A * source length + B")
+    parser.add_argument("--max-length-b", type=int, metavar="B")
+    parser.add_argument("--batch-size", type=int, metavar="N", help="sentences decoded together")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default: auto)")
+    parser.add_argument("--reference", type=Path, action="append", default=[], metavar="FILE",
+                        help="reference translations, line-aligned; repeat for several references "
+                             "(blank lines = no reference in that file); prints BLEU and chrF on stderr")
+    parser.add_argument("--interactive", action="store_true", help="translate each line as it is typed")
+    parser.add_argument("--quiet", action="store_true", help="no log lines or progress bar")
+    return parser.parse_args(argv)
+
+
+def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    iterator = iter(lines)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def _read_references(paths: list[Path], n_lines: int) -> list[list[str]]:
+    streams = []
+    for path in paths:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise UserError(f"reference file not found: {path}") from None
+        except UnicodeDecodeError as error:
+            raise UserError(f"{path}: not UTF-8 text ({error.reason})") from None
+        if len(lines) != n_lines:
+            raise UserError(f"{path}: {len(lines)} lines, but {n_lines} sentences were translated")
+        streams.append(lines)
+    return [[stream[i] for stream in streams if stream[i].strip()] for i in range(n_lines)]
+
+
+def translate_stream(translator: Translator, lines: Iterable[str], out: TextIO, n_best: int,
+                     chunk_size: int, progress=None) -> list[str]:
+    """Translate lines chunk by chunk, writing each chunk's output as soon as it is ready."""
+    written: list[str] = []
+    for chunk in _chunks((line.rstrip("\r\n") for line in lines), chunk_size):
+        for candidates in translator.translate(chunk, n_best=n_best):
+            line = "\t".join(candidates)
+            out.write(line + "\n")
+            written.append(candidates[0])
+        out.flush()
+        if progress is not None:
+            progress.update(len(chunk))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
+    out: TextIO = sys.stdout
+    try:
+        if args.sentences and (args.input or args.interactive):
+            raise UserError("give sentences as arguments, or --input FILE, or --interactive; not several of them")
+        if args.n_best < 1:
+            raise UserError(f"--n-best must be at least 1, got {args.n_best}")
+        beam = 1 if args.greedy else args.beam
+        if beam is not None and beam < 1:
+            raise UserError(f"--beam must be at least 1, got {beam}")
+        device = select_device(args.device)
+        translator = load_translator(args.run, args.checkpoint, device, beam_size=beam, batch_size=args.batch_size,
+                                     length_penalty=args.length_penalty, max_length_a=args.max_length_a,
+                                     max_length_b=args.max_length_b)
+        if args.n_best > translator.decode.beam_size:
+            raise UserError(f"--n-best {args.n_best} needs a beam of at least {args.n_best} "
+                            f"(beam is {translator.decode.beam_size}; add --beam {args.n_best})")
+        if args.output:
+            out = open(args.output, "w", encoding="utf-8")
+
+        if args.interactive:
+            print("Type an English sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
+            for line in sys.stdin:
+                out.write("\t".join(translator.translate([line.rstrip("\n")], args.n_best)[0]) + "\n")
+                out.flush()
+            return 0
+
+        progress = None
+        if args.sentences:
+            lines: Iterable[str] = args.sentences
+            chunk = max(len(args.sentences), 1)
+        elif args.input:
+            try:
+                lines = args.input.read_text(encoding="utf-8").splitlines()
+            except FileNotFoundError:
+                raise UserError(f"input file not found: {args.input}") from None
+            except UnicodeDecodeError as error:
+                raise UserError(f"{args.input}: not UTF-8 text ({error.reason})") from None
+            chunk = STREAM_CHUNK
+            if not args.quiet:
+                from tqdm import tqdm
+
+                progress = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc="translating")
+        else:
+            # A terminal gets a line-by-line answer; a pipe is read in chunks for batching.
+            lines = sys.stdin
+            chunk = 1 if sys.stdin.isatty() else STREAM_CHUNK
+        hypotheses = translate_stream(translator, lines, out, args.n_best, chunk, progress)
+        if progress is not None:
+            progress.close()
+        if args.reference:
+            scores = score(hypotheses, _read_references(args.reference, len(hypotheses)))
+            print(f"{scores}  ({len(hypotheses)} sentences; {scores.signature})", file=sys.stderr)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

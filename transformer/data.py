@@ -320,7 +320,8 @@ def _fits(src_len: list[int], tgt_len: list[int], limit: int, code_digest: str) 
 
 def _encode(dataset: datasets.Dataset, tokenizers: Tokenizers, name: str) -> datasets.Dataset:
     features = datasets.Features({**dataset.features, **_ENCODED_FEATURES})
-    return dataset.map(_encode_batch, batched=True, features=features,
+    # Large batches: the Rust tokenizer spreads a batch over all cores, small ones leave them idle.
+    return dataset.map(_encode_batch, batched=True, batch_size=10_000, features=features,
                        fn_kwargs={"tokenizers": tokenizers, "code_digest": _CODE_DIGEST},
                        desc=f"encoding {name}")
 

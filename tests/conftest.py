@@ -1,0 +1,138 @@
+"""Shared fixtures: a tiny French CSV (accents, apostrophes, guillemets, emoji, NBSP), a tiny
+config, and session-scoped splits / tokenizers / encoded splits built from them.
+
+Everything is written under pytest's tmp dirs, including datasets' cache: no test touches
+~/.cache or the network.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import datasets
+import pytest
+
+from transformer.config import Config, config_from_dict
+from transformer.data import EncodedSplits, Splits, encode_splits, iter_texts, load_pairs, split_pairs
+from transformer.tokenizer import Tokenizers, train_tokenizers
+
+NBSP, NNBSP = "\u00a0", "\u202f"  # French puts one of these before ! ? : ;
+
+# (English, French). Some English sentences repeat with different French translations, so
+# splitting by row would leak; "Yes, I know." needs quoting in CSV.
+TINY_PAIRS: list[tuple[str, str]] = [
+    ("Go.", f"Va{NBSP}!"),
+    ("Go.", f"Bouge{NBSP}!"),
+    ("Hi.", f"Salut{NBSP}!"),
+    ("Hi.", f"Bonjour{NNBSP}!"),
+    ("I'm cold.", "J'ai froid."),
+    ("I'm hungry.", "J'ai faim."),
+    ("I'm hungry.", "J'ai la dalle."),
+    ("Who are you?", f"Qui êtes-vous{NNBSP}?"),
+    ("Who are you?", f"Qui es-tu{NBSP}?"),
+    ("It's hot today.", "Il fait chaud aujourd'hui."),
+    ("What day is it today?", f"Quel jour sommes-nous aujourd'hui{NBSP}?"),
+    ('He said "yes".', "Il a dit « oui »."),
+    ('She said "no".', "Elle a dit « non »."),
+    ("She is my sister.", "C'est ma sœur."),
+    ("I like eggs.", "J'aime les œufs."),
+    ("The heart has its reasons.", "Le cœur a ses raisons."),
+    ("Where is the station?", f"Où est la gare{NBSP}?"),
+    ("I am at home.", "Je suis à la maison."),
+    ("He is a boy.", "C'est un garçon."),
+    ("That's his father.", "C'est son père."),
+    ("Yes, I know.", "Oui, je sais."),
+    ("Well, well, well.", "Tiens, tiens, tiens."),
+    ("I'm happy 😀", "Je suis content 😀"),
+    ("Thank you very much.", "Merci beaucoup."),
+    ("See you tomorrow.", "À demain."),
+    ("It's a French café.", "C'est un café français."),
+    ("We're leaving.", "Nous partons."),
+    ("We're leaving.", "On s'en va."),
+    ("Open the door.", "Ouvre la porte."),
+    ("Open the door.", "Ouvrez la porte."),
+    ("The water is cold.", "L'eau est froide."),
+    ("My brother is tall.", "Mon frère est grand."),
+    ("He ate the apple.", "Il a mangé la pomme."),
+    ("Tom is here.", "Tom est là."),
+    ("The sea is blue.", "La mer est bleue."),
+    ("Christmas is in December.", "Noël est en décembre."),
+    ("He's a teacher.", "Il est professeur."),
+    ("Where were you?", f"Où étais-tu{NBSP}?"),
+    ("Don't cry.", "Ne pleure pas."),
+    ("The book is on the table.", "Le livre est sur la table."),
+    ("She's reading.", "Elle lit."),
+    ("I'm 20 years old.", "J'ai 20 ans."),
+]
+
+SOURCE_COLUMN, TARGET_COLUMN = "English words/sentences", "French words/sentences"
+
+
+def write_csv(path: Path, rows: list[tuple[str, str]], header: tuple[str, str] = (SOURCE_COLUMN, TARGET_COLUMN)) -> Path:
+    """Write an RFC 4180 CSV (quotes where needed) in UTF-8, like data/eng_-french.csv."""
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hermetic_datasets_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Point datasets' default cache at a tmp dir, for code that passes no cache_dir."""
+    cache = tmp_path_factory.mktemp("hf_datasets_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+        patch.setenv("HF_DATASETS_CACHE", str(cache))
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        yield cache
+
+
+@pytest.fixture(scope="session")
+def datasets_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A session-wide `cache_dir` for load_pairs."""
+    return tmp_path_factory.mktemp("datasets_cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_pairs() -> list[tuple[str, str]]:
+    """The raw (English, French) rows of `tiny_csv`, before cleaning (NBSPs still in)."""
+    return list(TINY_PAIRS)
+
+
+@pytest.fixture(scope="session")
+def tiny_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 42-pair CSV with the real file's header. Treat it as read-only."""
+    return write_csv(tmp_path_factory.mktemp("data") / "tiny.csv", TINY_PAIRS)
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tiny_csv: Path) -> Config:
+    """A config small enough to train in seconds on CPU."""
+    return config_from_dict({
+        "name": "tiny",
+        "data": {"path": str(tiny_csv), "valid_pairs": 4, "test_pairs": 4},
+        "tokenizer": {"vocab_size": 200, "min_frequency": 1},
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+        "train": {"max_steps": 30, "batch_tokens": 256, "warmup_steps": 10, "log_every": 10,
+                  "valid_every": 10, "checkpoint_every": 10, "device": "cpu"},
+    })
+
+
+@pytest.fixture(scope="session")
+def tiny_splits(tiny_config: Config, datasets_cache: Path) -> Splits:
+    pairs, _ = load_pairs(tiny_config.data, cache_dir=datasets_cache)
+    return split_pairs(pairs, tiny_config.data)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizers(tiny_config: Config, tiny_splits: Splits) -> Tokenizers:
+    """Joint BPE trained on the tiny train split, as the trainer does."""
+    return train_tokenizers(iter_texts(tiny_splits.train, "source"), iter_texts(tiny_splits.train, "target"),
+                            tiny_config.tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_encoded(tiny_config: Config, tiny_splits: Splits, tiny_tokenizers: Tokenizers) -> EncodedSplits:
+    return encode_splits(tiny_splits, tiny_tokenizers, tiny_config.data.max_length)

@@ -1,0 +1,322 @@
+"""Greedy and beam search: cached decoding equals recomputation, beam 1 equals greedy, batching
+never changes a result, the stopping rule is exact, and translate() keeps input order."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer.batching import make_batch, source_tensor
+from transformer.config import DecodeConfig, ModelConfig
+from transformer.decode import (Hypothesis, beam_search, gnmt_length_penalty, greedy_search,
+                                max_output_lengths, translate, translate_n_best)
+from transformer.model import Transformer
+from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+FIRST_WORD = 4  # ids below are the special tokens
+VOCAB = 40
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Ops this small only lose time to thread synchronisation, badly so on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(seed: int, pre_norm: bool = True, vocab: int = VOCAB, max_len: int = 64) -> Transformer:
+    torch.manual_seed(seed)
+    config = ModelConfig(d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=64,
+                         dropout=0.0, pre_norm=pre_norm, max_len=max_len)
+    return Transformer(config, vocab, vocab).eval()
+
+
+def random_sources(seed: int, n: int, lengths: tuple[int, int] = (1, 9), vocab: int = VOCAB) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(lengths[0], lengths[1] + 1, (n,), generator=generator).tolist()
+    return [torch.randint(FIRST_WORD, vocab, (size,), generator=generator).tolist() for size in sizes]
+
+
+def greedy(model: Transformer, sources: list[list[int]], max_lengths: list[int], use_cache: bool = True):
+    src, src_pad_mask = source_tensor(sources)
+    return greedy_search(model, src, src_pad_mask, torch.tensor(max_lengths), use_cache)
+
+
+def beam(model: Transformer, sources: list[list[int]], max_lengths: list[int], beam_size: int,
+         alpha: float = 1.0, n_best: int = 1, use_cache: bool = True) -> list[list[Hypothesis]]:
+    src, src_pad_mask = source_tensor(sources)
+    return beam_search(model, src, src_pad_mask, beam_size, alpha, torch.tensor(max_lengths), n_best, use_cache)
+
+
+def sequence_log_prob(model: Transformer, source: list[int], tokens: list[int]) -> float:
+    """Teacher-forced log P(tokens + EOS | source), with PAD and BOS excluded as in the search."""
+    batch = make_batch([source], [tokens])
+    logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)[0]
+    logits[:, [PAD_ID, BOS_ID]] = float("-inf")
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return float(log_probs.gather(1, batch.tgt_out[0][:, None]).sum())
+
+
+# --------------------------------------------------------------------------- cache
+
+
+@pytest.mark.parametrize("pre_norm", [True, False])
+def test_cached_step_log_probs_match_recomputation(pre_norm):
+    for seed in range(3):
+        model = tiny_model(seed, pre_norm)
+        src, src_pad_mask = source_tensor(random_sources(seed, 5))
+        tgt_in = torch.cat([torch.full((5, 1), BOS_ID), torch.randint(FIRST_WORD, VOCAB, (5, 11))], dim=1)
+        with torch.inference_mode():
+            memory = model.encode(src, src_pad_mask)
+            full = torch.log_softmax(model.project(model.decode(tgt_in, memory, src_pad_mask)), -1)
+            cache = model.init_cache(memory)
+            steps = [model.decode(tgt_in[:, t: t + 1], memory, src_pad_mask, cache) for t in range(12)]
+            incremental = torch.log_softmax(model.project(torch.cat(steps, dim=1)), -1)
+        assert cache.length == 12
+        torch.testing.assert_close(incremental, full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("pre_norm", [True, False])
+def test_cached_greedy_equals_recomputed_greedy(pre_norm):
+    for seed in range(3):
+        model = tiny_model(seed, pre_norm)
+        sources = random_sources(seed, 7)
+        max_lengths = [1, 3, 5, 8, 12, 20, 30]
+        cached = greedy(model, sources, max_lengths, use_cache=True)
+        assert cached == greedy(model, sources, max_lengths, use_cache=False)
+
+
+def test_beam_cached_equals_uncached():
+    for seed in range(2):
+        model = tiny_model(seed)
+        sources = random_sources(seed, 6)
+        cached = beam(model, sources, [4, 6, 9, 9, 12, 15], beam_size=4, n_best=3, use_cache=True)
+        recomputed = beam(model, sources, [4, 6, 9, 9, 12, 15], beam_size=4, n_best=3, use_cache=False)
+        for a_hyps, b_hyps in zip(cached, recomputed):
+            assert [h.tokens for h in a_hyps] == [h.tokens for h in b_hyps]
+            for a, b in zip(a_hyps, b_hyps):
+                assert a.log_prob == pytest.approx(b.log_prob, abs=1e-5)
+
+
+# --------------------------------------------------------------------------- beam search
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0, 2.0])
+def test_beam_one_equals_greedy(alpha):
+    for seed in range(3):
+        model = tiny_model(seed, pre_norm=bool(seed % 2))
+        sources = random_sources(seed, 8)
+        max_lengths = [2, 4, 6, 8, 10, 14, 20, 25]
+        greedy_tokens = greedy(model, sources, max_lengths)
+        beam_tokens = [hyps[0].tokens for hyps in beam(model, sources, max_lengths, 1, alpha)]
+        assert beam_tokens == greedy_tokens
+
+
+def test_hypothesis_scores_match_teacher_forcing():
+    model = tiny_model(3)
+    sources = random_sources(3, 4)
+    alpha = 0.7
+    for source, hyps in zip(sources, beam(model, sources, [5, 7, 9, 11], 3, alpha, n_best=3)):
+        for h in hyps:
+            with torch.inference_mode():
+                expected = sequence_log_prob(model, source, h.tokens)
+            assert h.log_prob == pytest.approx(expected, abs=1e-4)
+            assert h.score == pytest.approx(h.log_prob / gnmt_length_penalty(len(h.tokens) + 1, alpha))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0, 3.0])
+def test_wide_beam_finds_the_exhaustive_best(alpha):
+    """A beam wider than every candidate set prunes nothing: it must return the true n best."""
+    vocab, max_length, n_best = FIRST_WORD + 3, 3, 5
+    words = [UNK_ID, *range(FIRST_WORD, vocab)]  # everything but PAD, BOS and EOS may be emitted
+    every = [list(t) for n in range(max_length + 1) for t in itertools.product(words, repeat=n)]
+    for seed in range(2):
+        model = tiny_model(seed, vocab=vocab)
+        for source in random_sources(seed, 2, vocab=vocab):
+            with torch.inference_mode():
+                scored = sorted(((sequence_log_prob(model, source, t) / gnmt_length_penalty(len(t) + 1, alpha), t)
+                                 for t in every), reverse=True)
+            hyps = beam(model, [source], [max_length], beam_size=len(every), alpha=alpha, n_best=n_best)[0]
+            assert [h.tokens for h in hyps] == [t for _, t in scored[:n_best]]
+            assert [h.score for h in hyps] == pytest.approx([s for s, _ in scored[:n_best]], abs=1e-5)
+
+
+class ScriptedModel:
+    """Stands in for a Transformer (use_cache=False only): the next-token probabilities depend
+    on the step alone, as scripted."""
+
+    def __init__(self, steps: list[dict[int, float]], vocab: int) -> None:
+        self.table = torch.full((len(steps), vocab), -30.0)  # (T, V) log-probs; unscripted ~ never
+        for step, probs in enumerate(steps):
+            for token, p in probs.items():
+                self.table[step, token] = math.log(p)
+
+    def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*src.shape, 1)
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
+        """The "state" of position t is t itself: (B, T, 1)."""
+        return torch.arange(tgt_in.shape[1], dtype=torch.float32).expand(tgt_in.shape[0], -1)[..., None]
+
+    def project(self, states: torch.Tensor) -> torch.Tensor:
+        return self.table[states[..., 0].long()]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_stopping_rule_waits_for_a_long_hypothesis_the_length_penalty_favours(alpha):
+    """EOS first (p .55) beats "A..." (p .45 * .75 * .999^9) on log-prob, but with alpha = 1 the ten-token
+    hypothesis wins on score. Bounding open beams with their current length instead of the max
+    length would stop at step 1 (-1.09 / lp(3) = -0.82 < -0.60) and miss it."""
+    a, max_length = FIRST_WORD, 10
+    steps = [{EOS_ID: 0.55, a: 0.45}, {a: 0.75, EOS_ID: 0.25}] + [{a: 0.999, EOS_ID: 0.001}] * 9
+    model = ScriptedModel(steps, vocab=FIRST_WORD + 1)
+    src, src_pad_mask = source_tensor([[a]])
+    best = beam_search(model, src, src_pad_mask, 2, alpha, torch.tensor([max_length]), use_cache=False)[0][0]
+    assert best.tokens == ([] if alpha == 0 else [a] * max_length)
+    expected_log_prob = math.log(0.55) if alpha == 0 else math.log(0.45 * 0.75) + 9 * math.log(0.999)
+    assert best.log_prob == pytest.approx(expected_log_prob, abs=1e-4)
+
+
+def test_n_best_are_distinct_and_sorted():
+    model = tiny_model(1)
+    for hyps in beam(model, random_sources(1, 5), [6] * 5, beam_size=5, n_best=4):
+        assert len(hyps) == 4
+        assert len({tuple(h.tokens) for h in hyps}) == 4
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+
+
+def test_max_length_respected():
+    model = tiny_model(2)
+    sources = random_sources(2, 6)
+    max_lengths = [1, 2, 3, 5, 8, 13]
+    for tokens, limit in zip(greedy(model, sources, max_lengths), max_lengths):
+        assert len(tokens) <= limit and PAD_ID not in tokens and BOS_ID not in tokens and EOS_ID not in tokens
+    for hyps, limit in zip(beam(model, sources, max_lengths, beam_size=3, n_best=3), max_lengths):
+        for h in hyps:
+            assert len(h.tokens) <= limit and not {PAD_ID, BOS_ID, EOS_ID} & set(h.tokens)
+
+
+def test_max_output_lengths():
+    lengths = max_output_lengths(torch.tensor([0, 1, 10, 100]), a=1.1, b=3, hard_cap=50)
+    assert lengths.tolist() == [3, 4, 14, 50]
+    assert max_output_lengths(torch.tensor([5]), a=0.0, b=1, hard_cap=50).tolist() == [1]
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def test_batched_equals_one_at_a_time():
+    model = tiny_model(4)
+    sources = random_sources(4, 9, lengths=(1, 20))
+    max_lengths = [3 + len(s) for s in sources]
+    batched_greedy = greedy(model, sources, max_lengths)
+    batched_beam = beam(model, sources, max_lengths, beam_size=4, n_best=2)
+    for i, source in enumerate(sources):
+        assert greedy(model, [source], [max_lengths[i]]) == [batched_greedy[i]]
+        alone = beam(model, [source], [max_lengths[i]], beam_size=4, n_best=2)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched_beam[i]]
+
+
+# --------------------------------------------------------------------------- a trained model
+
+
+@pytest.fixture(scope="module")
+def copy_model() -> Transformer:
+    """A tiny Transformer trained for 200 Adam steps to copy random sequences."""
+    vocab = 16
+    model = tiny_model(0, vocab=vocab).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        sources = [torch.randint(FIRST_WORD, vocab, (int(n),), generator=generator).tolist()
+                   for n in torch.randint(2, 7, (64,), generator=generator)]
+        batch = make_batch(sources, sources)
+        logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def test_trained_model_stops_at_eos_identically_cached_uncached_and_batched(copy_model):
+    """A random model hardly ever emits EOS; the trained one does, mid-batch, at varied steps."""
+    sources = random_sources(8, 12, lengths=(1, 6), vocab=copy_model.tgt_vocab_size)
+    max_lengths = [len(s) + 3 for s in sources]
+    cached = greedy(copy_model, sources, max_lengths)
+    assert any(len(t) < m for t, m in zip(cached, max_lengths))  # some stopped at EOS
+    assert cached == greedy(copy_model, sources, max_lengths, use_cache=False)
+    assert cached == [greedy(copy_model, [s], [m])[0] for s, m in zip(sources, max_lengths)]
+    beams = beam(copy_model, sources, max_lengths, beam_size=3, n_best=2)
+    assert [[h.tokens for h in hyps] for hyps in beams] == [
+        [h.tokens for h in hyps] for hyps in beam(copy_model, sources, max_lengths, 3, n_best=2, use_cache=False)]
+    assert [[h.tokens for h in hyps] for hyps in beams] == [
+        [h.tokens for h in beam(copy_model, [s], [m], 3, n_best=2)[0]] for s, m in zip(sources, max_lengths)]
+
+
+def test_copy_model_learned_and_wider_beams_score_no_worse(copy_model):
+    sources = random_sources(7, 40, lengths=(2, 6), vocab=copy_model.tgt_vocab_size)
+    max_lengths = [len(s) + 4 for s in sources]
+    outputs = greedy(copy_model, sources, max_lengths)
+    assert sum(o == s for o, s in zip(outputs, sources)) >= 0.8 * len(sources)
+    for alpha in (0.0, 1.0):
+        narrow = [hyps[0].score for hyps in beam(copy_model, sources, max_lengths, 1, alpha)]
+        for beam_size in (2, 4, 8):
+            wide = [hyps[0].score for hyps in beam(copy_model, sources, max_lengths, beam_size, alpha)]
+            assert all(w >= n - 1e-5 for w, n in zip(wide, narrow))
+
+
+# --------------------------------------------------------------------------- translate
+
+
+class FakeTokenizers:
+    """Word-level stand-in for `Tokenizers`: word i of a fixed list is id FIRST_WORD + i."""
+
+    def __init__(self, vocab: int = VOCAB) -> None:
+        self.words = [f"w{i}" for i in range(vocab - FIRST_WORD)]
+
+    def encode_source(self, texts: list[str]) -> list[list[int]]:
+        return [[FIRST_WORD + self.words.index(w) for w in text.split()] for text in texts]
+
+    def decode_target(self, ids_batch: list[list[int]]) -> list[str]:
+        return [" ".join(self.words[i - FIRST_WORD] for i in ids) for ids in ids_batch]
+
+
+def test_translate_keeps_input_order_and_ignores_batching():
+    model, tokenizers = tiny_model(6), FakeTokenizers()
+    texts = [" ".join(f"w{i - FIRST_WORD}" for i in ids) for ids in random_sources(6, 11, lengths=(1, 12))]
+    texts[3] = ""
+    texts[7] = "   "
+    for beam_size in (1, 3):
+        config = DecodeConfig(beam_size=beam_size, batch_size=3, max_length_a=1.0, max_length_b=3)
+        together = translate(texts, model, tokenizers, config, "cpu")
+        alone = [translate([text], model, tokenizers, config, "cpu")[0] for text in texts]
+        assert together == alone
+        assert together[3] == together[7] == ""
+        assert sum(bool(t) for t in together) >= 8
+    best = translate_n_best(texts, model, tokenizers, DecodeConfig(beam_size=3, batch_size=4), "cpu", n_best=2)
+    assert [len(b) for b in best] == [2] * len(texts)
+    assert [b[0] for b in best] == translate(texts, model, tokenizers, DecodeConfig(beam_size=3), "cpu")
+
+
+def test_translate_empty_inputs_never_run_the_model():
+    model = tiny_model(0)
+    model.encode = None  # calling the model would raise
+    assert translate(["", " "], model, FakeTokenizers(), DecodeConfig(), "cpu") == ["", ""]
+    assert translate([], model, FakeTokenizers(), DecodeConfig(), "cpu") == []
+
+
+def test_translate_restores_training_mode_and_truncates_long_sources(caplog):
+    model = tiny_model(0, max_len=8).train()
+    with caplog.at_level(logging.WARNING, logger="transformer.decode"):
+        outputs = translate(["w1 " * 20, "w2 w3"], model, FakeTokenizers(), DecodeConfig(beam_size=2), "cpu")
+    assert model.training
+    assert len(outputs) == 2 and "truncated" in caplog.text
+    assert all(len(o.split()) <= 7 for o in outputs)

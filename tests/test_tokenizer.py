@@ -1,0 +1,174 @@
+"""Tests for transformer/tokenizer.py: special ids, exact round trips, UNK, files and fingerprints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, trainers
+
+from transformer.config import TokenizerConfig
+from transformer.data import clean_text
+from transformer.errors import CheckpointError
+from transformer.tokenizer import (
+    BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID, Tokenizers, load_tokenizers, save_tokenizers,
+    tokenizer_fingerprint, train_tokenizers,
+)
+
+FRENCH = [
+    "J'ai froid.",
+    "Il fait chaud aujourd'hui.",
+    "Il a dit « oui ».",
+    "C'est ma sœur.",
+    "Je suis à la maison.",
+    "C'est un garçon.",
+    "C'est son père.",
+    "Oui, je sais.",
+    "Je suis content 😀",
+    "Noël est en décembre.",
+    "Où est la gare ?",
+]
+
+
+@pytest.fixture(scope="module")
+def all_pairs(tiny_pairs: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """Every tiny pair, cleaned: so each character of FRENCH is in the training text."""
+    return [clean_text(s) for s, _ in tiny_pairs], [clean_text(t) for _, t in tiny_pairs]
+
+
+@pytest.fixture(scope="module")
+def joint(all_pairs) -> Tokenizers:
+    return train_tokenizers(*all_pairs, TokenizerConfig(vocab_size=200, min_frequency=1))
+
+
+@pytest.fixture(scope="module")
+def separate(all_pairs) -> Tokenizers:
+    return train_tokenizers(*all_pairs, TokenizerConfig(joint=False, vocab_size=150, min_frequency=1))
+
+
+def test_special_tokens_have_fixed_ids(joint: Tokenizers, separate: Tokenizers, tiny_tokenizers: Tokenizers):
+    for tokenizers in (joint, separate, tiny_tokenizers):
+        for side in (tokenizers.source, tokenizers.target):
+            assert [side.token_to_id(t) for t in (PAD, UNK, BOS, EOS)] == [PAD_ID, UNK_ID, BOS_ID, EOS_ID]
+            assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("text", FRENCH)
+def test_french_round_trip_is_exact(joint: Tokenizers, text: str):
+    ids = joint.encode_target([text])[0]
+    assert UNK_ID not in ids
+    assert joint.decode_target([ids]) == [text]
+
+
+def test_round_trip_of_every_training_sentence(tiny_tokenizers: Tokenizers, tiny_splits):
+    targets = tiny_splits.train["target"][:]
+    assert tiny_tokenizers.decode_target(tiny_tokenizers.encode_target(targets)) == targets
+
+
+def test_encoding_adds_no_specials(joint: Tokenizers):
+    for ids in joint.encode_source(["I'm cold."]) + joint.encode_target(["J'ai froid."]):
+        assert ids and not {PAD_ID, BOS_ID, EOS_ID} & set(ids)
+
+
+@pytest.mark.parametrize("unseen", ["ʤ", "🦜"])
+def test_unseen_character_becomes_unk_not_dropped(joint: Tokenizers, unseen: str):
+    ids = joint.encode_target([f"J'ai {unseen} froid."])[0]
+    assert ids.count(UNK_ID) == 1
+    assert joint.decode_target([ids]) == ["J'ai <unk> froid."]
+    assert joint.encode_source([unseen + unseen])[0].count(UNK_ID) == 2  # one UNK per character
+
+
+def test_decode_stops_at_eos_and_skips_pad_and_bos(joint: Tokenizers):
+    ids = joint.encode_target(["J'ai froid."])[0]
+    other = joint.encode_target(["Merci beaucoup."])[0]
+    batch = [[BOS_ID, *ids, EOS_ID, *other, PAD_ID], [*ids, PAD_ID, PAD_ID], [EOS_ID, *ids]]
+    assert joint.decode_target(batch) == ["J'ai froid.", "J'ai froid.", ""]
+
+
+def test_nfc_normalisation(joint: Tokenizers):
+    decomposed = "C'est son pe\u0300re."  # "è" as e + combining grave accent
+    assert joint.encode_target([decomposed]) == joint.encode_target(["C'est son père."])
+
+
+def test_joint_shares_one_vocabulary(joint: Tokenizers):
+    assert joint.joint and joint.source is joint.target
+    assert joint.source_vocab_size == joint.target_vocab_size <= 200
+
+
+def test_separate_vocabularies_keep_languages_apart(separate: Tokenizers):
+    assert not separate.joint and separate.source is not separate.target
+    assert separate.source_vocab_size <= 150 and separate.target_vocab_size <= 150
+    # "œ" only occurs in French: known to the target tokenizer, unknown to the source one.
+    assert UNK_ID not in separate.encode_target(["sœur"])[0]
+    assert UNK_ID in separate.encode_source(["sœur"])[0]
+
+
+def test_training_streams_generators_once(all_pairs):
+    sources, targets = all_pairs
+    tokenizers = train_tokenizers((s for s in sources), (t for t in targets),
+                                  TokenizerConfig(vocab_size=200, min_frequency=1))
+    assert tokenizers.decode_target(tokenizers.encode_target(targets)) == targets
+
+
+@pytest.mark.parametrize("which", ["joint", "separate"])
+def test_save_load_round_trip(request, tmp_path: Path, which: str):
+    tokenizers: Tokenizers = request.getfixturevalue(which)
+    save_tokenizers(tokenizers, tmp_path)
+    expected = {"joint.json"} if tokenizers.joint else {"source.json", "target.json"}
+    assert {p.name for p in tmp_path.iterdir()} == expected
+    loaded = load_tokenizers(tmp_path)
+    assert loaded.joint == tokenizers.joint and (loaded.source is loaded.target) == tokenizers.joint
+    assert loaded.encode_source(["I'm cold."]) == tokenizers.encode_source(["I'm cold."])
+    assert loaded.encode_target(FRENCH) == tokenizers.encode_target(FRENCH)
+    assert loaded.decode_target(loaded.encode_target(FRENCH)) == FRENCH
+
+
+def test_fingerprint_is_stable_and_tracks_the_files(joint: Tokenizers, separate: Tokenizers, tmp_path: Path):
+    first, second, other = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    save_tokenizers(joint, first)
+    save_tokenizers(joint, second)
+    save_tokenizers(separate, other)
+    fingerprint = tokenizer_fingerprint(first)
+    assert len(fingerprint) == 64 and fingerprint == tokenizer_fingerprint(second)
+    assert tokenizer_fingerprint(other) != fingerprint
+    with (second / "joint.json").open("a", encoding="utf-8") as handle:
+        handle.write(" ")  # still valid JSON, different bytes
+    assert tokenizer_fingerprint(second) != fingerprint
+    load_tokenizers(second)
+
+
+def test_load_missing_names_the_directory(tmp_path: Path):
+    with pytest.raises(CheckpointError, match="no tokenizer found") as error:
+        load_tokenizers(tmp_path)
+    assert str(tmp_path / "joint.json") in str(error.value)
+    with pytest.raises(CheckpointError):
+        tokenizer_fingerprint(tmp_path)
+
+
+def test_load_half_of_a_separate_pair_fails(separate: Tokenizers, tmp_path: Path):
+    save_tokenizers(separate, tmp_path)
+    (tmp_path / "target.json").unlink()
+    with pytest.raises(CheckpointError, match="target.json"):
+        load_tokenizers(tmp_path)
+
+
+def test_load_corrupt_file_names_it(tmp_path: Path):
+    (tmp_path / "joint.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="joint.json.*not a valid tokenizer"):
+        load_tokenizers(tmp_path)
+
+
+def test_load_refuses_both_layouts(joint: Tokenizers, separate: Tokenizers, tmp_path: Path):
+    save_tokenizers(joint, tmp_path)
+    save_tokenizers(separate, tmp_path)
+    with pytest.raises(CheckpointError, match="both"):
+        load_tokenizers(tmp_path)
+
+
+def test_load_refuses_wrong_special_ids(tmp_path: Path):
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    trainer = trainers.BpeTrainer(vocab_size=50, special_tokens=[UNK, PAD, BOS, EOS], show_progress=False)
+    tokenizer.train_from_iterator(["J'ai froid."], trainer=trainer)
+    tokenizer.save(str(tmp_path / "joint.json"))
+    with pytest.raises(CheckpointError, match="special token ids"):
+        load_tokenizers(tmp_path)

@@ -107,7 +107,6 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = autocast; weights and Adam state stay fp32
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
-    compile: bool = False
     log_every: int = 50
     valid_every: int = 500
     valid_max_pairs: int = 0  # translate at most this many valid pairs for BLEU; 0 = all

@@ -39,7 +39,7 @@ RESUMABLE_KEYS = {
     "name",
     "train.max_steps", "train.max_epochs", "train.max_minutes", "train.log_every", "train.valid_every",
     "train.valid_max_pairs", "train.checkpoint_every", "train.keep_checkpoints", "train.n_valid_samples",
-    "train.device", "train.threads", "train.compile",
+    "train.device", "train.threads",
 }
 
 

@@ -192,8 +192,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise ConfigError(
-                f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
-                f"(first at line {seen[key]}); {loader.name}"
+                f"duplicate key {key!r} at line {key_node.start_mark.line + 1} (first at line {seen[key]})"
             )
         seen[key] = key_node.start_mark.line + 1
     return loader.construct_mapping(node, deep=deep)
@@ -253,7 +252,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean {(prefix + '.' if prefix else '') + close[0]!r}?" if close else ""
+            hint = f"; did you mean {(prefix + '.' if prefix else '') + close[0]!r}?" if close else "."
             raise ConfigError(f"unknown key {full!r}{hint} Valid keys here: {', '.join(names)}")
         annotation = hints[key]
         if dataclasses.is_dataclass(annotation):
@@ -277,7 +276,7 @@ def _apply_override(raw: dict, override: str) -> None:
         node = child
     try:
         node[parts[-1]] = yaml.load(text, Loader=_StrictLoader) if text.strip() else ""
-    except yaml.YAMLError as error:
+    except (yaml.YAMLError, ConfigError) as error:  # ConfigError: a duplicate key in a {...} value
         raise ConfigError(f"--set {override!r}: cannot parse the value: {error}") from None
 
 

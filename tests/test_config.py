@@ -1,0 +1,243 @@
+"""Tests for transformer/config.py: every shipped config loads; mistakes (unknown or duplicate
+keys, wrong types, impossible combinations, bad --set overrides) fail naming the full key; and a
+config survives the round trip through a plain mapping and YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from transformer.config import (Config, ModelConfig, TrainConfig, config_from_dict, config_to_dict,
+                                config_to_yaml, load_config)
+from transformer.errors import ConfigError, UserError
+
+CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+BUDGET = {"train": {"max_steps": 10}}  # the smallest valid mapping
+
+
+def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def refused(raw: dict, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as error:
+        config_from_dict(raw, overrides)
+    return str(error.value)
+
+
+# --------------------------------------------------------------------------- shipped configs
+
+
+def test_tiny_config_is_shipped():
+    assert "tiny.yaml" in [path.name for path in CONFIGS]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[path.name for path in CONFIGS])
+def test_every_shipped_config_loads_and_can_train(path):
+    config = load_config(path)
+    assert config.name == path.stem  # the run name defaults to the file's stem
+    # What run.train checks before it starts: every kept training pair fits the position table.
+    assert config.model.max_len >= config.data.max_length + 1
+    assert config.train.max_steps or config.train.max_epochs or config.train.max_minutes
+
+
+def test_tiny_yaml_values():
+    config = load_config(CONFIGS[[p.name for p in CONFIGS].index("tiny.yaml")])
+    assert (config.model.d_model, config.model.n_heads, config.train.max_steps) == (64, 4, 60)
+    assert config.train.peak_lr == 3e-3 and isinstance(config.train.peak_lr, float)
+
+
+def test_empty_file_is_the_defaults_plus_a_budget(tmp_path):
+    config = load_config(write(tmp_path, ""), ["train.max_steps=5"])
+    assert config == Config(name="run", train=TrainConfig(max_steps=5))
+    assert config.model == ModelConfig()  # the paper's base model
+
+
+# --------------------------------------------------------------------------- unknown keys and types
+
+
+def test_unknown_key_suggests_the_nearest_valid_key_with_its_full_name():
+    message = refused({"train": {"max_step": 3}})
+    assert "'train.max_step'" in message and "did you mean 'train.max_steps'?" in message
+    assert "max_epochs" in message  # and lists the valid keys
+
+
+def test_unknown_section_suggests_the_section():
+    message = refused({"trian": {"max_steps": 3}})
+    assert "unknown key 'trian'" in message and "did you mean 'train'?" in message
+
+
+def test_unknown_key_without_a_close_match_lists_the_valid_keys():
+    message = refused({**BUDGET, "model": {"zzzzzz": 1}})
+    assert "unknown key 'model.zzzzzz'. Valid keys here:" in message and "did you mean" not in message
+    assert "d_model" in message and "n_heads" in message
+
+
+@pytest.mark.parametrize("raw, key, expected", [
+    ({"train": {"max_steps": "abc"}}, "train.max_steps", "an integer"),
+    ({"train": {"max_steps": 2.5}}, "train.max_steps", "an integer"),
+    ({"train": {"max_steps": True}}, "train.max_steps", "an integer"),
+    ({**BUDGET, "model": {"dropout": "lots"}}, "model.dropout", "a number"),
+    ({**BUDGET, "model": {"pre_norm": "yes please"}}, "model.pre_norm", "true or false"),
+    ({**BUDGET, "data": {"path": 3}}, "data.path", "a string"),
+    ({"train": {"max_steps": 1, "schedule": "cosine"}}, "train.schedule", "noam, inverse_sqrt"),
+    ({"train": {"max_steps": 1, "adam_betas": [0.9]}}, "train.adam_betas", "a list of 2 values"),
+    ({"train": {"max_steps": 1, "adam_betas": [0.9, "x"]}}, "train.adam_betas[1]", "a number"),
+    ({"train": {"max_steps": 1, "peak_lr": float("inf")}}, "train.peak_lr", "finite"),
+    ({"train": 5}, "train", "a mapping"),
+])
+def test_wrong_type_names_the_key(raw, key, expected):
+    message = refused(raw)
+    assert message.startswith(f"{key}:") and expected in message
+
+
+def test_numbers_yaml_reads_as_strings_become_floats(tmp_path):
+    """PyYAML reads `1e-4` (no dot) as a string; a float field accepts it, and an int as well."""
+    path = write(tmp_path, "train:\n  max_steps: 3\n  peak_lr: 1e-4\n  adam_eps: 1e-9\n  lr_factor: 2\n")
+    train = load_config(path).train
+    assert train.peak_lr == 1e-4 and isinstance(train.peak_lr, float)
+    assert train.adam_eps == 1e-9 and isinstance(train.adam_eps, float)
+    assert train.lr_factor == 2.0 and isinstance(train.lr_factor, float)
+    assert train.adam_betas == (0.9, 0.98) and isinstance(train.adam_betas, tuple)
+
+
+def test_duplicate_key_names_the_key_its_line_and_the_file(tmp_path):
+    path = write(tmp_path, "train:\n  max_steps: 3\n  warmup_steps: 4\n  max_steps: 5\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert "'max_steps'" in message and "line 4" in message and "first at line 2" in message
+    assert message.startswith(f"{path}: ") and "<unicode string>" not in message
+
+
+def test_duplicate_section_is_refused(tmp_path):
+    path = write(tmp_path, "train:\n  max_steps: 3\nmodel:\n  d_model: 8\ntrain:\n  max_steps: 4\n")
+    with pytest.raises(ConfigError, match="duplicate key 'train' at line 5"):
+        load_config(path)
+
+
+def test_missing_config_file_names_the_path(tmp_path):
+    missing = tmp_path / "nope" / "absent.yaml"
+    with pytest.raises(ConfigError, match="config file not found") as error:
+        load_config(missing)
+    assert str(missing) in str(error.value)
+
+
+def test_invalid_yaml_and_non_mapping_name_the_file(tmp_path):
+    for text, expected in (("train: [unclosed\n", "invalid YAML"), ("- a\n- b\n", "expected a mapping")):
+        path = write(tmp_path, text)
+        with pytest.raises(ConfigError, match=expected) as error:
+            load_config(path)
+        assert str(path) in str(error.value)
+
+
+def test_config_errors_are_user_errors():
+    """train.py maps UserError to a message and exit code 2, not a traceback."""
+    assert issubclass(ConfigError, UserError)
+
+
+# --------------------------------------------------------------------------- impossible combinations
+
+
+def test_d_model_must_be_divisible_by_n_heads():
+    message = refused({**BUDGET, "model": {"d_model": 100, "n_heads": 8}})
+    assert "model.d_model (100)" in message and "model.n_heads (8)" in message
+
+
+def test_shared_embeddings_need_a_joint_vocabulary():
+    message = refused({**BUDGET, "tokenizer": {"joint": False}})
+    assert "model.share_embeddings" in message and "tokenizer.joint" in message
+    config = config_from_dict({**BUDGET, "tokenizer": {"joint": False}, "model": {"share_embeddings": False}})
+    assert not config.tokenizer.joint
+
+
+def test_some_budget_is_required():
+    for raw in ({}, {"train": {"max_steps": 0, "max_epochs": 0, "max_minutes": 0}}):
+        assert "set at least one budget" in refused(raw)
+    for budget in ("max_steps", "max_epochs", "max_minutes"):
+        assert config_from_dict({"train": {budget: 1}})
+
+
+@pytest.mark.parametrize("key, value", [
+    ("model.d_model", 0), ("model.n_heads", -2), ("model.d_ff", -1), ("model.n_encoder_layers", 0),
+    ("model.n_decoder_layers", -1), ("model.max_len", 0), ("model.dropout", 1.0), ("model.dropout", -0.1),
+    ("tokenizer.vocab_size", 4), ("data.valid_pairs", 0), ("data.test_pairs", -1), ("data.max_length", 1),
+    ("train.batch_tokens", 0), ("train.warmup_steps", 0), ("train.max_steps", -5), ("train.peak_lr", 0),
+    ("train.label_smoothing", 1.0), ("train.clip_grad_norm", -1.0), ("train.adam_betas", [0.9, 1.0]),
+    ("train.device", "gpu"), ("decode.beam_size", 0), ("decode.max_length_b", 0), ("name", "a/b"),
+])
+def test_out_of_range_values_name_the_key(key, value):
+    message = refused(BUDGET, f"{key}={value}")
+    assert message.startswith(f"{key}:") or message.startswith(f"{key} ("), message
+
+
+# --------------------------------------------------------------------------- --set overrides
+
+
+def test_overrides_replace_values_and_are_typed(tmp_path):
+    path = write(tmp_path, "train:\n  max_steps: 60\n  warmup_steps: 20\n")
+    config = load_config(path, ["train.max_steps=200", "model.pre_norm=true", "train.peak_lr=5e-4",
+                                "train.adam_betas=[0.8, 0.9]", "decode.beam_size=2", "name=other",
+                                "data.path=some=odd.csv"])
+    assert config.train.max_steps == 200 and config.train.warmup_steps == 20
+    assert config.model.pre_norm is True
+    assert config.train.peak_lr == 5e-4
+    assert config.train.adam_betas == (0.8, 0.9)
+    assert config.decode.beam_size == 2  # a section the file does not have
+    assert config.name == "other"
+    assert config.data.path == "some=odd.csv"  # only the first '=' separates key and value
+
+
+def test_later_override_wins():
+    assert config_from_dict(BUDGET, ["train.max_steps=1", "train.max_steps=2"]).train.max_steps == 2
+
+
+def test_override_without_equals_sign_shows_the_format():
+    message = refused(BUDGET, "train.max_steps")
+    assert "'train.max_steps'" in message and "section.key=value" in message
+
+
+def test_override_of_an_unknown_key_suggests_the_nearest():
+    assert "did you mean 'train.max_steps'?" in refused(BUDGET, "train.max_stepz=3")
+    assert "did you mean 'train'?" in refused(BUDGET, "trian.max_steps=3")
+
+
+def test_override_into_a_value_or_with_a_bad_value():
+    assert "'max_steps' is not a section" in refused(BUDGET, "train.max_steps.deeper=3")
+    assert "cannot parse the value" in refused(BUDGET, "train.max_steps=[")
+    message = refused(BUDGET, "train.adam_betas={a: 1, a: 2}")
+    assert message.startswith("--set 'train.adam_betas={a: 1, a: 2}': cannot parse") and "duplicate key 'a'" in message
+    assert refused(BUDGET, "train.max_steps=lots").startswith("train.max_steps: expected an integer")
+
+
+def test_overrides_do_not_change_the_given_mapping():
+    raw = {"train": {"max_steps": 3}}
+    config_from_dict(raw, ["train.max_steps=4", "model.d_model=16", "model.n_heads=2"])
+    assert raw == {"train": {"max_steps": 3}}
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[path.name for path in CONFIGS])
+def test_config_round_trips_through_a_mapping_and_yaml(path, tmp_path):
+    config = load_config(path)
+    assert config_from_dict(config_to_dict(config)) == config
+    again = load_config(write(tmp_path, config_to_yaml(config), name="saved.yaml"))
+    assert again == config
+
+
+def test_non_default_config_round_trips(tiny_config):
+    config = config_from_dict(config_to_dict(tiny_config), ["train.adam_betas=[0.5, 0.6]", "model.pre_norm=true",
+                                                            "tokenizer.joint=false", "model.share_embeddings=false"])
+    assert config_from_dict(config_to_dict(config)) == config
+    assert config_to_dict(config)["train"]["adam_betas"] == [0.5, 0.6]  # plain lists, YAML-friendly
+
+
+def test_config_is_frozen():
+    config = config_from_dict(BUDGET)
+    with pytest.raises(AttributeError):
+        config.train.max_steps = 5  # type: ignore[misc]

@@ -171,11 +171,12 @@ class ScriptedModel:
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
 def test_stopping_rule_waits_for_a_long_hypothesis_the_length_penalty_favours(alpha):
-    """EOS first (p .55) beats "A..." (p .45 * .75 * .999^9) on log-prob, but with alpha = 1 the ten-token
-    hypothesis wins on score. Bounding open beams with their current length instead of the max
-    length would stop at step 1 (-1.09 / lp(3) = -0.82 < -0.60) and miss it."""
+    """EOS at once (p .55) beats ten A's and EOS (p .45 * .75 * .999^9) on log-prob, but with
+    alpha = 1 the long hypothesis wins on score. Bounding open beams with their current length
+    instead of the max length would stop at step 1 (-1.09 / lp(3) = -0.82 < -0.60) and miss it."""
     a, max_length = FIRST_WORD, 10
-    steps = [{EOS_ID: 0.55, a: 0.45}, {a: 0.75, EOS_ID: 0.25}] + [{a: 0.999, EOS_ID: 0.001}] * 9
+    steps = [{EOS_ID: 0.55, a: 0.45}, {a: 0.75, EOS_ID: 0.25}] + [{a: 0.999, EOS_ID: 0.001}] * 8
+    steps.append({EOS_ID: 0.999, a: 0.001})  # step 10: the forced EOS
     model = ScriptedModel(steps, vocab=FIRST_WORD + 1)
     src, src_pad_mask = source_tensor([[a]])
     best = beam_search(model, src, src_pad_mask, 2, alpha, torch.tensor([max_length]), use_cache=False)[0][0]
@@ -320,3 +321,13 @@ def test_translate_restores_training_mode_and_truncates_long_sources(caplog):
     assert model.training
     assert len(outputs) == 2 and "truncated" in caplog.text
     assert all(len(o.split()) <= 7 for o in outputs)
+
+
+def test_translate_with_the_real_tokenizer(tiny_tokenizers):
+    model = tiny_model(7, vocab=tiny_tokenizers.target_vocab_size)
+    texts = ["I'm cold.", "", "The heart has its reasons.", "I'm happy 😀", "Go.", "   ", "Où est la gare ?"]
+    for beam_size in (1, 3):
+        config = DecodeConfig(beam_size=beam_size, batch_size=2, max_length_a=1.0, max_length_b=4)
+        together = translate(texts, model, tiny_tokenizers, config, "cpu")
+        assert together == [translate([text], model, tiny_tokenizers, config, "cpu")[0] for text in texts]
+        assert together[1] == together[5] == "" and all(isinstance(t, str) for t in together)

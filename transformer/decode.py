@@ -223,8 +223,8 @@ def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizer
     beam_size 1 = greedy search).
 
     Sentences are sorted by source length and decoded config.batch_size at a time; the result is in
-    input order and does not depend on the batching. A text with no subwords (empty or blank)
-    translates to "" without running the model (repeated n_best times). Sources longer than
+    input order and does not depend on the batching. An empty or blank text (or one with no
+    subwords) translates to "" without running the model (repeated n_best times). Sources longer than
     model max_len - 1 subwords are truncated to that length with a logged warning (not refused: one
     odd line should not stop a whole file). The model runs in eval mode, and its mode is restored.
     """
@@ -232,6 +232,8 @@ def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizer
         raise ValueError(f"n_best must be between 1 and decode.beam_size={config.beam_size}, got {n_best}")
     hard_cap = model.config.max_len - 1
     ids = _truncate_sources(tokenizers.encode_source(list(texts)), hard_cap)
+    # A blank line stays blank: BPE would turn spaces into "▁" tokens and the model would invent text.
+    ids = [row if text.strip() else [] for text, row in zip(texts, ids)]
     results: list[list[list[int]]] = [[[]] * n_best for _ in ids]
     # Longest first: peak memory shows up in the first batch, not after minutes of work.
     order = sorted((i for i, row in enumerate(ids) if row), key=lambda i: -len(ids[i]))
@@ -258,8 +260,9 @@ def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizer
     finally:
         model.train(was_training)
 
-    flat = tokenizers.decode_target([tokens for sentence in results for tokens in sentence])
-    return [flat[i * n_best: (i + 1) * n_best] for i in range(len(results))]
+    flat = iter(tokenizers.decode_target([tokens for sentence in results for tokens in sentence]))
+    # Not a fixed stride: with a vocabulary smaller than the beam a search can finish fewer than n_best.
+    return [[next(flat) for _ in sentence] for sentence in results]
 
 
 def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import signal
 import sys
 from pathlib import Path
 
+from transformer.checkpoint import CHECKPOINTS, step_dir_name
 from transformer.config import load_config
-from transformer.errors import UserError
+from transformer.errors import CheckpointError, UserError
 from transformer.logs import setup_logging
 from transformer.run import train
 
@@ -40,20 +42,36 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("train").warning("%s received: finishing this step and saving a checkpoint ...",
                                            signal.Signals(signum).name)
 
+    previous_handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         config = load_config(args.config, args.overrides)
         run_dir = args.run_dir or Path("runs") / config.name
-        setup_logging(run_dir)
-        signal.signal(signal.SIGINT, request_stop)
-        signal.signal(signal.SIGTERM, request_stop)
+        try:
+            setup_logging(run_dir)
+        except OSError as error:
+            raise CheckpointError(f"cannot write the run directory {run_dir}: "
+                                  f"{error.strerror or error} ({error.filename})") from None
+        for signum in previous_handlers:
+            signal.signal(signum, request_stop)
         outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing was saved for the current step; rerun the same command to resume from the "
+              "last checkpoint", file=sys.stderr)
+        return 130
+    finally:  # main() may run inside a longer-lived process (tests, notebooks)
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
     state, log = outcome.state, logging.getLogger("train")
-    command = f"python train.py --config {args.config}" + "".join(f" --set {o}" for o in args.overrides)
+    words = ["python", "train.py", "--config", str(args.config)]
+    words += [word for override in args.overrides for word in ("--set", override)]
     if args.run_dir:
-        command += f" --run-dir {args.run_dir}"
+        words += ["--run-dir", str(args.run_dir)]
+    if args.no_progress:
+        words.append("--no-progress")
+    command = shlex.join(words)
     if outcome.already_finished:
         log.info("%s already reached its budget at step %d; nothing to do. Raise train.max_steps / max_epochs / "
                  "max_minutes (e.g. --set train.max_steps=N) to train further.", run_dir, state.step)
@@ -61,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("done: %d steps, best valid BLEU %.2f at step %d. Translate with: python translate.py --run %s "
                  "\"I am cold.\"", state.step, state.best_bleu, state.best_step, run_dir)
     else:
-        log.info("stopped at step %d; checkpoint saved in %s/checkpoints. Resume with: %s",
-                 state.step, run_dir, command)
+        log.info("stopped at step %d; saved %s. Resume with: %s",
+                 state.step, run_dir / CHECKPOINTS / step_dir_name(state.step), command)
     return 0
 
 

@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.sentences and (args.input or args.interactive):
             raise UserError("give sentences as arguments, or --input FILE, or --interactive; not several of them")
+        blank = [i for i, sentence in enumerate(args.sentences, start=1) if not sentence.strip()]
+        if blank:  # most likely an unset shell variable; blank lines of a file or stdin stay blank lines
+            raise UserError(f"sentence argument {blank[0]} is empty: nothing to translate")
         if args.n_best < 1:
             raise UserError(f"--n-best must be at least 1, got {args.n_best}")
         beam = 1 if args.greedy else args.beam

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as load_safetensors_model
 from safetensors.torch import save_model as save_safetensors_model
 
@@ -80,6 +80,23 @@ def _publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _os_reason(error: BaseException) -> str | None:
+    """The operating system's reason for a failed write, or None if `error` is not an I/O failure.
+
+    torch.save reports a full disk as a RuntimeError whose context is the OSError, safetensors as a
+    SafetensorError with the reason in its text; anything else is a bug and must keep its traceback.
+    """
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return cause.strerror or str(cause)
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(error, SafetensorError) and (match := re.search(r"I/O error: (.*?)(?: \(os error \d+\)|$)",
+                                                                  str(error))):
+        return match.group(1)
+    return None
+
+
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
@@ -99,7 +116,8 @@ def save_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Op
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         save_safetensors_model(model, str(tmp / MODEL_FILE))
-        torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state}, tmp / TRAINING_FILE)
+        with open(tmp / TRAINING_FILE, "wb") as handle:  # a file object: torch then keeps the OSError as context
+            torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state}, handle)
         files = {}
         for name in (MODEL_FILE, TRAINING_FILE):
             _fsync_file(tmp / name)
@@ -108,11 +126,15 @@ def save_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Op
                          tgt_vocab_size=model.tgt_vocab_size, files=files)
         _write_json(tmp / META_FILE, full_meta)
         _fsync_file(tmp / META_FILE)
+        _fsync_dir(tmp)  # the files' names too, not only their bytes, must survive a power cut
         _publish(tmp, final)
-    except OSError as error:
+    except (OSError, SafetensorError, RuntimeError) as error:
         shutil.rmtree(tmp, ignore_errors=True)
+        reason = _os_reason(error)
+        if reason is None:
+            raise
         raise CheckpointError(
-            f"cannot write checkpoint {final}: {error.strerror or error}. "
+            f"cannot write checkpoint {final}: {reason}. "
             "Training stopped so that no work goes unsaved; free space or fix permissions, then rerun to resume."
         ) from error
     return final
@@ -158,14 +180,37 @@ def load_model(checkpoint: Path, device: torch.device | str = "cpu") -> tuple[Tr
     return model.to(device), meta
 
 
+def check_model_fits(checkpoint: Path, meta: dict[str, Any], model: Transformer) -> None:
+    """Refuse a checkpoint whose stored model config or vocabulary sizes differ from `model`'s, naming them."""
+    stored = meta["model_config"]
+    differences = [f"model.{key} is {stored.get(key)!r} in the checkpoint but {value!r} here"
+                   for key, value in asdict(model.config).items() if stored.get(key) != value]
+    sizes = (meta.get("src_vocab_size"), meta.get("tgt_vocab_size"))
+    if sizes != (model.src_vocab_size, model.tgt_vocab_size):
+        differences.append(f"the vocabulary sizes (source, target) are {sizes} in the checkpoint but "
+                           f"{(model.src_vocab_size, model.tgt_vocab_size)} in the tokenizers here")
+    if differences:
+        raise CheckpointError(f"{checkpoint}: does not fit this model: " + "; ".join(differences))
+
+
+def _shape_differences(model: Transformer, path: Path) -> str:
+    """'N tensors differ in shape: name is [..] in the file but [..] in the model, ...' (for messages)."""
+    model_shapes = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
+    with safe_open(str(path), framework="pt") as handle:
+        file_shapes = {name: list(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    differ = [f"{name} is {shape} in the file but {model_shapes[name]} in the model"
+              for name, shape in file_shapes.items() if name in model_shapes and shape != model_shapes[name]]
+    return f"{len(differ)} tensor(s) differ in shape: " + "; ".join(differ[:3]) + ("; ..." if len(differ) > 3 else "")
+
+
 def load_weights(model: Transformer, path: Path) -> None:
     """Load safetensors weights into `model`, naming any shape or key mismatch."""
     try:
         missing, unexpected = load_safetensors_model(model, str(path), strict=False)
     except SafetensorError as error:
         raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from None
-    except RuntimeError as error:  # shape mismatch
-        raise CheckpointError(f"{path}: weights do not fit this model: {error}") from None
+    except RuntimeError:  # torch's own message lists every tensor on its own line: too long to read
+        raise CheckpointError(f"{path}: weights do not fit this model: {_shape_differences(model, path)}") from None
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: weights do not fit this model (missing: {sorted(missing)[:5]}, "
@@ -180,6 +225,28 @@ def load_training_state(checkpoint: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - any failure here means "do not trust this file"
         raise CheckpointError(f"{path}: refused to load ({type(error).__name__}: {error})") from None
+
+
+def remove_temporaries(run_dir: Path) -> None:
+    """Clean up after a save that was killed midway. Call only while holding the run's lock.
+
+    A `.tmp-*` directory is an unfinished checkpoint: deleted. An `.old-<name>-*` directory is the
+    previous `<name>` that `_publish` had moved aside: put back if `<name>` never appeared, else deleted.
+    """
+    directory = Path(run_dir) / CHECKPOINTS
+    if not directory.is_dir():
+        return
+    for path in directory.iterdir():
+        if path.name.startswith(".tmp-"):
+            log.info("removing %s, left by an interrupted save", path)
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.name.startswith(".old-"):
+            final = directory / path.name[len(".old-"):].rsplit("-", 1)[0]
+            if final.exists():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                log.warning("restoring %s from %s, left by an interrupted save", final, path)
+                os.replace(path, final)
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -221,6 +288,20 @@ def save_best(run_dir: Path, checkpoint: Path) -> Path:
     return best
 
 
+def restore_best(run_dir: Path, best_step: int) -> None:
+    """Point `best` at step `best_step` again if the process was killed between saving that step and
+    copying it to `best` (the saved training state already names it as the best)."""
+    source = Path(run_dir) / CHECKPOINTS / step_dir_name(best_step)
+    best = Path(run_dir) / CHECKPOINTS / BEST
+    try:
+        current = read_meta(best, verify=False).get("step")
+    except CheckpointError:
+        current = None
+    if best_step and current != best_step and source.is_dir():
+        log.warning("best checkpoint: restoring it from %s (it held step %s)", source, current)
+        save_best(run_dir, source)
+
+
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
     """Delete all but the newest `keep` step checkpoints (the best one is a separate copy)."""
     for checkpoint in list_checkpoints(run_dir)[:-keep]:
@@ -234,7 +315,9 @@ def find_checkpoint(run: Path | None = None, checkpoint: Path | None = None,
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
         if not (checkpoint / META_FILE).is_file():
-            raise CheckpointError(f"{checkpoint}: not a checkpoint directory (no {META_FILE})")
+            looks_like_run = (checkpoint / CHECKPOINTS).is_dir()
+            hint = f"; it looks like a run directory: use --run {checkpoint}" if looks_like_run else ""
+            raise CheckpointError(f"{checkpoint}: not a checkpoint directory (no {META_FILE}){hint}")
         return checkpoint
     if run is None:
         candidates = []

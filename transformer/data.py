@@ -7,9 +7,11 @@ Typical use: load_pairs -> split_pairs -> train_tokenizers(iter_texts(...)) -> e
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import logging
+import sys
 import unicodedata
 import warnings
 from collections import Counter
@@ -20,6 +22,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 
 from .config import DataConfig
 from .errors import DataError
@@ -37,6 +40,13 @@ _CODE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 # Invisible characters that carry no meaning in a sentence (zero-width space, stray BOM).
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\ufeff"))
+
+# A side longer than data.max_length * this many characters is dropped on reading. No subword
+# of natural text is that long on average, so such a row would be dropped as too long after
+# encoding anyway; dropping it first spares the BPE trainer, whose cost grows with the square of
+# a word's length (one 1 MB "word" takes it many minutes).
+MAX_CHARS_PER_TOKEN = 32
+_LINES_SHOWN = 5  # line numbers named in a warning about dropped rows
 
 
 def clean_text(text: str) -> str:
@@ -59,10 +69,12 @@ class LoadReport:
     path: str
     rows_read: int
     rows_dropped_empty: int  # rows where either side was empty after cleaning
+    rows_dropped_header: int = 0  # rows repeating the header line (e.g. two files pasted together)
+    rows_dropped_long: int = 0  # rows with a side longer than data.max_length * MAX_CHARS_PER_TOKEN characters
 
     @property
     def rows_kept(self) -> int:
-        return self.rows_read - self.rows_dropped_empty
+        return self.rows_read - self.rows_dropped_empty - self.rows_dropped_header - self.rows_dropped_long
 
 
 def _reader_options(config: DataConfig) -> tuple[str, int]:
@@ -93,19 +105,56 @@ def _not_utf8(path: Path, error: UnicodeDecodeError) -> DataError:
     return DataError(f"{path}: not UTF-8 text{where} ({error.reason}); re-save the file as UTF-8")
 
 
-def _read_header(path: Path, config: DataConfig) -> tuple[list[str], bool]:
-    """The header's column names, and whether any record follows it."""
+@contextlib.contextmanager
+def _records(path: Path, config: DataConfig) -> Iterator[Iterator[list[str]]]:
+    """The file's records as the csv module reads them (the header first, blank lines skipped as pandas does)."""
     sep, quoting = _reader_options(config)
+    # The csv module refuses fields over 128 KB by default; pandas, which reads the data, does not.
+    limit = csv.field_size_limit()
+    csv.field_size_limit(sys.maxsize)
     try:
         # utf-8-sig drops a byte-order mark, which would otherwise glue itself to the first name.
         with path.open(encoding="utf-8-sig", newline="") as handle:
-            records = csv.reader(handle, delimiter=sep, quoting=quoting)
+            yield csv.reader(handle, delimiter=sep, quoting=quoting)
+    finally:
+        csv.field_size_limit(limit)
+
+
+def _read_header(path: Path, config: DataConfig) -> tuple[list[str], bool]:
+    """The header's column names, and whether any record follows it."""
+    try:
+        with _records(path, config) as records:
             header = next(records, [])
             return header, any(True for record in records if record)
     except UnicodeDecodeError as error:
         raise _not_utf8(path, error) from None
     except csv.Error as error:
         raise DataError(f"{path}: cannot read the header line as {config.format.upper()} ({error})") from None
+
+
+def _line_numbers(path: Path, config: DataConfig, rows: list[int]) -> list[int]:
+    """1-based file line on which each 0-based data row in `rows` starts (only for messages)."""
+    wanted, found = set(rows), {}
+    with _records(path, config) as records:
+        next(records, None)  # the header
+        row, line = 0, records.line_num + 1
+        for record in records:
+            if record:  # pandas skips blank lines, so they are not rows
+                if row in wanted:
+                    found[row] = line
+                    if len(found) == len(wanted):
+                        break
+                row += 1
+            line = records.line_num + 1
+    return [found[row] for row in rows if row in found]
+
+
+def _where(path: Path, config: DataConfig, mask: np.ndarray) -> str:
+    """'line 7' / 'lines 7, 9, ...' for the rows where `mask` is True."""
+    rows = np.flatnonzero(mask)
+    lines = _line_numbers(path, config, [int(r) for r in rows[:_LINES_SHOWN]])
+    more = ", ..." if len(rows) > len(lines) else ""
+    return ("line " if len(lines) == 1 and not more else "lines ") + ", ".join(map(str, lines)) + more
 
 
 def _column_positions(path: Path, config: DataConfig) -> tuple[int, int, int]:
@@ -189,15 +238,26 @@ def _clean_batch(batch: dict[str, list], source_column: str, target_column: str,
     }
 
 
-def _both_non_empty(sources: list[str], targets: list[str], code_digest: str) -> list[bool]:
-    del code_digest
-    return [bool(s) and bool(t) for s, t in zip(sources, targets)]
+def _drop_masks(cleaned: datasets.Dataset, config: DataConfig) -> dict[str, np.ndarray]:
+    """(N,) boolean masks of the rows to drop, by reason, computed on the Arrow columns."""
+    table = cleaned.data
+    sources, targets = table.column(SOURCE), table.column(TARGET)
+    source_chars = pc.utf8_length(sources).to_numpy()
+    target_chars = pc.utf8_length(targets).to_numpy()
+    empty = (source_chars == 0) | (target_chars == 0)
+    header = (pc.equal(sources, clean_text(config.source_column)).to_numpy(zero_copy_only=False)
+              & pc.equal(targets, clean_text(config.target_column)).to_numpy(zero_copy_only=False))
+    limit = config.max_length * MAX_CHARS_PER_TOKEN
+    long = ~empty & ((source_chars > limit) | (target_chars > limit))
+    return {"empty": empty, "header": header & ~empty, "long": long & ~header}
 
 
 def load_pairs(config: DataConfig, cache_dir: str | Path | None = None) -> tuple[datasets.Dataset, LoadReport]:
     """Read `config.path` into a Dataset with exactly the columns `source` and `target`, cleaned.
 
-    Rows with an empty side (after cleaning) are dropped, counted in the report and logged.
+    Rows with an empty side (after cleaning), rows repeating the header line and rows with a side
+    longer than data.max_length * MAX_CHARS_PER_TOKEN characters are dropped, counted in the report
+    and logged with their line numbers.
     `cache_dir` is where datasets keeps its Arrow files (None = its default, ~/.cache/huggingface).
     A DataError names the file for a missing file or column, non-UTF-8 bytes, or malformed CSV.
     """
@@ -215,14 +275,27 @@ def load_pairs(config: DataConfig, cache_dir: str | Path | None = None) -> tuple
         features=datasets.Features({SOURCE: datasets.Value("string"), TARGET: datasets.Value("string")}),
         desc="cleaning pairs",
     )
-    pairs = cleaned.filter(_both_non_empty, batched=True, input_columns=[SOURCE, TARGET],
-                           fn_kwargs={"code_digest": _CODE_DIGEST}, desc="dropping empty pairs")
-    if not len(pairs):
-        raise DataError(f"{path}: all {len(table)} rows have an empty English or French side")
-    report = LoadReport(path=str(path), rows_read=len(table), rows_dropped_empty=len(table) - len(pairs))
+    drop = _drop_masks(cleaned, config)
+    report = LoadReport(path=str(path), rows_read=len(table), rows_dropped_empty=int(drop["empty"].sum()),
+                        rows_dropped_header=int(drop["header"].sum()), rows_dropped_long=int(drop["long"].sum()))
+    if not report.rows_kept:
+        raise DataError(f"{path}: no usable sentence pairs: of {report.rows_read} rows, {report.rows_dropped_empty} "
+                        f"have an empty English or French side, {report.rows_dropped_header} repeat the header line "
+                        f"and {report.rows_dropped_long} are too long")
     if report.rows_dropped_empty:
-        logger.warning("%s: dropped %d of %d rows with an empty English or French side",
-                       path, report.rows_dropped_empty, report.rows_read)
+        logger.warning("%s: dropped %d of %d rows with an empty English or French side (%s)",
+                       path, report.rows_dropped_empty, report.rows_read, _where(path, config, drop["empty"]))
+    if report.rows_dropped_header:
+        logger.warning("%s: dropped %d of %d rows repeating the header line (%s); were two files pasted together?",
+                       path, report.rows_dropped_header, report.rows_read, _where(path, config, drop["header"]))
+    if report.rows_dropped_long:
+        logger.warning("%s: dropped %d of %d rows with a side longer than %d characters (%s): far beyond "
+                       "data.max_length=%d tokens", path, report.rows_dropped_long, report.rows_read,
+                       config.max_length * MAX_CHARS_PER_TOKEN, _where(path, config, drop["long"]), config.max_length)
+    pairs = cleaned
+    if report.rows_kept < report.rows_read:
+        # numpy indices: datasets fingerprints a Python list element by element.
+        pairs = cleaned.select(np.flatnonzero(~(drop["empty"] | drop["header"] | drop["long"])))
     logger.info("%s: %d sentence pairs", path, len(pairs))
     return pairs, report
 

@@ -15,10 +15,11 @@ from .config import DecodeConfig
 from .decode import translate_n_best
 from .errors import CheckpointError
 from .model import Transformer
-from .tokenizer import Tokenizers, load_tokenizers, tokenizer_fingerprint
+from .tokenizer import UNK, UNK_ID, Tokenizers, load_tokenizers, tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 
+_UNKNOWN_SHOWN = 10  # unknown characters named in the warning
 
 
 @dataclass
@@ -31,7 +32,23 @@ class Translator:
 
     def translate(self, texts: list[str], n_best: int = 1) -> list[list[str]]:
         """For each text, its `n_best` translations, best first."""
+        self._warn_unknown_characters(texts)
         return translate_n_best(texts, self.model, self.tokenizers, self.decode, self.device, n_best)
+
+    def _warn_unknown_characters(self, texts: list[str]) -> None:
+        """Characters the tokenizer never saw reach the model as <unk>: say which, or a poor
+        translation goes unexplained."""
+        unknown: dict[str, None] = {}  # ordered set
+        sentences = 0
+        for text, encoding in zip(texts, self.tokenizers.source.encode_batch(texts, add_special_tokens=False)):
+            spans = [text[start:end] for token_id, (start, end) in zip(encoding.ids, encoding.offsets)
+                     if token_id == UNK_ID]
+            sentences += bool(spans)
+            unknown.update(dict.fromkeys(spans))
+        if unknown:
+            shown = list(unknown)[:_UNKNOWN_SHOWN]
+            log.warning("%d sentence(s) contain characters never seen in training, which the model reads as %s: %s%s",
+                        sentences, UNK, ", ".join(map(repr, shown)), ", ..." if len(unknown) > len(shown) else "")
 
 
 def run_dir_of(checkpoint_dir: Path) -> Path:
@@ -54,12 +71,14 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
         raise CheckpointError(f"{found}: its tokenizer directory {tokenizer_dir} is missing; "
                               "copy the whole run directory, not only the checkpoint")
     tokenizers = load_tokenizers(tokenizer_dir)
-    if meta.get("tokenizer_fingerprint") != tokenizer_fingerprint(tokenizer_dir):
-        raise CheckpointError(f"{found}: was trained with other tokenizer files than those in {tokenizer_dir}")
+    # Sizes first: when they differ, that is the more telling message than "other files".
     if (tokenizers.source_vocab_size, tokenizers.target_vocab_size) != (model.src_vocab_size, model.tgt_vocab_size):
         raise CheckpointError(
-            f"{found}: model vocabularies ({model.src_vocab_size}, {model.tgt_vocab_size}) do not match the "
-            f"tokenizers in {tokenizer_dir} ({tokenizers.source_vocab_size}, {tokenizers.target_vocab_size})")
+            f"{found}: its vocabulary sizes (source, target) are ({model.src_vocab_size}, {model.tgt_vocab_size}) "
+            f"but the tokenizers in {tokenizer_dir} have ({tokenizers.source_vocab_size}, "
+            f"{tokenizers.target_vocab_size}); they belong to another run")
+    if meta.get("tokenizer_fingerprint") != tokenizer_fingerprint(tokenizer_dir):
+        raise CheckpointError(f"{found}: was trained with other tokenizer files than those in {tokenizer_dir}")
     decode = DecodeConfig()
     if (run_dir / checkpoint.RUN_CONFIG).is_file():
         decode = checkpoint.load_run_config(run_dir).decode

@@ -3,23 +3,26 @@ state of an earlier session to resume. Then hand over to the Trainer. train.py c
 
 Run directory (one self-contained artifact: translate.py needs nothing else):
     config.yaml  tokenizer/  checkpoints/step_*/  checkpoints/best/  heldout/  tensorboard/  train.log
+    .lock (held while a process trains the run)
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from . import checkpoint
 from .batching import PairCorpus
 from .config import Config, config_to_dict, config_to_yaml
-from .data import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs
+from .data import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs, token_lengths
 from .errors import CheckpointError, ConfigError
 from .evaluate import EvaluationSet
 from .logs import TensorBoard
@@ -33,6 +36,7 @@ from .trainer import Trainer, TrainState
 log = logging.getLogger(__name__)
 
 HELDOUT_DIR = "heldout"
+LOCK_FILE = ".lock"
 
 # Keys that may change between sessions of one run: they steer the loop, not what is learned.
 RESUMABLE_KEYS = {
@@ -68,6 +72,41 @@ def config_changes(old: Config, new: Config) -> list[str]:
     return [f"{key}: {before.get(key)!r} -> {after.get(key)!r}"
             for key in sorted(set(before) | set(after))
             if key not in RESUMABLE_KEYS and before.get(key) != after.get(key)]
+
+
+@contextlib.contextmanager
+def _writing(run_dir: Path) -> Iterator[None]:
+    """Turn a failed write in the run directory (disk full, read-only, permissions) into a message
+    naming the file and the reason, instead of a traceback."""
+    try:
+        yield
+    except OSError as error:
+        raise CheckpointError(
+            f"cannot write {error.filename or run_dir}: {error.strerror or error}. Training needs a writable "
+            "run directory with free space; fix that and rerun (or choose another with --run-dir)"
+        ) from error
+
+
+@contextlib.contextmanager
+def _exclusive(run_dir: Path) -> Iterator[None]:
+    """Hold the run directory's lock while training: two processes training one run would interleave
+    their checkpoints. The OS releases the lock when the process ends, even on SIGKILL."""
+    try:
+        import fcntl
+    except ImportError:  # Windows has no flock; the run goes unguarded there
+        yield
+        return
+    with _writing(run_dir):
+        handle = open(run_dir / LOCK_FILE, "a")
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CheckpointError(f"{run_dir} is being trained by another process; wait for it to stop, "
+                                  "or train in another --run-dir") from None
+        except OSError as error:  # e.g. a network filesystem without locks
+            log.warning("cannot lock %s (%s); make sure no other process trains in it", run_dir, error.strerror)
+        yield
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
@@ -108,7 +147,17 @@ def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambd
           show_progress: bool = True, data_cache_dir: Path | None = None) -> TrainOutcome:
     """Train (or resume) the run in `run_dir` until a budget is reached or `should_stop()` says so."""
     run_dir = Path(run_dir)
-    prepare_run_dir(config, run_dir)
+    with _writing(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(run_dir):
+        return _train(config, run_dir, should_stop, show_progress, data_cache_dir)
+
+
+def _train(config: Config, run_dir: Path, should_stop: Callable[[], bool], show_progress: bool,
+           data_cache_dir: Path | None) -> TrainOutcome:
+    with _writing(run_dir):
+        prepare_run_dir(config, run_dir)
+        checkpoint.remove_temporaries(run_dir)  # safe: we hold the lock, so no save is under way
     train_config = config.train
     set_threads(train_config.threads)
     device = select_device(train_config.device)
@@ -128,16 +177,26 @@ def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambd
                  "joint" if config.tokenizer.joint else "separate", len(splits.train))
         tokenizers = train_tokenizers(iter_texts(splits.train, SOURCE), iter_texts(splits.train, TARGET),
                                       config.tokenizer)
-        save_tokenizers(tokenizers, tokenizer_dir)
+        with _writing(run_dir):
+            save_tokenizers(tokenizers, tokenizer_dir)
     fingerprint = tokenizer_fingerprint(tokenizer_dir)
     encoded = encode_splits(splits, tokenizers, config.data.max_length)
     corpus = PairCorpus.from_dataset(encoded.train)
     valid_sources, valid_targets = list(iter_texts(splits.valid, SOURCE)), list(iter_texts(splits.valid, TARGET))
-    valid = EvaluationSet.from_pairs(PairCorpus.from_dataset(encoded.valid), valid_sources, valid_targets,
-                                     max_sentences=train_config.valid_max_pairs)
-    _write_heldout(run_dir, "valid", valid_sources, valid_targets)
-    if len(splits.test):
-        _write_heldout(run_dir, "test", list(iter_texts(splits.test, SOURCE)), list(iter_texts(splits.test, TARGET)))
+    # The valid loss feeds whole pairs to the model, so each side (+ BOS/EOS) must fit its position
+    # table; a longer pair still counts in BLEU, where translate() truncates its source.
+    src_len, tgt_len = token_lengths(encoded.valid)
+    fits = np.flatnonzero((src_len < config.model.max_len) & (tgt_len < config.model.max_len))
+    if len(fits) < len(encoded.valid):
+        log.warning("valid: %d of %d pairs are longer than model.max_len=%d tokens; they count in BLEU but not "
+                    "in the valid loss", len(encoded.valid) - len(fits), len(encoded.valid), config.model.max_len)
+    valid = EvaluationSet.from_pairs(PairCorpus.from_dataset(encoded.valid.select(fits)), valid_sources,
+                                     valid_targets, max_sentences=train_config.valid_max_pairs)
+    with _writing(run_dir):
+        _write_heldout(run_dir, "valid", valid_sources, valid_targets)
+        if len(splits.test):
+            _write_heldout(run_dir, "test", list(iter_texts(splits.test, SOURCE)),
+                           list(iter_texts(splits.test, TARGET)))
 
     # ---- model and optimizer (seeded: the same config gives the same initial weights)
     seed_everything(train_config.seed)
@@ -149,27 +208,57 @@ def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambd
 
     # ---- resume
     state, resumed_from = TrainState(), checkpoint.latest_good_checkpoint(run_dir)
+    saved = checkpoint.list_checkpoints(run_dir)
+    if resumed_from is None and saved:
+        # Starting over would bury the run's history under new checkpoints: the user decides.
+        raise CheckpointError(f"{run_dir}: none of its {len(saved)} checkpoints is intact (see the warnings "
+                              f"above), so it cannot be resumed; move {run_dir / checkpoint.CHECKPOINTS} "
+                              "away to start over, or train in another --run-dir")
     if resumed_from is not None:
+        # Newer checkpoints failed verification. Out of the list they go (kept for inspection), or
+        # pruning, which keeps the newest by step, would delete the good ones this session saves.
+        for newer in saved[saved.index(resumed_from) + 1:]:
+            aside = newer.with_name(f"corrupt-{newer.name}-{os.getpid()}")
+            log.warning("moving the damaged %s aside to %s", newer, aside)
+            with _writing(run_dir):
+                os.replace(newer, aside)
         meta = checkpoint.read_meta(resumed_from, verify=False)
+        checkpoint.check_model_fits(resumed_from, meta, model)
         if meta.get("tokenizer_fingerprint") != fingerprint:
             raise CheckpointError(f"{resumed_from}: was trained with other tokenizer files than {tokenizer_dir}")
+        if not isinstance(meta.get("state"), dict):
+            raise CheckpointError(f"{resumed_from / checkpoint.META_FILE}: has no training state to resume from")
         checkpoint.load_weights(model, resumed_from / checkpoint.MODEL_FILE)
         training = checkpoint.load_training_state(resumed_from)
-        optimizer.load_state_dict(training["optimizer"])
-        set_rng_state(training["rng"])
+        try:
+            optimizer.load_state_dict(training["optimizer"])
+            set_rng_state(training["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise CheckpointError(f"{resumed_from / checkpoint.TRAINING_FILE}: its optimizer or RNG state does "
+                                  f"not fit this run ({type(error).__name__}: {error})") from None
         state = TrainState(**{k: v for k, v in meta["state"].items()
                               if k in {f.name for f in dataclasses.fields(TrainState)}})
         state.finished = False
-        log.info("resuming from %s (step %d, epoch %d)", resumed_from, state.step, state.epoch + 1)
+        with _writing(run_dir):
+            checkpoint.restore_best(run_dir, state.best_step)
+        log.info("resuming from %s (step %d, epoch %d, batch %d of it)", resumed_from, state.step, state.epoch + 1,
+                 state.batch_in_epoch)
 
-    tensorboard = TensorBoard(run_dir)
-    if resumed_from is None:
-        tensorboard.text(0, "config", "```\n" + config_to_yaml(config) + "\n```")
+    with _writing(run_dir):
+        tensorboard = TensorBoard(run_dir)
+        if resumed_from is None:
+            tensorboard.text(0, "config", "```\n" + config_to_yaml(config) + "\n```")
     trainer = Trainer(config, model, optimizer, corpus, valid, tokenizers, run_dir, tensorboard, device, state,
                       fingerprint, show_progress=show_progress)
     already_finished = trainer.budget_reached() is not None
-    try:
-        state = trainer.run(should_stop)
-    finally:
+    # Checkpoint saves raise their own CheckpointError; this catches the other writers (TensorBoard
+    # re-raises its writer thread's OSError on a later call). The last checkpoint stays the resume point.
+    with _writing(run_dir):
+        try:
+            state = trainer.run(should_stop)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the first error is the one to report
+                tensorboard.close()
+            raise
         tensorboard.close()
     return TrainOutcome(run_dir, state, resumed_from, already_finished)

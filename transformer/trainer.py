@@ -47,6 +47,7 @@ class TrainState:
     best_bleu: float = -1.0
     best_step: int = 0
     nonfinite_steps: int = 0  # updates skipped for a non-finite loss or gradient, in total
+    nonfinite_in_a_row: int = 0  # ... of which the latest in a row (kept here so a resume counts on)
     finished: bool = False  # a budget was reached
 
 
@@ -64,7 +65,6 @@ class Trainer:
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.show_progress = show_progress
         self._last_saved_step = -1
-        self._nonfinite_in_a_row = 0
 
     # ------------------------------------------------------------------ budgets
 
@@ -101,11 +101,11 @@ class Trainer:
         finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)
         if finite:
             self.optimizer.step()
-            self._nonfinite_in_a_row = 0
+            self.state.nonfinite_in_a_row = 0
         else:
             self.optimizer.zero_grad(set_to_none=True)
             self.state.nonfinite_steps += 1
-            self._nonfinite_in_a_row += 1
+            self.state.nonfinite_in_a_row += 1
             log.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); update skipped",
                         self.state.step + 1, loss_sum, grad_norm)
         return {"loss": loss_sum / max(n_tokens, 1), "lr": lr, "grad_norm": grad_norm,
@@ -136,12 +136,17 @@ class Trainer:
                     state.step += 1
                     state.elapsed_seconds = time.monotonic() - session_start
                     state.target_tokens += int(metrics["target_tokens"])
-                    if self._nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
+                    if state.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
+                        # No save here: skipped steps left the weights as they were, and the newest
+                        # checkpoint (possibly from inside this streak) holds exactly those.
+                        saved = checkpoint.list_checkpoints(self.run_dir)
+                        kept = (f"the last checkpoint, {saved[-1]}, is intact" if saved
+                                else "no checkpoint was saved yet")
                         raise TrainingDiverged(
                             f"step {state.step}: the loss or gradient was not finite for "
-                            f"{MAX_NONFINITE_IN_A_ROW} steps in a row; training stopped. The last good "
-                            f"checkpoint is kept in {self.run_dir / checkpoint.CHECKPOINTS}. Try a lower "
-                            "learning rate (train.lr_factor / train.peak_lr), a longer warm-up, or precision fp32."
+                            f"{MAX_NONFINITE_IN_A_ROW} steps in a row ({state.nonfinite_steps} skipped in all), so "
+                            f"training stopped; {kept}. Start a new run (--run-dir) with a lower learning rate "
+                            "(train.lr_factor / train.peak_lr), a longer train.warmup_steps, or train.precision: fp32."
                         )
                     if metrics["finite"]:
                         window_loss += metrics["loss"]

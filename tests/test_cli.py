@@ -1,0 +1,333 @@
+"""The two CLIs, in-process, on bad input: every user error is one `error: ...` message on stderr that
+names the file, line or key, with exit code 2 and no traceback; odd but usable input trains or
+translates with a warning that says what was dropped or changed, and where."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors import SafetensorError
+
+from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, write_csv
+from transformer import checkpoint, run, trainer
+from transformer.config import Config, config_from_dict, config_to_dict
+from transformer.data import MAX_CHARS_PER_TOKEN
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import train as train_cli  # noqa: E402  (the CLI scripts at the repository root)
+import translate as translate_cli  # noqa: E402
+
+HEADER = f'"{SOURCE_COLUMN}","{TARGET_COLUMN}"\n'
+# Rows without a '"' of their own, so that simple quoting is right: they are spliced into hand-made files.
+ROWS = "".join(f'"{s}","{t}"\n' for s, t in TINY_PAIRS if '"' not in s + t)
+N_ROWS = ROWS.count("\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread; on a busy machine, idle-spinning intra-op threads make
+    them ~10x slower. `train` sets train.threads process-wide, so the count is restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+def write_config(path: Path, data_path: Path, **train: object) -> Path:
+    config = {
+        "data": {"path": str(data_path), "valid_pairs": 4, "test_pairs": 4},
+        "tokenizer": {"vocab_size": 200, "min_frequency": 1},
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+        "train": {"max_steps": 2, "batch_tokens": 256, "warmup_steps": 10, "log_every": 1, "valid_every": 2,
+                  "checkpoint_every": 2, "device": "cpu", "threads": 1, **train},
+    }
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def run_train(tmp_path: Path, data_path: Path, *extra: str, **train: object) -> int:
+    config = write_config(tmp_path / "config.yaml", data_path, **train)
+    return train_cli.main(["--config", str(config), "--run-dir", str(tmp_path / "run"), "--no-progress", *extra])
+
+
+def user_error(capsys) -> str:
+    """The `error: ...` message of a failed command, checked to be its last line and traceback-free."""
+    err = "\n" + capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\nerror: ") == 1, err
+    return err.split("\nerror: ")[1].rstrip("\n")
+
+
+# --------------------------------------------------------------------------- CSV battery
+
+
+def test_csv_with_a_missing_column(tmp_path: Path, capsys):
+    path = tmp_path / "pairs.csv"
+    path.write_text('"English","French"\n"Hi.","Salut."\n', encoding="utf-8")
+    assert run_train(tmp_path, path) == 2
+    assert user_error(capsys) == (f"{path}: no column {SOURCE_COLUMN!r} (data.source_column); the file's columns "
+                                  "are 'English', 'French' (read as CSV)")
+
+
+def test_csv_with_empty_cells_trains_and_names_the_dropped_lines(tmp_path: Path, caplog):
+    path = tmp_path / "pairs.csv"
+    path.write_text(HEADER + ROWS + '"",""\n"Hi.",""\n"  ","Vide"\n' + ROWS, encoding="utf-8")
+    assert run_train(tmp_path, path) == 0
+    first = N_ROWS + 2
+    assert (f"{path}: dropped 3 of {2 * N_ROWS + 3} rows with an empty English or French side "
+            f"(lines {first}, {first + 1}, {first + 2})") in caplog.text
+
+
+def test_csv_with_a_byte_order_mark_trains(tmp_path: Path, caplog):
+    path = tmp_path / "pairs.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (HEADER + ROWS).encode("utf-8"))
+    assert run_train(tmp_path, path) == 0
+    assert f"{path}: {N_ROWS} sentence pairs" in caplog.text and "dropped" not in caplog.text
+
+
+def test_csv_with_non_utf8_bytes(tmp_path: Path, capsys):
+    path = tmp_path / "pairs.csv"
+    path.write_bytes((HEADER + ROWS).encode("utf-8") + '"Where?","Où ?"\n'.encode("latin-1"))
+    assert run_train(tmp_path, path) == 2
+    assert user_error(capsys) == (f"{path}: not UTF-8 text at line {N_ROWS + 2} (invalid start byte); "
+                                  "re-save the file as UTF-8")
+
+
+@pytest.mark.parametrize("where", ["first", "middle"])
+def test_csv_with_a_1mb_line_is_read_and_that_row_dropped_naming_it(tmp_path: Path, caplog, where: str):
+    huge = '"' + "word " * 200_000 + '","mot"\n'  # 1 MB: beyond the csv module's default field limit
+    path = tmp_path / "pairs.csv"
+    path.write_text(HEADER + huge + ROWS if where == "first" else HEADER + ROWS + huge + ROWS, encoding="utf-8")
+    start = time.monotonic()
+    assert run_train(tmp_path, path) == 0
+    assert time.monotonic() - start < 30  # the BPE trainer never sees it (minutes for a 1 MB word)
+    line = 2 if where == "first" else N_ROWS + 2
+    assert (f"{path}: dropped 1 of {N_ROWS * (1 if where == 'first' else 2) + 1} rows with a side longer than "
+            f"{128 * MAX_CHARS_PER_TOKEN} characters (line {line}): far beyond data.max_length=128 tokens"
+            ) in caplog.text
+
+
+def test_csv_with_only_a_header(tmp_path: Path, capsys):
+    path = tmp_path / "pairs.csv"
+    path.write_text(HEADER, encoding="utf-8")
+    assert run_train(tmp_path, path) == 2
+    assert user_error(capsys) == f"{path}: no sentence pairs after the header line"
+
+
+def test_csv_with_a_duplicate_header_line_drops_it_naming_the_line(tmp_path: Path, caplog):
+    path = tmp_path / "pairs.csv"
+    path.write_text(HEADER + ROWS + HEADER + ROWS, encoding="utf-8")  # two files pasted together
+    assert run_train(tmp_path, path) == 0
+    assert (f"{path}: dropped 1 of {2 * N_ROWS + 1} rows repeating the header line (line {N_ROWS + 2}); "
+            "were two files pasted together?") in caplog.text
+
+
+def test_csv_that_is_empty_or_missing(tmp_path: Path, capsys):
+    path = tmp_path / "pairs.csv"
+    path.write_text("", encoding="utf-8")
+    assert run_train(tmp_path, path) == 2
+    assert user_error(capsys).startswith(f"{path}: the file is empty; expected a header line with the columns")
+    assert run_train(tmp_path, tmp_path / "nope.csv") == 2
+    assert user_error(capsys) == f"data file not found: {tmp_path / 'nope.csv'} (data.path)"
+
+
+# --------------------------------------------------------------------------- YAML battery
+
+
+@pytest.mark.parametrize("section, value, message", [
+    ("train", {"max_step": 10}, "unknown key 'train.max_step'; did you mean 'train.max_steps'? Valid keys here: "),
+    ("train", {"batch_tokens": "lots"}, "train.batch_tokens: expected an integer, got 'lots'"),
+    ("model", {"d_model": -8}, "model.d_model: expected an integer >= 1, got -8"),
+    ("train", {"batch_tokens": 0}, "train.batch_tokens: expected an integer >= 1, got 0"),
+], ids=["unknown-key", "wrong-type", "negative-size", "zero-size"])
+def test_yaml_errors_name_the_file_and_key(tmp_path: Path, capsys, tiny_csv: Path, section: str, value: dict,
+                                           message: str):
+    config = write_config(tmp_path / "config.yaml", tiny_csv)
+    raw = yaml.safe_load(config.read_text())
+    raw[section].update(value)
+    config.write_text(yaml.safe_dump(raw))
+    assert train_cli.main(["--config", str(config), "--run-dir", str(tmp_path / "run")]) == 2
+    assert user_error(capsys).startswith(f"{config}: {message}")
+    assert not (tmp_path / "run").exists()  # nothing is created for a config that does not load
+
+
+def test_missing_config_file(tmp_path: Path, capsys):
+    assert train_cli.main(["--config", str(tmp_path / "nope.yaml")]) == 2
+    assert user_error(capsys) == f"config file not found: {tmp_path / 'nope.yaml'}"
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text("train:\n  max_steps: [1\n")
+    assert train_cli.main(["--config", str(config)]) == 2
+    assert user_error(capsys).startswith(f"{config}: invalid YAML: ")
+
+
+# --------------------------------------------------------------------------- run directory and disk
+
+
+def test_a_run_directory_that_cannot_be_created(tmp_path: Path, capsys, tiny_csv: Path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    config = write_config(tmp_path / "config.yaml", tiny_csv)
+    assert train_cli.main(["--config", str(config), "--run-dir", str(blocker / "run")]) == 2
+    run_dir = blocker / "run"
+    assert user_error(capsys) == f"cannot write the run directory {run_dir}: Not a directory ({run_dir})"
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS], ids=["disk-full", "read-only"])
+def test_training_stops_when_a_checkpoint_cannot_be_written(tmp_path: Path, capsys, tiny_csv: Path, monkeypatch,
+                                                            code: int):
+    steps = []
+    real_train_step = trainer.Trainer.train_step
+
+    def counting_train_step(self, batches):
+        steps.append(self.state.step + 1)
+        return real_train_step(self, batches)
+
+    def refuse(model, filename):  # as root, chmod cannot make a directory read-only: fail the write instead
+        raise SafetensorError(f"Error while serializing: I/O error: {os.strerror(code)} (os error {code})")
+
+    monkeypatch.setattr(trainer.Trainer, "train_step", counting_train_step)
+    monkeypatch.setattr(checkpoint, "save_safetensors_model", refuse)
+    assert run_train(tmp_path, tiny_csv, max_steps=10, checkpoint_every=3, valid_every=5) == 2
+    target = tmp_path / "run" / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(3)
+    assert user_error(capsys) == (f"cannot write checkpoint {target}: {os.strerror(code)}. Training stopped so that "
+                                  "no work goes unsaved; free space or fix permissions, then rerun to resume.")
+    assert steps == [1, 2, 3]  # not one step past the failed save
+    assert not list((tmp_path / "run" / checkpoint.CHECKPOINTS).iterdir())  # no half-written checkpoint
+
+
+def test_a_run_directory_in_use_by_another_process_is_refused(tmp_path: Path, capsys, tiny_csv: Path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with open(run_dir / run.LOCK_FILE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a training process holds
+        assert run_train(tmp_path, tiny_csv) == 2
+    assert user_error(capsys) == (f"{run_dir} is being trained by another process; wait for it to stop, "
+                                  "or train in another --run-dir")
+
+
+def test_a_finished_run_says_how_to_train_further(tmp_path: Path, capsys, caplog, tiny_csv: Path):
+    assert run_train(tmp_path, tiny_csv) == 0
+    assert run_train(tmp_path, tiny_csv) == 0
+    assert "already reached its budget at step 2; nothing to do. Raise train.max_steps" in caplog.text
+
+
+def test_resuming_with_a_changed_config_lists_the_changes(tmp_path: Path, capsys, tiny_csv: Path):
+    assert run_train(tmp_path, tiny_csv) == 0
+    capsys.readouterr()
+    config = write_config(tmp_path / "config.yaml", tiny_csv)
+    assert train_cli.main(["--config", str(config), "--run-dir", str(tmp_path / "run"),
+                           "--set", "model.d_ff=128"]) == 2
+    message = user_error(capsys)
+    assert message.startswith(f"{tmp_path / 'run'} holds a run started with a different config")
+    assert "model.d_ff: 64 -> 128" in message
+
+
+# --------------------------------------------------------------------------- translate battery
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
+    raw = config_to_dict(tiny_config)
+    raw["train"].update(max_steps=10, valid_every=10, checkpoint_every=10, threads=1)
+    raw["decode"]["beam_size"] = 2
+    run_dir = tmp_path_factory.mktemp("translate") / "run"
+    run.train(config_from_dict(raw), run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    return run_dir
+
+
+def translate(run_dir: Path, *args: str) -> int:
+    return translate_cli.main(["--run", str(run_dir), *args])
+
+
+def test_translate_works(trained_run: Path, capsys):
+    assert translate(trained_run, "I'm cold.", "Go.") == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+def test_translate_an_empty_string_is_refused(trained_run: Path, capsys):
+    assert translate(trained_run, "I'm cold.", "") == 2
+    assert user_error(capsys) == "sentence argument 2 is empty: nothing to translate"
+
+
+def test_translate_blank_lines_of_a_file_stay_blank(trained_run: Path, tmp_path: Path, capsys):
+    source = tmp_path / "in.en"
+    source.write_text("I'm cold.\n\nGo.\n", encoding="utf-8")
+    assert translate(trained_run, "--input", str(source), "--quiet") == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+def test_translate_a_10000_character_sentence_is_truncated_in_bounded_time(trained_run: Path, capsys, caplog):
+    sentence = ("I'm cold. " * 1000)[:10_000]
+    start = time.monotonic()
+    assert translate(trained_run, sentence) == 0  # beam 2: up to 511 steps of two hypotheses
+    assert time.monotonic() - start < 60  # typically ~5 s: bounded by model.max_len, not by the input
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert "1 source sentence(s) longer than 511 subwords were truncated (the model's max_len is 512" in caplog.text
+
+
+def test_translate_characters_never_seen_in_training_are_named(trained_run: Path, capsys, caplog):
+    assert translate(trained_run, "Ωmega 日本 ∰.") == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert ("1 sentence(s) contain characters never seen in training, which the model reads as <unk>: "
+            "'Ω', '日', '本', '∰'") in caplog.text
+
+
+def test_translate_a_run_directory_with_no_checkpoint(tmp_path: Path, capsys):
+    (tmp_path / "run").mkdir()
+    assert translate(tmp_path / "run", "Hi.") == 2
+    assert user_error(capsys) == (f"{tmp_path / 'run'}: has no checkpoint yet "
+                                  "(train it first, or wait for its first save)")
+    assert translate(tmp_path / "nope", "Hi.") == 2
+    assert user_error(capsys) == f"run directory not found: {tmp_path / 'nope'}"
+
+
+def test_translate_a_checkpoint_whose_tokenizer_is_missing(trained_run: Path, tmp_path: Path, capsys):
+    copy = tmp_path / "copy" / checkpoint.CHECKPOINTS / checkpoint.BEST
+    shutil.copytree(trained_run / checkpoint.CHECKPOINTS / checkpoint.BEST, copy)  # the checkpoint alone
+    assert translate_cli.main(["--checkpoint", str(copy), "Hi."]) == 2
+    assert user_error(capsys) == (f"{copy}: its tokenizer directory {(tmp_path / 'copy').resolve() / 'tokenizer'} "
+                                  "is missing; copy the whole run directory, not only the checkpoint")
+
+
+def test_translate_a_corrupt_checkpoint(trained_run: Path, tmp_path: Path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy)
+    weights = copy / checkpoint.CHECKPOINTS / checkpoint.BEST / checkpoint.MODEL_FILE
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert translate(copy, "Hi.") == 2
+    assert user_error(capsys).startswith(f"{weights}: truncated or corrupt (1000 bytes, expected ")
+
+
+def test_translate_a_run_directory_given_as_checkpoint(trained_run: Path, capsys):
+    assert translate_cli.main(["--checkpoint", str(trained_run), "Hi."]) == 2
+    assert user_error(capsys) == (f"{trained_run}: not a checkpoint directory (no meta.json); it looks like a run "
+                                  f"directory: use --run {trained_run}")
+
+
+# The writer thread's own traceback (printed by threading.excepthook) comes from TensorBoard, not us.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_training_stops_when_tensorboard_cannot_write(tmp_path: Path, capsys, tiny_csv: Path, monkeypatch):
+    from tensorboard.summary.writer import record_writer
+
+    def refuse(self, data):  # TensorBoard writes from a thread, then re-raises on the next call
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", refuse)
+    assert run_train(tmp_path, tiny_csv) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"error: cannot write {tmp_path / 'run'}: No space left on device. Training needs "
+                                    "a writable run directory with free space; fix that and rerun (or choose "
+                                    "another with --run-dir)")

@@ -1,0 +1,257 @@
+"""Exact resume: a run killed (SIGKILL) or stopped (SIGINT/SIGTERM) at an arbitrary step and resumed
+ends with the same weights and optimizer state, bit for bit, as the same run left alone; a damaged
+newest checkpoint is skipped; non-finite steps are skipped, counted, and end training after 5 in a row.
+
+The runs use the tiny CSV, dropout 0.3 (so the RNG state matters), 5 batches per epoch with 2 batches
+per step (so an epoch ends on a one-batch step and resuming must land mid-epoch) and 40 steps (13
+epochs). Threads are fixed to 1 so that both processes reduce in the same order; with that, the CPU
+kernels used here are deterministic and the test asks for bitwise equality, not a tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from transformer import checkpoint, trainer
+from transformer.trainer import MAX_NONFINITE_IN_A_ROW
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import train as train_cli  # noqa: E402  (the CLI script at the repository root)
+
+MAX_STEPS = 40
+CHECKPOINT_EVERY = 7  # step 14 is the 2nd step of epoch 5 (3 steps an epoch): mid-epoch
+
+# Runs train.py with each step slowed down, so that a signal reliably lands in the middle of the run.
+# The sleep comes before the step and touches no RNG, so it cannot change what is learned.
+SLOW_TRAIN = """
+import sys, time
+import transformer.trainer as trainer
+train_step = trainer.Trainer.train_step
+def slow_train_step(self, batches):
+    time.sleep({seconds})
+    return train_step(self, batches)
+trainer.Trainer.train_step = slow_train_step
+sys.path.insert(0, {root!r})
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread; on a busy machine, idle-spinning intra-op threads make
+    them ~10x slower. `train` sets train.threads process-wide, so the count is restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+def write_config(path: Path, csv_path: Path, **train: object) -> Path:
+    config = {
+        "data": {"path": str(csv_path), "valid_pairs": 4, "test_pairs": 4},
+        "tokenizer": {"vocab_size": 200, "min_frequency": 1},
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
+                  "dropout": 0.3},
+        "train": {"max_steps": MAX_STEPS, "batch_tokens": 104, "accumulate_batches": 2, "warmup_steps": 10,
+                  "log_every": 10, "valid_every": 10, "checkpoint_every": CHECKPOINT_EVERY, "device": "cpu",
+                  "threads": 1, **train},
+    }
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def cli_args(config: Path, run_dir: Path) -> list[str]:
+    return ["--config", str(config), "--run-dir", str(run_dir), "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory: pytest.TempPathFactory, tiny_csv: Path) -> Path:
+    return write_config(tmp_path_factory.mktemp("config") / "resume.yaml", tiny_csv)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, config_file: Path) -> Path:
+    """The final checkpoint of the run left alone for MAX_STEPS steps."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    assert train_cli.main(cli_args(config_file, run_dir)) == 0
+    return run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(MAX_STEPS)
+
+
+def _flat_tensors(value, prefix: str = "") -> dict[str, torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return {prefix: value}
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    flat = {}
+    for key, item in items:
+        flat.update(_flat_tensors(item, f"{prefix}/{key}"))
+    return flat
+
+
+def assert_same_training(expected: Path, actual: Path) -> None:
+    """Weights, Adam moments, RNG state and data position of two checkpoints are bitwise equal."""
+    weights_a, weights_b = load_file(expected / checkpoint.MODEL_FILE), load_file(actual / checkpoint.MODEL_FILE)
+    assert weights_a.keys() == weights_b.keys()
+    differ = [name for name in weights_a if not torch.equal(weights_a[name], weights_b[name])]
+    assert not differ, f"weights differ: {differ[:3]}, max |diff| " \
+                       f"{max(float((weights_a[n] - weights_b[n]).abs().max()) for n in differ)}"
+    state_a = _flat_tensors(checkpoint.load_training_state(expected))
+    state_b = _flat_tensors(checkpoint.load_training_state(actual))
+    assert state_a.keys() == state_b.keys()
+    assert [k for k in state_a if not torch.equal(state_a[k], state_b[k])] == []
+    meta_a, meta_b = checkpoint.read_meta(expected), checkpoint.read_meta(actual)
+    for key in ("step", "epoch", "batch_in_epoch", "target_tokens", "best_bleu", "best_step", "nonfinite_steps"):
+        assert meta_a["state"][key] == meta_b["state"][key], key
+
+
+def start_slow_run(config: Path, run_dir: Path, log: Path, seconds_per_step: float = 0.1) -> subprocess.Popen:
+    code = SLOW_TRAIN.format(seconds=seconds_per_step, root=str(ROOT))
+    with open(log, "w", encoding="utf-8") as stderr:
+        return subprocess.Popen([sys.executable, "-c", code, *cli_args(config, run_dir)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+def wait_for_checkpoint(process: subprocess.Popen, run_dir: Path, step: int, log: Path, timeout: float = 120) -> None:
+    meta = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(step) / checkpoint.META_FILE
+    deadline = time.monotonic() + timeout
+    while not meta.is_file():
+        if process.poll() is not None:
+            pytest.fail(f"training exited ({process.returncode}) before step {step}:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no checkpoint at step {step} after {timeout} s:\n{log.read_text()}")
+        time.sleep(0.02)
+
+
+def test_sigkill_at_an_arbitrary_step_then_resume_gives_identical_weights(
+        tmp_path: Path, config_file: Path, uninterrupted: Path, capsys):
+    run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
+    process = start_slow_run(config_file, run_dir, log)
+    wait_for_checkpoint(process, run_dir, 2 * CHECKPOINT_EVERY, log)
+    os.kill(process.pid, signal.SIGKILL)  # no chance to save anything: mid-step, maybe mid-write
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    left = [p.name for p in checkpoint.list_checkpoints(run_dir)]
+    assert left[-1] == checkpoint.step_dir_name(2 * CHECKPOINT_EVERY), left
+    resumed_state = checkpoint.read_meta(checkpoint.latest_good_checkpoint(run_dir))["state"]
+    assert resumed_state["epoch"] >= 1 and resumed_state["batch_in_epoch"] % 5 != 0  # mid-epoch, not at a boundary
+
+    assert train_cli.main(cli_args(config_file, run_dir)) == 0
+    err = capsys.readouterr().err
+    assert f"resuming from {run_dir / checkpoint.CHECKPOINTS / left[-1]}" in err
+    assert f"done: {MAX_STEPS} steps" in err
+    assert_same_training(uninterrupted, run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(MAX_STEPS))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_weights(
+        tmp_path: Path, config_file: Path, uninterrupted: Path, capsys, signum: signal.Signals):
+    run_dir, log = tmp_path / "stopped", tmp_path / "stopped.log"
+    process = start_slow_run(config_file, run_dir, log)
+    wait_for_checkpoint(process, run_dir, CHECKPOINT_EVERY, log)
+    os.kill(process.pid, signum)
+    assert process.wait(timeout=60) == 0, log.read_text()
+    err = log.read_text()
+    assert "Traceback" not in err
+    assert f"{signum.name} received: finishing this step and saving a checkpoint" in err
+    newest = checkpoint.list_checkpoints(run_dir)[-1]
+    stop_step = checkpoint.read_meta(newest)["step"]
+    assert CHECKPOINT_EVERY < stop_step < MAX_STEPS  # saved at the stop, not only at the regular steps
+    resume_hint = [line for line in err.splitlines() if line.startswith(f"stopped at step {stop_step};")]
+    assert resume_hint == [f"stopped at step {stop_step}; saved {newest}. Resume with: python train.py "
+                           f"--config {config_file} --run-dir {run_dir} --no-progress"]
+    checkpoint.read_meta(newest, verify=True, need_training_state=True)  # complete and intact
+
+    assert train_cli.main(cli_args(config_file, run_dir)) == 0
+    assert f"resuming from {newest} (step {stop_step}," in capsys.readouterr().err
+    assert_same_training(uninterrupted, run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(MAX_STEPS))
+
+
+def test_resume_skips_a_truncated_newest_checkpoint_and_still_matches(
+        tmp_path: Path, config_file: Path, uninterrupted: Path, capsys):
+    run_dir = tmp_path / "truncated"
+    assert train_cli.main(cli_args(config_file, run_dir) + ["--set", "train.max_steps=21"]) == 0
+    *_, previous, newest = checkpoint.list_checkpoints(run_dir)
+    assert newest.name == checkpoint.step_dir_name(21)
+    previous_step = checkpoint.read_meta(previous)["step"]
+    weights = newest / checkpoint.MODEL_FILE
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a torn write
+
+    assert train_cli.main(cli_args(config_file, run_dir)) == 0
+    err = capsys.readouterr().err
+    assert f"skipping checkpoint: {weights}: truncated or corrupt" in err
+    assert f"resuming from {previous} (step {previous_step}," in err
+    assert f"moving the damaged {newest} aside" in err
+    assert_same_training(uninterrupted, run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(MAX_STEPS))
+
+
+def test_a_run_with_only_damaged_checkpoints_is_not_silently_restarted(tmp_path: Path, config_file: Path, capsys):
+    run_dir = tmp_path / "damaged"
+    assert train_cli.main(cli_args(config_file, run_dir) + ["--set", "train.max_steps=7"]) == 0
+    only = checkpoint.list_checkpoints(run_dir)[0]
+    (only / checkpoint.TRAINING_FILE).write_bytes(b"garbage")
+    assert train_cli.main(cli_args(config_file, run_dir)) == 2
+    err = capsys.readouterr().err
+    assert f"{run_dir}: none of its 1 checkpoints is intact" in err and "Traceback" not in err
+    assert checkpoint.list_checkpoints(run_dir) == [only]  # nothing overwritten
+
+
+def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
+        tmp_path: Path, config_file: Path, monkeypatch, capsys, caplog):
+    nan_gradient_steps = {3}  # a lone bad step: skipped, then training goes on
+    nan_loss_steps = set(range(12, 12 + MAX_NONFINITE_IN_A_ROW))  # 12..16, across the save at step 14
+    params_after: dict[int, list[torch.Tensor]] = {}
+    real_train_step, real_batch_loss = trainer.Trainer.train_step, trainer.batch_loss
+    poisoned = {"loss": False}
+
+    def batch_loss(model, batch, label_smoothing=0.0):
+        loss, nll = real_batch_loss(model, batch, label_smoothing)
+        return (loss * math.nan, nll) if poisoned["loss"] else (loss, nll)
+
+    def train_step(self, batches):
+        step = self.state.step + 1
+        poisoned["loss"] = step in nan_loss_steps
+        first_parameter = next(self.model.parameters())
+        hooks = [first_parameter.register_hook(lambda grad: grad * math.inf)] if step in nan_gradient_steps else []
+        metrics = real_train_step(self, batches)
+        for hook in hooks:
+            hook.remove()
+        assert metrics["finite"] == (step not in nan_loss_steps | nan_gradient_steps)
+        params_after[step] = [p.detach().clone() for p in self.model.parameters()]
+        return metrics
+
+    monkeypatch.setattr(trainer, "batch_loss", batch_loss)
+    monkeypatch.setattr(trainer.Trainer, "train_step", train_step)
+    run_dir = tmp_path / "nan"
+    assert train_cli.main(cli_args(config_file, run_dir)) == 2
+    last_bad = max(nan_loss_steps)
+    saved = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(14)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: step {last_bad}: the loss or gradient was not finite for {MAX_NONFINITE_IN_A_ROW} steps in a row "
+        f"({MAX_NONFINITE_IN_A_ROW + 1} skipped in all), so training stopped; the last checkpoint, {saved}, is "
+        "intact. Start a new run (--run-dir) with a lower learning rate (train.lr_factor / train.peak_lr), "
+        "a longer train.warmup_steps, or train.precision: fp32.")
+    assert "step 3: non-finite loss or gradient (loss " in caplog.text and "update skipped" in caplog.text
+
+    def same(a: int, b: int) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(params_after[a], params_after[b]))
+
+    assert same(2, 3) and not same(3, 4)  # skipped, then training went on
+    assert all(same(11, step) for step in nan_loss_steps)  # no skipped step moved a weight
+    assert max(params_after) == last_bad  # stopped right there
+    assert checkpoint.list_checkpoints(run_dir)[-1] == saved
+    meta = checkpoint.read_meta(saved, verify=True, need_training_state=True)
+    assert meta["state"]["nonfinite_steps"] == 4 and meta["state"]["nonfinite_in_a_row"] == 3  # 3; 12, 13, 14
+    model, _ = checkpoint.load_model(saved)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params_after[11]))

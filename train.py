@@ -13,6 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
+import datasets
+
 from transformer.checkpoint import CHECKPOINTS, step_dir_name
 from transformer.config import load_config
 from transformer.errors import CheckpointError, UserError
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as error:
             raise CheckpointError(f"cannot write the run directory {run_dir}: "
                                   f"{error.strerror or error} ({error.filename})") from None
+        # datasets would draw a bar for every map/filter; the log already says what each stage does.
+        datasets.disable_progress_bars()
         for signum in previous_handlers:
             signal.signal(signum, request_stop)
         outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress)

@@ -22,7 +22,7 @@ from transformer.errors import UserError
 from transformer.inference import Translator, load_translator
 from transformer.logs import setup_logging
 from transformer.metrics import score
-from transformer.runtime import select_device
+from transformer.runtime import select_device, set_threads
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
 # small enough that a long file streams and memory stays flat.
@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-length-b", type=int, metavar="B")
     parser.add_argument("--batch-size", type=int, metavar="N", help="sentences decoded together")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default: auto)")
+    parser.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: torch's, one per core)")
     parser.add_argument("--reference", type=Path, action="append", default=[], metavar="FILE",
                         help="reference translations, line-aligned; repeat for several references "
                              "(blank lines = no reference in that file); prints BLEU and chrF on stderr")
@@ -105,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         beam = 1 if args.greedy else args.beam
         if beam is not None and beam < 1:
             raise UserError(f"--beam must be at least 1, got {beam}")
+        if args.threads < 0:
+            raise UserError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
+        set_threads(args.threads)
         device = select_device(args.device)
         translator = load_translator(args.run, args.checkpoint, device, beam_size=beam, batch_size=args.batch_size,
                                      length_penalty=args.length_penalty, max_length_a=args.max_length_a,

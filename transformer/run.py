@@ -180,6 +180,7 @@ def _train(config: Config, run_dir: Path, should_stop: Callable[[], bool], show_
         with _writing(run_dir):
             save_tokenizers(tokenizers, tokenizer_dir)
     fingerprint = tokenizer_fingerprint(tokenizer_dir)
+    log.info("encoding %d pairs into subword ids", len(splits.train) + len(splits.valid) + len(splits.test))
     encoded = encode_splits(splits, tokenizers, config.data.max_length)
     corpus = PairCorpus.from_dataset(encoded.train)
     valid_sources, valid_targets = list(iter_texts(splits.valid, SOURCE)), list(iter_texts(splits.valid, TARGET))

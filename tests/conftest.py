@@ -12,6 +12,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 
 from transformer.config import Config, config_from_dict
 from transformer.data import EncodedSplits, Splits, encode_splits, iter_texts, load_pairs, split_pairs
@@ -76,6 +77,17 @@ def write_csv(path: Path, rows: list[tuple[str, str]], header: tuple[str, str] =
         writer.writerow(header)
         writer.writerows(rows)
     return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread: ops this small lose time to thread synchronisation,
+    badly so on a busy machine. Code under test may change the count (train.threads), so it is
+    restored after each module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,15 +22,6 @@ from transformer.model import Transformer
 from transformer.tokenizer import save_tokenizers, train_tokenizers
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread; on a busy machine, idle-spinning intra-op threads make
-    them ~10x slower. `train` sets train.threads process-wide, so the count is restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 @pytest.fixture(scope="module")
 def config(tiny_config: Config) -> Config:
     raw = config_to_dict(tiny_config)

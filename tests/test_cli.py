@@ -34,15 +34,6 @@ ROWS = "".join(f'"{s}","{t}"\n' for s, t in TINY_PAIRS if '"' not in s + t)
 N_ROWS = ROWS.count("\n")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread; on a busy machine, idle-spinning intra-op threads make
-    them ~10x slower. `train` sets train.threads process-wide, so the count is restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 def write_config(path: Path, data_path: Path, **train: object) -> Path:
     config = {
         "data": {"path": str(data_path), "valid_pairs": 4, "test_pairs": 4},

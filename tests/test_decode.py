@@ -22,15 +22,6 @@ FIRST_WORD = 4  # ids below are the special tokens
 VOCAB = 40
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Ops this small only lose time to thread synchronisation, badly so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_model(seed: int, pre_norm: bool = True, vocab: int = VOCAB, max_len: int = 64) -> Transformer:
     torch.manual_seed(seed)
     config = ModelConfig(d_model=32, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=64,

@@ -26,15 +26,6 @@ TOLERANCE = 1e-5
 PROPERTY = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Ops this small only lose time to thread synchronisation, badly so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def model_config(pre_norm: bool = False, dropout: float = 0.0, share_embeddings: bool = True,
                  d_model: int = 32) -> ModelConfig:
     return ModelConfig(d_model=d_model, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64,

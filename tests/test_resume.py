@@ -50,15 +50,6 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread; on a busy machine, idle-spinning intra-op threads make
-    them ~10x slower. `train` sets train.threads process-wide, so the count is restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 def write_config(path: Path, csv_path: Path, **train: object) -> Path:
     config = {
         "data": {"path": str(csv_path), "valid_pairs": 4, "test_pairs": 4},

@@ -24,15 +24,6 @@ from transformer.tokenizer import train_tokenizers
 N_PAIRS = 30
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Ops this small only lose time to thread synchronisation, badly so on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # --------------------------------------------------------------------------- the learning test
 
 

@@ -1,13 +1,15 @@
 """Train an English-to-French Transformer from a YAML config: `python train.py --config configs/base.yaml`.
 
 Re-running the same command resumes the run from its latest checkpoint. Ctrl-C (or SIGTERM)
-finishes the current step, saves a checkpoint and exits.
+finishes the current step, saves a checkpoint and exits. Data-parallel on N GPUs or processes:
+`torchrun --nproc_per_node=N train.py --config ...`.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import datasets
 
+from transformer import distributed
 from transformer.checkpoint import CHECKPOINTS, step_dir_name
 from transformer.config import load_config
 from transformer.errors import CheckpointError, UserError
@@ -32,9 +35,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def resume_command(args: argparse.Namespace) -> str:
+    """The command that resumes this run, as it was started (python, or torchrun with as many processes)."""
+    words = ["python", "train.py"]
+    if distributed.launched():
+        words = ["torchrun", f"--nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', '?')}", "train.py"]
+    words += ["--config", str(args.config)]
+    words += [word for override in args.overrides for word in ("--set", override)]
+    if args.run_dir:
+        words += ["--run-dir", str(args.run_dir)]
+    if args.no_progress:
+        words.append("--no-progress")
+    command = shlex.join(words)
+    if distributed.launched() and os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE"):
+        command += " (on every node, with the same --nnodes and rendezvous options)"
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop_requested = False
+    rank = distributed.env_rank()  # known before the process group exists: logging needs it first
 
     def request_stop(signum: int, _frame) -> None:
         nonlocal stop_requested
@@ -49,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, args.overrides)
         run_dir = args.run_dir or Path("runs") / config.name
         try:
-            setup_logging(run_dir)
+            setup_logging(run_dir, rank=rank)
         except OSError as error:
             raise CheckpointError(f"cannot write the run directory {run_dir}: "
                                   f"{error.strerror or error} ({error.filename})") from None
@@ -59,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signum, request_stop)
         outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{f'[rank {rank}] ' if rank else ''}error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: nothing was saved for the current step; rerun the same command to resume from the "
@@ -69,13 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
     state, log = outcome.state, logging.getLogger("train")
-    words = ["python", "train.py", "--config", str(args.config)]
-    words += [word for override in args.overrides for word in ("--set", override)]
-    if args.run_dir:
-        words += ["--run-dir", str(args.run_dir)]
-    if args.no_progress:
-        words.append("--no-progress")
-    command = shlex.join(words)
+    command = resume_command(args)
     if outcome.already_finished:
         log.info("%s already reached its budget at step %d; nothing to do. Raise train.max_steps / max_epochs / "
                  "max_minutes (e.g. --set train.max_steps=N) to train further.", run_dir, state.step)

@@ -1,35 +1,46 @@
 """Training throughput of a config's model on real batches from its CSV.
 
     python bench/train_speed.py --config configs/small.yaml [--precision bf16] [--batch-tokens 4096]
+    python bench/train_speed.py --config configs/small.yaml --levers    # each speed lever's effect
 
 Times full training steps (forward, backward, clipping, Adam) after warm-up steps and prints
 target tokens/s (real target tokens including EOS, as JoeyNMT and fairseq count them) and
 source+target tokens/s as medians over repeats, the padding share of the batches, peak RSS,
 and model FLOP utilisation against a matmul peak measured here at the same precision.
+With --levers it first times each speed lever against the default, on the same batches, by
+switching one thing off (or on) at a time.
 The last line is `tokens/s: N` (target tokens per second).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import math
 import resource
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from transformer.batching import PairCorpus  # noqa: E402
 from transformer.config import load_config  # noqa: E402
 from transformer.data import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs  # noqa: E402
+from transformer import loss as loss_module  # noqa: E402
+from transformer.batching import Batch  # noqa: E402
 from transformer.loss import batch_loss  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 from transformer.optim import build_optimizer  # noqa: E402
-from transformer.runtime import autocast, seed_everything  # noqa: E402
+from transformer.runtime import autocast, fast_bf16, resolve_precision, seed_everything  # noqa: E402
+from transformer.tokenizer import PAD_ID  # noqa: E402
 from transformer.tokenizer import load_tokenizers, train_tokenizers  # noqa: E402
 
 
@@ -82,15 +93,196 @@ def load_corpus(config, tokenizer_dir: Path | None) -> tuple[PairCorpus, int, in
     return PairCorpus.from_dataset(encoded.train), tokenizers.source_vocab_size, tokenizers.target_vocab_size
 
 
+def padding_share(corpus: PairCorpus, batches: list[np.ndarray]) -> float:
+    """Share of padding among the source + target positions of the padded batches."""
+    real = padded = 0
+    for indices in batches:
+        s, t = corpus.src_lengths[indices] + 1, corpus.tgt_lengths[indices] + 1
+        real += int(s.sum() + t.sum())
+        padded += len(indices) * int(s.max() + t.max())
+    return 1 - real / padded
+
+
+def unbucketed_batches(corpus: PairCorpus, batch_tokens: int, seed: int) -> list[np.ndarray]:
+    """Batches of the same token budget over randomly ordered pairs: no length bucketing."""
+    order = np.random.default_rng(seed).permutation(len(corpus))
+    longest = np.maximum(corpus.src_lengths, corpus.tgt_lengths)[order] + 1
+    batches, start, width = [], 0, 0
+    for position in range(len(order)):
+        width = max(width, int(longest[position]))
+        if position > start and width * (position - start + 1) > batch_tokens:
+            batches.append(order[start:position])
+            start, width = position, int(longest[position])
+    batches.append(order[start:])
+    return batches
+
+
+# --------------------------------------------------------------------------- the levers switched off
+
+
+def naive_attention(q, k, v, attn_mask=None, is_causal=False, **_):
+    """Attention as tutorials write it: explicit scores, masked_fill, softmax, matmul."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if is_causal:
+        causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def autograd_loss(logits, targets, eps):
+    """Label smoothing with autograd's log_softmax + gather + mean (what the fused loss replaces)."""
+    log_probs = F.log_softmax(logits, dim=-1)
+    nll = -log_probs.gather(1, targets[:, None]).squeeze(1)
+    return ((1 - eps) * nll - eps * log_probs.mean(-1)).sum(), nll.detach().sum()
+
+
+def full_projection_loss(model: Transformer, batch: Batch, label_smoothing: float = 0.0):
+    """Project every target position, padding included, then ignore padding in the loss."""
+    memory = model.encode(batch.src, batch.src_pad_mask)
+    logits = model.project(model.decode(batch.tgt_in, memory, batch.src_pad_mask)).float()  # (B, T, V)
+    loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID,
+                           label_smoothing=label_smoothing, reduction="sum")
+    return loss, loss.detach()
+
+
+@contextlib.contextmanager
+def patched(owner, name: str, value) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+class FusedLossOff:
+    """Stands in for loss.SmoothedCrossEntropy: same call, autograd's arithmetic."""
+
+    apply = staticmethod(autograd_loss)
+
+
+# --------------------------------------------------------------------------- timing
+
+
+@dataclasses.dataclass
+class Measurement:
+    target_rates: list[float]
+    total_rates: list[float]
+    flop_rates: list[float]
+    batch_build_share: float  # share of wall time spent building batches (numpy -> padded tensors)
+
+    @property
+    def target(self) -> float:
+        return statistics.median(self.target_rates)
+
+
+def measure(model: Transformer, optimizer, corpus: PairCorpus, batches: list[np.ndarray], train,
+            loss_fn: Callable, warmup: int, steps: int, repeats: int) -> Measurement:
+    """Time full training steps on batches[0:...]; the same batches for every call."""
+    device = torch.device("cpu")
+
+    def step(batch) -> None:
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(device, train.precision):
+            loss, _ = loss_fn(model, batch, train.label_smoothing)
+        (loss / batch.n_tgt_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), train.clip_grad_norm or float("inf"))
+        optimizer.step()
+
+    order = iter(batches)
+    for _ in range(warmup):
+        step(corpus.batch(next(order)))
+    target_rates, total_rates, flop_rates = [], [], []
+    building = stepping = 0.0
+    for _ in range(repeats):
+        tgt = src = 0
+        flops = elapsed = 0.0
+        for _ in range(steps):
+            start = time.perf_counter()
+            batch = corpus.batch(next(order))
+            building += time.perf_counter() - start
+            start = time.perf_counter()
+            step(batch)
+            elapsed += time.perf_counter() - start
+            tgt += batch.n_tgt_tokens
+            src += batch.n_src_tokens
+            flops += step_flops(model, batch.n_src_tokens, batch.n_tgt_tokens, attention_pairs(batch, model))
+        stepping += elapsed
+        target_rates.append(tgt / elapsed)
+        total_rates.append((src + tgt) / elapsed)
+        flop_rates.append(flops / elapsed / 1e9)
+    return Measurement(target_rates, total_rates, flop_rates, building / (building + stepping))
+
+
+def run_levers(config, train, corpus: PairCorpus, batches, src_vocab: int, tgt_vocab: int, args) -> None:
+    """One lever at a time against the default; each variant starts from the same initial weights."""
+    def fresh(train_config) -> tuple[Transformer, torch.optim.Optimizer]:
+        seed_everything(train_config.seed)
+        model = Transformer(config.model, src_vocab, tgt_vocab)
+        return model, build_optimizer(model, train_config)
+
+    bf16 = dataclasses.replace(train, precision="bf16")
+    slow_bf16 = not fast_bf16(torch.device("cpu"))
+    threads = torch.get_num_threads()
+    variants = [
+        ("default (all levers on)", {}),
+        ("no length bucketing (random batches)", {"batches": unbucketed_batches(corpus, train.batch_tokens,
+                                                                              train.seed)}),
+        ("naive attention instead of SDPA", {"patch": (F, "scaled_dot_product_attention", naive_attention)}),
+        ("autograd log_softmax loss instead of the fused one",
+         {"patch": (loss_module, "SmoothedCrossEntropy", FusedLossOff)}),
+        ("output projection over padding too", {"loss_fn": full_projection_loss}),
+        ("1 thread instead of %d" % threads, {"threads": 1}),
+        ("torch.compile", {"compile": True}),
+        ("bf16 autocast" + (" (no fast bf16 here: 1 step)" if slow_bf16 else ""), {"train": bf16}),
+    ]
+    default = None
+    print(f"{'lever':<52} {'tok/s':>8} {'vs default':>10} {'padding':>8}")
+    for name, change in variants:
+        variant_train = change.get("train", train)
+        model, optimizer = fresh(variant_train)
+        if change.get("compile"):
+            try:
+                model = torch.compile(model)
+            except Exception as error:  # noqa: BLE001 - report and go on
+                print(f"{name:<52} failed: {type(error).__name__}: {error}")
+                continue
+        variant_batches = change.get("batches", batches)
+        steps, repeats, warmup = args.lever_steps, args.lever_repeats, args.warmup
+        if variant_train.precision == "bf16" and slow_bf16:
+            steps, repeats, warmup = 1, 1, 1
+        context = patched(*change["patch"]) if "patch" in change else contextlib.nullcontext()
+        torch.set_num_threads(change.get("threads", threads))
+        try:
+            with context:
+                result = measure(model, optimizer, corpus, variant_batches, variant_train,
+                                 change.get("loss_fn", batch_loss), warmup, steps, repeats)
+        except Exception as error:  # noqa: BLE001 - e.g. torch.compile without a C++ compiler
+            print(f"{name:<52} failed: {type(error).__name__}: {str(error).splitlines()[0][:80]}")
+            continue
+        finally:
+            torch.set_num_threads(threads)
+        default = default or result.target
+        print(f"{name:<52} {result.target:>8.0f} {result.target / default:>9.2f}x "
+              f"{padding_share(corpus, variant_batches[: warmup + steps * repeats]):>8.1%}", flush=True)
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/small.yaml")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], help="default: the config's")
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], help="default: the config's")
     parser.add_argument("--batch-tokens", type=int, help="default: the config's")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per repeat")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--levers", action="store_true", help="first time each speed lever against the default")
+    parser.add_argument("--lever-steps", type=int, default=5, help="timed steps per repeat of a lever")
+    parser.add_argument("--lever-repeats", type=int, default=3)
     parser.add_argument("--tokenizer-dir", type=Path, help="reuse a run's tokenizer/ instead of training one")
     args = parser.parse_args()
 
@@ -100,65 +292,34 @@ def main() -> None:
                                 batch_tokens=args.batch_tokens or train.batch_tokens)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device("cpu")
+    train = dataclasses.replace(train, precision=resolve_precision(train.precision, torch.device("cpu")))
 
     corpus, src_vocab, tgt_vocab = load_corpus(config, args.tokenizer_dir)
-    seed_everything(train.seed)
-    model = Transformer(config.model, src_vocab, tgt_vocab)
-    optimizer = build_optimizer(model, train)
     batches = corpus.batches(train.batch_tokens, train.seed, epoch=0)
     needed = args.warmup + args.steps * args.repeats
     if len(batches) < needed:
         raise SystemExit(f"only {len(batches)} batches; lower --steps/--repeats")
+    if args.levers:
+        run_levers(config, train, corpus, batches, src_vocab, tgt_vocab, args)
 
-    real = padded = 0
-    for indices in batches:
-        s, t = corpus.src_lengths[indices] + 1, corpus.tgt_lengths[indices] + 1
-        real += int(s.sum() + t.sum())
-        padded += len(indices) * int(s.max() + t.max())
-    padding_share = 1 - real / padded
-
-    def step(batch) -> None:
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(device, train.precision):
-            loss, _ = batch_loss(model, batch, train.label_smoothing)
-        (loss / batch.n_tgt_tokens).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), train.clip_grad_norm or float("inf"))
-        optimizer.step()
-
-    order = iter(batches)
-    for _ in range(args.warmup):
-        step(corpus.batch(next(order)))
-    target_rates, total_rates, flop_rates = [], [], []
-    for _ in range(args.repeats):
-        tgt = src = 0
-        flops = 0.0
-        elapsed = 0.0
-        for _ in range(args.steps):
-            batch = corpus.batch(next(order))  # building the batch is part of a real step
-            start = time.perf_counter()
-            step(batch)
-            elapsed += time.perf_counter() - start
-            tgt += batch.n_tgt_tokens
-            src += batch.n_src_tokens
-            flops += step_flops(model, batch.n_src_tokens, batch.n_tgt_tokens, attention_pairs(batch, model))
-        target_rates.append(tgt / elapsed)
-        total_rates.append((src + tgt) / elapsed)
-        flop_rates.append(flops / elapsed / 1e9)
-
+    seed_everything(train.seed)
+    model = Transformer(config.model, src_vocab, tgt_vocab)
+    optimizer = build_optimizer(model, train)
+    result = measure(model, optimizer, corpus, batches, train, batch_loss, args.warmup, args.steps, args.repeats)
     peak = matmul_peak(train.precision)
     rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    achieved = statistics.median(flop_rates)
+    achieved = statistics.median(result.flop_rates)
     print(f"config: {args.config}  precision: {train.precision}  batch_tokens: {train.batch_tokens}  "
           f"threads: {torch.get_num_threads()}  batches timed: {args.steps} x {args.repeats}")
-    print(f"padding share of batch tokens: {padding_share:.1%}")
-    print(f"target tokens/s per repeat: {', '.join(f'{r:.0f}' for r in target_rates)}")
-    print(f"source+target tokens/s (median): {statistics.median(total_rates):.0f}")
+    print(f"padding share of batch tokens: {padding_share(corpus, batches):.1%} "
+          f"(without length bucketing: {padding_share(corpus, unbucketed_batches(corpus, train.batch_tokens, 0)):.1%})")
+    print(f"building batches (numpy -> padded tensors): {result.batch_build_share:.1%} of the step time")
+    print(f"target tokens/s per repeat: {', '.join(f'{r:.0f}' for r in result.target_rates)}")
+    print(f"source+target tokens/s (median): {statistics.median(result.total_rates):.0f}")
     print(f"model FLOP/s: {achieved:.1f} GFLOP/s; matmul peak ({train.precision}, 2048^2): {peak:.0f} GFLOP/s; "
           f"MFU {achieved / peak:.1%}")
     print(f"peak RSS: {rss_gib:.2f} GiB")
-    print(f"tokens/s: {statistics.median(target_rates):.0f}")
+    print(f"tokens/s: {result.target:.0f}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ lists and from Arrow, and little padding on sorted batches."""
 
 from __future__ import annotations
 
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -247,6 +248,14 @@ def test_pair_corpus_from_dataset_respects_selections(tiny_encoded):
         assert 0 < len(view)
         assert_same_corpus(PairCorpus.from_dataset(view), PairCorpus.from_lists(view["src_ids"], view["tgt_ids"]))
     assert len(long_only) < len(dataset)
+
+
+@pytest.mark.parametrize("largest, dtype", [(65_535, np.uint16), (65_536, np.int32)])
+def test_pair_corpus_from_dataset_stores_ids_in_the_smallest_type_that_holds_them(largest, dtype):
+    rows = {"src_ids": [[4, largest], [], [7]], "tgt_ids": [[5], [largest, 0, 9], [8, 8]]}
+    corpus = PairCorpus.from_dataset(datasets.Dataset.from_dict(rows))
+    assert corpus.src_tokens.dtype == corpus.tgt_tokens.dtype == dtype
+    assert_same_corpus(corpus, PairCorpus.from_lists(rows["src_ids"], rows["tgt_ids"]))
 
 
 def test_pair_corpus_batches_are_token_batches(tiny_encoded):

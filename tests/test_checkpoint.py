@@ -19,6 +19,7 @@ from transformer.config import Config, ModelConfig, TokenizerConfig, config_from
 from transformer.errors import CheckpointError
 from transformer.inference import load_translator
 from transformer.model import Transformer
+from transformer.runtime import rng_state
 from transformer.tokenizer import save_tokenizers, train_tokenizers
 
 
@@ -305,3 +306,21 @@ def test_a_resumed_run_restores_a_best_checkpoint_lost_to_a_kill(run_dir: Path):
     shutil.rmtree(best)  # killed after saving the step, before copying it to best/
     checkpoint.restore_best(run_dir, best_step)
     assert checkpoint.read_meta(best)["step"] == best_step
+
+
+def test_training_state_holds_every_ranks_rng_and_the_grad_scaler_without_pickle(tmp_path: Path):
+    model = Transformer(ModelConfig(d_model=8, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=16,
+                                    max_len=16), 20, 20)
+    optimizer = torch.optim.Adam(model.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)  # fp16's scaler (CUDA) has the same state
+    ranks = [rng_state(), {"torch": torch.Generator().manual_seed(7).get_state()}]
+    path = checkpoint.save_checkpoint(tmp_path, model, optimizer, {"step": 3}, ranks[0],
+                                      grad_scaler_state=scaler.state_dict(), rank_rng_states=ranks)
+    loaded = checkpoint.load_training_state(path)  # weights_only: plain numbers and tensors only
+    assert loaded["grad_scaler"] == scaler.state_dict()
+    restored = torch.amp.GradScaler("cpu")
+    restored.load_state_dict(loaded["grad_scaler"])
+    assert restored.get_scale() == 256.0
+    assert [torch.equal(a["torch"], b["torch"]) for a, b in zip(loaded["rank_rng"], ranks)] == [True, True]
+    plain = checkpoint.save_checkpoint(tmp_path, model, optimizer, {"step": 4}, ranks[0])
+    assert set(checkpoint.load_training_state(plain)) == {"optimizer", "rng"}  # one process, no scaler

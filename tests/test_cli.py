@@ -34,9 +34,9 @@ ROWS = "".join(f'"{s}","{t}"\n' for s, t in TINY_PAIRS if '"' not in s + t)
 N_ROWS = ROWS.count("\n")
 
 
-def write_config(path: Path, data_path: Path, **train: object) -> Path:
+def write_config(path: Path, data_path: Path, data: dict | None = None, **train: object) -> Path:
     config = {
-        "data": {"path": str(data_path), "valid_pairs": 4, "test_pairs": 4},
+        "data": {"path": str(data_path), "valid_pairs": 4, "test_pairs": 4, **(data or {})},
         "tokenizer": {"vocab_size": 200, "min_frequency": 1},
         "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
         "train": {"max_steps": 2, "batch_tokens": 256, "warmup_steps": 10, "log_every": 1, "valid_every": 2,
@@ -46,8 +46,8 @@ def write_config(path: Path, data_path: Path, **train: object) -> Path:
     return path
 
 
-def run_train(tmp_path: Path, data_path: Path, *extra: str, **train: object) -> int:
-    config = write_config(tmp_path / "config.yaml", data_path, **train)
+def run_train(tmp_path: Path, data_path: Path, *extra: str, data: dict | None = None, **train: object) -> int:
+    config = write_config(tmp_path / "config.yaml", data_path, data, **train)
     return train_cli.main(["--config", str(config), "--run-dir", str(tmp_path / "run"), "--no-progress", *extra])
 
 
@@ -129,6 +129,28 @@ def test_csv_that_is_empty_or_missing(tmp_path: Path, capsys):
     assert user_error(capsys).startswith(f"{path}: the file is empty; expected a header line with the columns")
     assert run_train(tmp_path, tmp_path / "nope.csv") == 2
     assert user_error(capsys) == f"data file not found: {tmp_path / 'nope.csv'} (data.path)"
+
+
+# --------------------------------------------------------------------------- line-aligned text files
+
+
+def test_text_files_train_end_to_end(tmp_path: Path, caplog):
+    source, target = tmp_path / "train.en", tmp_path / "train.fr"
+    source.write_text("".join(s + "\n" for s, _ in TINY_PAIRS) + "\n", encoding="utf-8")
+    target.write_text("".join(t + "\n" for _, t in TINY_PAIRS) + "Vide\n", encoding="utf-8")
+    assert run_train(tmp_path, source, data={"format": "text", "target_path": str(target)}) == 0
+    assert (f"{source} and {target}: dropped 1 of {len(TINY_PAIRS) + 1} rows with an empty English or French "
+            f"side (line {len(TINY_PAIRS) + 1})") in caplog.text
+    assert checkpoint.list_checkpoints(tmp_path / "run")
+    assert checkpoint.load_run_config(tmp_path / "run").data.target_path == str(target)
+
+
+def test_text_files_of_different_lengths(tmp_path: Path, capsys):
+    source, target = tmp_path / "train.en", tmp_path / "train.fr"
+    source.write_text("Hi.\nGo.\n", encoding="utf-8")
+    target.write_text("Salut !\n", encoding="utf-8")
+    assert run_train(tmp_path, source, data={"format": "text", "target_path": str(target)}) == 2
+    assert user_error(capsys).startswith(f"{source} (data.path) has 2 lines but {target} (data.target_path) has 1")
 
 
 # --------------------------------------------------------------------------- YAML battery

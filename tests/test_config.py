@@ -154,6 +154,15 @@ def test_shared_embeddings_need_a_joint_vocabulary():
     assert not config.tokenizer.joint
 
 
+def test_text_format_needs_a_target_path_and_only_it_may_have_one():
+    message = refused({**BUDGET, "data": {"path": "train.en", "format": "text"}})
+    assert message.startswith("data.target_path: expected the French file's path") and "data.path" in message
+    message = refused({**BUDGET, "data": {"path": "pairs.csv", "target_path": "train.fr"}})
+    assert message.startswith("data.target_path is only for data.format: text")
+    config = config_from_dict({**BUDGET, "data": {"path": "train.en", "format": "text", "target_path": "train.fr"}})
+    assert (config.data.format, config.data.target_path) == ("text", "train.fr")
+
+
 def test_some_budget_is_required():
     for raw in ({}, {"train": {"max_steps": 0, "max_epochs": 0, "max_minutes": 0}}):
         assert "set at least one budget" in refused(raw)

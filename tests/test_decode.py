@@ -3,6 +3,7 @@ never changes a result, the stopping rule is exact, and translate() keeps input 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import math
@@ -15,7 +16,8 @@ from transformer.batching import make_batch, source_tensor
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.decode import (Hypothesis, beam_search, gnmt_length_penalty, greedy_search,
                                 max_output_lengths, translate, translate_n_best)
-from transformer.model import Transformer
+from transformer.model import MultiHeadAttention, Transformer
+from transformer.quantize import quantize_int8
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 FIRST_WORD = 4  # ids below are the special tokens
@@ -322,3 +324,34 @@ def test_translate_with_the_real_tokenizer(tiny_tokenizers):
         together = translate(texts, model, tiny_tokenizers, config, "cpu")
         assert together == [translate([text], model, tiny_tokenizers, config, "cpu")[0] for text in texts]
         assert together[1] == together[5] == "" and all(isinstance(t, str) for t in together)
+
+
+# --------------------------------------------------------------------------- int8
+
+
+def test_split_cross_projections_changes_no_output(copy_model):
+    split = copy.deepcopy(copy_model)
+    for module in split.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.split_cross_projections()
+    batch = make_batch(random_sources(3, 6, vocab=16), random_sources(4, 6, vocab=16))
+    with torch.no_grad():
+        torch.testing.assert_close(split(batch.src, batch.tgt_in, batch.src_pad_mask),
+                                   copy_model(batch.src, batch.tgt_in, batch.src_pad_mask), atol=1e-5, rtol=1e-5)
+
+
+def test_int8_model_quantizes_every_linear_layer_and_still_translates(copy_model):
+    quantized = quantize_int8(copy.deepcopy(copy_model))
+    modules = list(quantized.modules())
+    assert not any(type(m) is torch.nn.Linear for m in modules)  # cross-attention's split maps included
+    # encoder layer: 2 attention + 2 feed-forward maps; decoder layer: 2 self-attention, 2 cross-attention
+    # + its split query and key/value maps, 2 feed-forward; and the output projection
+    config = copy_model.config
+    expected = config.n_encoder_layers * 4 + config.n_decoder_layers * 8 + 1
+    assert sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in modules) == expected
+    sources = random_sources(7, 40, lengths=(2, 6), vocab=copy_model.tgt_vocab_size)
+    max_lengths = [len(s) + 4 for s in sources]
+    exact = greedy(copy_model, sources, max_lengths)
+    int8 = greedy(quantized, sources, max_lengths)
+    assert sum(a == b for a, b in zip(int8, exact)) >= 0.9 * len(sources)
+    assert sum(o == s for o, s in zip(int8, sources)) >= 0.75 * len(sources)

@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.batching import Batch, make_batch, source_tensor
 from transformer.config import ModelConfig
-from transformer.loss import batch_loss
+from transformer.loss import SmoothedCrossEntropy, batch_loss
 from transformer.model import FeedForward, Residual, Transformer, count_parameters, sinusoidal_positions
 from transformer.tokenizer import BOS_ID, PAD_ID
 
@@ -402,6 +402,26 @@ def test_loss_is_cross_entropy_of_the_model_logits(label_smoothing):
     ignored = F.cross_entropy(logits.transpose(1, 2), batch.tgt_out, ignore_index=PAD_ID,
                               label_smoothing=label_smoothing, reduction="sum")
     assert float(loss) == pytest.approx(float(ignored), rel=1e-4)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 0.3])
+def test_fused_loss_gradient_equals_autograd_cross_entropy(label_smoothing):
+    """SmoothedCrossEntropy writes its own backward: it must be F.cross_entropy's gradient exactly."""
+    generator = torch.Generator().manual_seed(3)
+    logits = (torch.randn(37, 53, generator=generator, dtype=torch.float64) * 4).requires_grad_()
+    targets = torch.randint(0, 53, (37,), generator=generator)
+    loss, nll = SmoothedCrossEntropy.apply(logits, targets, label_smoothing)
+    (grad,) = torch.autograd.grad(3.0 * loss, logits)
+    reference = logits.detach().clone().requires_grad_()
+    expected = F.cross_entropy(reference, targets, label_smoothing=label_smoothing, reduction="sum")
+    (expected_grad,) = torch.autograd.grad(3.0 * expected, reference)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, F.cross_entropy(reference.detach(), targets, reduction="sum"))
+    torch.testing.assert_close(grad, expected_grad)
+    assert not nll.requires_grad
+    small_targets = targets[:5] % 7
+    torch.autograd.gradcheck(lambda z: SmoothedCrossEntropy.apply(z, small_targets, label_smoothing)[0],
+                             (logits.detach()[:5, :7].clone().requires_grad_(),))
 
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])

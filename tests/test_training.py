@@ -4,6 +4,7 @@ in-process `run.train` writes a complete run directory, lowers its loss, and kno
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from transformer import checkpoint
 from transformer.batching import make_batch
 from transformer.config import DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer.data import clean_text
+from transformer.errors import ConfigError
 from transformer.decode import translate
 from transformer.loss import batch_loss
 from transformer.model import Transformer
@@ -128,3 +130,44 @@ def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, 
     assert again.state.step == 30 and again.resumed_from == steps[-1]
     after = {path.name: (path / "meta.json").stat().st_mtime_ns for path in checkpoint.list_checkpoints(run_dir)}
     assert after == before
+
+
+# --------------------------------------------------------------------------- checkpoint averaging
+
+
+def test_average_last_writes_the_mean_of_the_newest_checkpoints(tiny_config, tmp_path, datasets_cache):
+    config = dataclasses.replace(tiny_config, train=dataclasses.replace(tiny_config.train, average_last=3))
+    run_dir = tmp_path / "run"
+    outcome = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    steps = checkpoint.list_checkpoints(run_dir)
+    averaged = run_dir / "checkpoints" / "averaged"
+    meta = checkpoint.read_meta(averaged)  # verifies the recorded SHA-256 too
+    assert meta["averaged_steps"] == [10, 20, 30] and "valid_bleu" in meta["metrics"]
+
+    model, _ = checkpoint.load_model(averaged)
+    singles = [checkpoint.load_model(path)[0].state_dict() for path in steps]
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, sum(s[name] for s in singles) / 3, rtol=1e-6, atol=1e-7)
+    assert model.output.weight is model.src_embedding.weight  # still one tied matrix
+
+    # best is whichever scored higher on valid BLEU: the averaged weights or the best single step
+    best_meta = checkpoint.read_meta(run_dir / "checkpoints" / "best")
+    if meta["metrics"]["valid_bleu"] > outcome.state.best_bleu:
+        assert best_meta.get("averaged_steps") == [10, 20, 30]
+    else:
+        assert best_meta["step"] == outcome.state.best_step and "averaged_steps" not in best_meta
+
+    # Rerunning the finished run neither retrains nor re-averages.
+    written = (averaged / "model.safetensors").stat().st_mtime_ns
+    again = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    assert again.already_finished
+    assert (averaged / "model.safetensors").stat().st_mtime_ns == written
+    assert checkpoint.read_meta(run_dir / "checkpoints" / "best").get("averaged_steps") == best_meta.get(
+        "averaged_steps")
+
+
+def test_average_last_must_fit_the_kept_checkpoints():
+    with pytest.raises(ConfigError, match="train.average_last"):
+        TrainConfig(max_steps=10, keep_checkpoints=3, average_last=5)
+    with pytest.raises(ConfigError, match="train.average_last"):
+        TrainConfig(max_steps=10, average_last=1)

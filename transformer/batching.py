@@ -1,5 +1,6 @@
-"""Token-budget batches: which pairs go together (`token_batches`) and the padded tensors of
-one batch (`Batch`, `PairCorpus.batch`). Reading and tokenizing text lives in data.py.
+"""Token-budget batches: which pairs go together (`token_batches`, and each rank's share of one
+under data parallelism, `shard_batch`) and the padded tensors of one batch (`Batch`,
+`PairCorpus.batch`). Reading and tokenizing text lives in data.py.
 
 Conventions: source = tokens + EOS; decoder input = BOS + tokens; labels = tokens + EOS.
 Every sequence is right-padded with PAD_ID, per batch (never to a global length).
@@ -121,9 +122,20 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens
     return batches
 
 
+def shard_batch(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Rank `rank`'s share of one global batch under data parallelism: a contiguous slice of its
+    length-sorted indices, so that all shards hold similar lengths. Sizes differ by at most one
+    sentence; a shard is empty only when the batch has fewer sentences than there are ranks.
+    With world_size 1 the batch is returned whole."""
+    if world_size == 1:
+        return indices
+    return np.array_split(indices, world_size)[rank]
+
+
 class PairCorpus:
-    """Tokenized pairs held as two flat int32 arrays plus offsets: compact, and a batch is a
-    few slices (no per-pair Python objects, so memory stays small for large corpora)."""
+    """Tokenized pairs held as two flat arrays of ids (int32, or uint16 from a dataset whose ids
+    fit) plus offsets: compact, and a batch is a few slices (no per-pair Python objects, so
+    memory stays small for large corpora)."""
 
     def __init__(self, src_tokens: np.ndarray, src_offsets: np.ndarray,
                  tgt_tokens: np.ndarray, tgt_offsets: np.ndarray) -> None:
@@ -143,17 +155,41 @@ class PairCorpus:
         return cls(*flat(src_ids), *flat(tgt_ids))
 
     @classmethod
-    def from_dataset(cls, dataset, src_column: str = "src_ids", tgt_column: str = "tgt_ids") -> "PairCorpus":
-        """From a HuggingFace `datasets.Dataset` with list-of-int columns, via Arrow, without Python lists."""
-        table = dataset.with_format("arrow")[:]  # respects indices mappings (select/filter)
+    def from_dataset(cls, dataset, src_column: str = "src_ids", tgt_column: str = "tgt_ids",
+                     batch_size: int = 100_000) -> "PairCorpus":
+        """From a HuggingFace `datasets.Dataset` with list-of-int columns, via Arrow, without Python lists.
 
-        def flat(column: str) -> tuple[np.ndarray, np.ndarray]:
-            array = table.column(column).combine_chunks()
-            offsets = array.offsets.to_numpy().astype(np.int64)
-            values = array.values.to_numpy(zero_copy_only=False).astype(np.int32)
-            return values[offsets[0]: offsets[-1]], offsets - offsets[0]
+        Streamed in batches of rows (following any select/filter indices mapping), in two passes:
+        lengths, then ids into arrays of the final size. So memory peaks at the result plus one
+        batch, not at a copy of the whole table with its text columns. Ids are stored as uint16
+        when all fit (vocabularies up to 65,536), halving the largest array; else int32.
+        """
+        # Imported here: translate.py uses this module and need not load datasets and pyarrow (~1 s).
+        import pyarrow.compute as pc
 
-        return cls(*flat(src_column), *flat(tgt_column))
+        from .data import arrow_batches
+
+        columns = [src_column, tgt_column]
+        offsets = {column: np.zeros(len(dataset) + 1, dtype=np.int64) for column in columns}
+        largest, start = 0, 0
+        for batch in arrow_batches(dataset, columns, batch_size):
+            for column, column_offsets in offsets.items():
+                lengths = pc.list_value_length(batch.column(column)).to_numpy()
+                column_offsets[start + 1: start + 1 + len(lengths)] = lengths
+                largest = max(largest, pc.max(pc.list_flatten(batch.column(column))).as_py() or 0)
+            start += batch.num_rows
+        dtype = np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32
+        tokens = {}
+        for column, column_offsets in offsets.items():
+            np.cumsum(column_offsets, out=column_offsets)
+            tokens[column] = np.empty(int(column_offsets[-1]), dtype=dtype)
+        start = 0
+        for batch in arrow_batches(dataset, columns, batch_size):
+            for column, column_offsets in offsets.items():
+                values = pc.list_flatten(batch.column(column)).to_numpy()
+                tokens[column][column_offsets[start]: column_offsets[start + batch.num_rows]] = values
+            start += batch.num_rows
+        return cls(tokens[src_column], offsets[src_column], tokens[tgt_column], offsets[tgt_column])
 
     def __len__(self) -> int:
         return len(self.src_lengths)

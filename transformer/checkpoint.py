@@ -2,7 +2,8 @@
 
 A checkpoint is a directory `checkpoints/step_00001234/` holding
   model.safetensors   weights (no pickle),
-  training.pt         optimizer moments and RNG states: tensors and numbers only, read with
+  training.pt         optimizer moments, RNG states (every rank's in a data-parallel run) and
+                      the fp16 gradient scaler's state: tensors and numbers only, read with
                       torch.load(weights_only=True), which refuses any pickled code,
   meta.json           step, data position, model config, vocabulary sizes, tokenizer fingerprint,
                       metrics, and the size and SHA-256 of the two files above.
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"
+AVERAGED = "averaged"  # weights-only mean of the newest step checkpoints (average.py)
 MODEL_FILE, TRAINING_FILE, META_FILE = "model.safetensors", "training.pt", "meta.json"
 RUN_CONFIG = "config.yaml"  # the resolved config, saved in the run directory
 TOKENIZER_DIR = "tokenizer"  # the run's tokenizer files, next to its checkpoints
@@ -102,24 +104,48 @@ def step_dir_name(step: int) -> str:
 
 
 def save_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
-                    meta: dict[str, Any], rng_state: dict[str, Any]) -> Path:
+                    meta: dict[str, Any], rng_state: dict[str, Any], *,
+                    grad_scaler_state: dict[str, Any] | None = None,
+                    rank_rng_states: list[dict[str, Any]] | None = None) -> Path:
     """Write checkpoint `checkpoints/step_<meta['step']>` atomically and return its path.
 
     `meta` must be JSON-serialisable; model config and vocabulary sizes are added here so that
-    any checkpoint can rebuild its own model. Raises CheckpointError if the disk refuses.
+    any checkpoint can rebuild its own model. `rng_state` is this (rank 0) process's; a
+    data-parallel run also passes every rank's, in rank order, and an fp16 run its gradient
+    scaler's state. Raises CheckpointError if the disk refuses.
     """
-    checkpoints = Path(run_dir) / CHECKPOINTS
-    final = checkpoints / step_dir_name(int(meta["step"]))
-    tmp = checkpoints / f".tmp-{final.name}-{os.getpid()}"
+    final = Path(run_dir) / CHECKPOINTS / step_dir_name(int(meta["step"]))
+    training: dict[str, Any] = {"optimizer": optimizer.state_dict(), "rng": rng_state}
+    if rank_rng_states is not None:
+        training["rank_rng"] = rank_rng_states
+    if grad_scaler_state is not None:
+        training["grad_scaler"] = grad_scaler_state
+    _write_checkpoint(final, model, meta, training)
+    return final
+
+
+def save_weights(run_dir: Path, name: str, model: Transformer, meta: dict[str, Any]) -> Path:
+    """Write a weights-only checkpoint `checkpoints/<name>` (e.g. averaged weights) atomically:
+    translation can load it, training cannot resume from it."""
+    final = Path(run_dir) / CHECKPOINTS / name
+    _write_checkpoint(final, model, meta, training_state=None)
+    return final
+
+
+def _write_checkpoint(final: Path, model: Transformer, meta: dict[str, Any],
+                      training_state: dict[str, Any] | None) -> None:
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    names = [MODEL_FILE] + ([TRAINING_FILE] if training_state is not None else [])
     try:
-        checkpoints.mkdir(parents=True, exist_ok=True)
+        final.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         save_safetensors_model(model, str(tmp / MODEL_FILE))
-        with open(tmp / TRAINING_FILE, "wb") as handle:  # a file object: torch then keeps the OSError as context
-            torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state}, handle)
+        if training_state is not None:
+            with open(tmp / TRAINING_FILE, "wb") as handle:  # a file object: torch then keeps the OSError as context
+                torch.save(training_state, handle)
         files = {}
-        for name in (MODEL_FILE, TRAINING_FILE):
+        for name in names:
             _fsync_file(tmp / name)
             files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
         full_meta = dict(meta, model_config=asdict(model.config), src_vocab_size=model.src_vocab_size,
@@ -137,7 +163,6 @@ def save_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Op
             f"cannot write checkpoint {final}: {reason}. "
             "Training stopped so that no work goes unsaved; free space or fix permissions, then rerun to resume."
         ) from error
-    return final
 
 
 def read_meta(checkpoint: Path, verify: bool = True, need_training_state: bool = False) -> dict[str, Any]:
@@ -219,7 +244,7 @@ def load_weights(model: Transformer, path: Path) -> None:
 
 
 def load_training_state(checkpoint: Path) -> dict[str, Any]:
-    """Optimizer state and RNG states, loaded without unpickling code (weights_only=True)."""
+    """Optimizer, RNG and gradient-scaler states, loaded without unpickling code (weights_only=True)."""
     path = Path(checkpoint) / TRAINING_FILE
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -294,9 +319,12 @@ def restore_best(run_dir: Path, best_step: int) -> None:
     source = Path(run_dir) / CHECKPOINTS / step_dir_name(best_step)
     best = Path(run_dir) / CHECKPOINTS / BEST
     try:
-        current = read_meta(best, verify=False).get("step")
+        current_meta = read_meta(best, verify=False)
     except CheckpointError:
-        current = None
+        current_meta = {}
+    if "averaged_steps" in current_meta:  # averaged weights that beat every step (run.py): keep them
+        return
+    current = current_meta.get("step")
     if best_step and current != best_step and source.is_dir():
         log.warning("best checkpoint: restoring it from %s (it held step %s)", source, current)
         save_best(run_dir, source)

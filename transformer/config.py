@@ -28,10 +28,16 @@ def _require(condition: bool, key: str, expected: str, value: Any) -> None:
 class DataConfig:
     """Where the sentence pairs come from and how they are split."""
 
+    # csv / tsv: `path` is one file with a header line; the pair's sides are the columns named by
+    # source_column and target_column. text: two line-aligned UTF-8 files without a header (as
+    # corpora are often shipped, e.g. train.en / train.fr): `path` is the English one and
+    # `target_path` the French one; line N of each is pair N. Named files rather than a stem plus
+    # suffixes: each key then names exactly one file in errors, and the files may live apart.
     path: str = "data/eng_-french.csv"
-    format: Literal["csv", "tsv"] = "csv"
-    source_column: str = "English words/sentences"
-    target_column: str = "French words/sentences"
+    format: Literal["csv", "tsv", "text"] = "csv"
+    target_path: str = ""  # the French file; for format text only
+    source_column: str = "English words/sentences"  # csv / tsv only
+    target_column: str = "French words/sentences"  # csv / tsv only
     valid_pairs: int = 1000  # pairs held out for validation (whole English-sentence groups)
     test_pairs: int = 1000  # pairs held out for testing, never seen in training
     split_seed: int = 1234
@@ -39,6 +45,13 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.path), "data.path", "a file path", self.path)
+        if self.format == "text":
+            _require(bool(self.target_path), "data.target_path",
+                     "the French file's path (with data.format: text, data.path is the English file)",
+                     self.target_path)
+        elif self.target_path:
+            raise ConfigError(f"data.target_path is only for data.format: text; a {self.format.upper()} file holds "
+                              "both languages in data.path (remove data.target_path, or set data.format: text)")
         _require(self.valid_pairs >= 1, "data.valid_pairs", "an integer >= 1", self.valid_pairs)
         _require(self.test_pairs >= 0, "data.test_pairs", "an integer >= 0", self.test_pairs)
         _require(self.max_length >= 2, "data.max_length", "an integer >= 2", self.max_length)
@@ -89,7 +102,9 @@ class ModelConfig:
 class TrainConfig:
     """The training loop: batches, budgets, optimiser, schedule, logging and checkpoints."""
 
-    batch_tokens: int = 4096  # token budget of one batch: max(source, target) length x sentences
+    # Token budget of one batch: max(source, target) length x sentences. Per process under torchrun:
+    # a step then trains on world_size x batch_tokens x accumulate_batches tokens.
+    batch_tokens: int = 4096
     accumulate_batches: int = 1  # batches whose gradients add up to one optimiser step
     max_steps: int = 0  # budgets: training stops at the first one reached; 0 = no limit
     max_epochs: int = 0
@@ -105,13 +120,18 @@ class TrainConfig:
     clip_grad_norm: float = 1.0  # 0 = no clipping
     seed: int = 42
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: Literal["fp32", "bf16"] = "fp32"  # bf16 = autocast; weights and Adam state stay fp32
+    # bf16 = autocast, weights and Adam state stay fp32; auto = bf16 where the hardware runs it
+    # fast (GPUs with bf16, CPUs with AMX / AVX-512-BF16), else fp32; fp16 = autocast with a
+    # gradient scaler (fp16's narrow range underflows small gradients), CUDA only
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    compile: bool = False  # torch.compile the training forward pass; falls back to eager if it fails
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     log_every: int = 50
     valid_every: int = 500
     valid_max_pairs: int = 0  # translate at most this many valid pairs for BLEU; 0 = all
     checkpoint_every: int = 500
     keep_checkpoints: int = 3  # newest step checkpoints kept, besides the best one
+    average_last: int = 0  # at the end, average the newest N step checkpoints (0 = don't; see average.py)
     n_valid_samples: int = 3  # sample translations logged at each validation
 
     def __post_init__(self) -> None:
@@ -124,6 +144,8 @@ class TrainConfig:
             value = getattr(self, key)
             _require(value >= 0, f"train.{key}", "an integer >= 0", value)
         _require(self.max_minutes >= 0, "train.max_minutes", "a number >= 0", self.max_minutes)
+        _require(self.average_last == 0 or 2 <= self.average_last <= self.keep_checkpoints, "train.average_last",
+                 f"0 or an integer from 2 to train.keep_checkpoints ({self.keep_checkpoints})", self.average_last)
         if not (self.max_steps or self.max_epochs or self.max_minutes):
             raise ConfigError("train: set at least one budget: max_steps, max_epochs or max_minutes")
         for key in ("lr_factor", "peak_lr"):

@@ -15,6 +15,7 @@ from .config import DecodeConfig
 from .decode import translate_n_best
 from .errors import CheckpointError
 from .model import Transformer
+from .quantize import quantize_int8
 from .tokenizer import UNK, UNK_ID, Tokenizers, load_tokenizers, tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,10 @@ def run_dir_of(checkpoint_dir: Path) -> Path:
 
 
 def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None, device: torch.device | str = "cpu",
-                    runs_root: Path = Path("runs"), **decode_overrides) -> Translator:
+                    runs_root: Path = Path("runs"), int8: bool = False, **decode_overrides) -> Translator:
     """The best checkpoint of `run` (default: the newest run under `runs_root`), or `checkpoint_dir`.
 
+    `int8` quantizes the linear layers for faster CPU translation (see quantize.py).
     `decode_overrides` replace fields of the run's decode config (beam_size, batch_size, ...).
     """
     found = checkpoint.find_checkpoint(run, checkpoint_dir, runs_root)
@@ -83,5 +85,7 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     if (run_dir / checkpoint.RUN_CONFIG).is_file():
         decode = checkpoint.load_run_config(run_dir).decode
     decode = dataclasses.replace(decode, **{k: v for k, v in decode_overrides.items() if v is not None})
-    log.info("translating with %s (step %s)", found, meta.get("step"))
+    if int8:
+        model = quantize_int8(model)
+    log.info("translating with %s (step %s%s)", found, meta.get("step"), ", int8" if int8 else "")
     return Translator(model, tokenizers, decode, torch.device(device), found)

@@ -24,8 +24,15 @@ class _TqdmHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def setup_logging(run_dir: Path | None = None, level: int = logging.INFO) -> None:
-    """Log to stderr and, with a run directory, append to run_dir/train.log as well."""
+def setup_logging(run_dir: Path | None = None, level: int = logging.INFO, rank: int = 0) -> None:
+    """Log to stderr and, with a run directory, append to run_dir/train.log as well.
+
+    In a data-parallel run only rank 0 logs as asked and writes train.log; every other rank runs
+    the same code and would repeat each line, so it logs only warnings and errors, to stderr,
+    prefixed with its rank.
+    """
+    if rank:
+        run_dir, level = None, max(level, logging.WARNING)
     root = logging.getLogger()
     root.setLevel(level)
     for handler in list(root.handlers):
@@ -33,7 +40,7 @@ def setup_logging(run_dir: Path | None = None, level: int = logging.INFO) -> Non
             root.removeHandler(handler)
             handler.close()
     console = _TqdmHandler()
-    console.setFormatter(logging.Formatter("%(message)s"))
+    console.setFormatter(logging.Formatter(f"[rank {rank}] %(message)s" if rank else "%(message)s"))
     handlers: list[logging.Handler] = [console]
     if run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)

@@ -82,9 +82,29 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = x.shape
         return self.out_proj(x.transpose(1, 2).reshape(batch, length, self.d_model))
 
+    def split_cross_projections(self) -> None:
+        """Give cross-attention's query and key/value maps modules of their own (`q_proj`, `kv_proj`,
+        copies of the two parts of `in_proj`), so that tools which swap `nn.Linear` modules, such as
+        int8 dynamic quantization, also reach them. Inference only: training keeps one parameter."""
+        d = self.d_model
+        for name, start, stop in (("q_proj", 0, d), ("kv_proj", d, 3 * d)):
+            linear = nn.Linear(d, stop - start, device=self.in_proj.weight.device, dtype=self.in_proj.weight.dtype)
+            with torch.no_grad():
+                linear.weight.copy_(self.in_proj.weight[start:stop])
+                linear.bias.copy_(self.in_proj.bias[start:stop])
+            setattr(self, name, linear)
+
+    def _cross_query(self, x: Tensor) -> Tensor:
+        if hasattr(self, "q_proj"):
+            return self.q_proj(x)
+        return F.linear(x, self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model])
+
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of the encoder output, each (B, H, S, Dh)."""
-        k, v = F.linear(memory, self.in_proj.weight[self.d_model:], self.in_proj.bias[self.d_model:]).chunk(2, -1)
+        if hasattr(self, "kv_proj"):
+            k, v = self.kv_proj(memory).chunk(2, -1)
+        else:
+            k, v = F.linear(memory, self.in_proj.weight[self.d_model:], self.in_proj.bias[self.d_model:]).chunk(2, -1)
         return self._heads(k), self._heads(v)
 
     def self_attention(self, x: Tensor, attend_mask: Tensor | None = None, causal: bool = False,
@@ -105,7 +125,7 @@ class MultiHeadAttention(nn.Module):
 
     def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor) -> Tensor:
         """x (B, T, D) queries the memory's keys/values (B, H, S, Dh)."""
-        q = self._heads(F.linear(x, self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model]))
+        q = self._heads(self._cross_query(x))
         return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask))
 
 

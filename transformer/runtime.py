@@ -1,16 +1,19 @@
-"""Where and how tensors run: device choice, thread count, seeding, mixed precision, RNG state.
-Nothing here knows about models or data."""
+"""Where and how tensors run: device choice, thread count, seeding, mixed precision and its
+gradient scaler, compilation, RNG state. Nothing here knows about models or data."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from .errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def select_device(spec: str = "auto") -> torch.device:
@@ -39,11 +42,76 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bf16 matmuls run faster than fp32 ones here. On a GPU that is any card with bf16
+    support; on a CPU only AMX or AVX-512-BF16 units make it so: without them (e.g. AVX2-only
+    CPUs) PyTorch emulates bf16 matmuls, measured at over 100x slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # private: may vanish
+        return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` -> bf16 where the hardware runs it fast (see `fast_bf16`), else fp32. fp16 is refused
+    off CUDA: its gradient scaler is a CUDA tool, and CPUs gain nothing from fp16 matmuls."""
+    if precision == "auto":
+        return "bf16" if fast_bf16(device) else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError(f"train.precision: fp16 needs a CUDA GPU, but this run trains on {device.type}; "
+                          "use auto, bf16 or fp32")
+    return precision
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast runs matmuls in bfloat16 (AMX / tensor cores) while weights stay fp32."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    """bf16 / fp16 autocast runs matmuls in 16 bits (AMX / tensor cores) while weights stay fp32."""
+    if precision in ("bf16", "fp16"):
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        return torch.autocast(device_type=device.type, dtype=dtype)
     return contextlib.nullcontext()
+
+
+def build_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 only: its 5-bit exponent flushes small gradients to zero, so the loss is scaled up
+    before backward and the gradients down before the update (Micikevicius et al., 2018). bf16
+    has fp32's range and needs no scaling."""
+    if precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+class CompiledOrEager:
+    """`fn` through torch.compile, or `fn` itself where compiling fails.
+
+    torch.compile fails in ways that depend on the platform (no C++ compiler, an unsupported Python
+    or operator), often only when the first call compiles. Training should not die of it: the first
+    failure, at wrapping or at any call (a new batch shape can trigger a recompile), is logged as a
+    warning and every later call runs `fn` eagerly. A failed call is retried eagerly with the same
+    arguments, which is safe for a forward pass: it has changed nothing but, perhaps, the RNG.
+    """
+
+    def __init__(self, fn: Callable[..., Any], what: str) -> None:
+        self.fn, self.what = fn, what
+        self.compiled: Callable[..., Any] | None
+        try:
+            self.compiled = torch.compile(fn)
+        except Exception as error:  # noqa: BLE001 - any failure means: run eagerly
+            self._fall_back(error)
+
+    def _fall_back(self, error: Exception) -> None:
+        log.warning("train.compile: torch.compile failed for the %s (%s: %s); running it without compiling",
+                    self.what, type(error).__name__, str(error).strip().splitlines()[0] if str(error).strip() else "")
+        self.compiled = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001
+                self._fall_back(error)
+        return self.fn(*args, **kwargs)
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,0 +1,268 @@
+"""Data parallelism under torchrun (CPU, gloo): 2 processes with half the per-rank token budget
+train exactly what 1 process does with the whole budget (same per-step losses, same weights up to
+float summation order); only rank 0 writes the run directory; a SIGTERM to torchrun stops both
+ranks at one step with a checkpoint, and resuming lands on the same weights. Plus the pieces:
+the helpers without a process group, and a data position carried across a change of world size.
+
+The 2-process runs go through `python -m torch.distributed.run` (torchrun) as a user would start
+them, with --standalone so that torchrun picks a free port itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from transformer import checkpoint, distributed
+from transformer.batching import PairCorpus, shard_batch
+from transformer.logs import LOG_FILE, TENSORBOARD_DIR, TensorBoard, setup_logging
+from transformer.trainer import Trainer, TrainState
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import train as train_cli  # noqa: E402  (the CLI script at the repository root)
+
+BUDGET = 256  # one process's batch_tokens; each of 2 ranks gets half
+MAX_STEPS = 6
+STOP_AFTER = 2  # the stopped run gets SIGTERM once this step's checkpoint exists
+
+# train.py with each step slowed down, so that SIGTERM lands mid-run (the sleep touches no RNG).
+SLOW_TRAIN = """
+import sys, time
+sys.path.insert(0, {root!r})
+import transformer.trainer as trainer
+train_step = trainer.Trainer.train_step
+def slow_train_step(self, batches):
+    time.sleep({seconds})
+    return train_step(self, batches)
+trainer.Trainer.train_step = slow_train_step
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def write_config(path: Path, csv_path: Path, batch_tokens: int, **train: object) -> Path:
+    config = {
+        "data": {"path": str(csv_path), "valid_pairs": 4, "test_pairs": 4},
+        "tokenizer": {"vocab_size": 200, "min_frequency": 1},
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
+                  "dropout": 0.0},
+        # adam_eps 1e-6, not 1e-9: the attention key bias cannot change a softmax over keys, so its
+        # exact gradient is 0 and both runs compute float noise of ~1e-9 there, in a different
+        # summation order; with eps 1e-9 Adam would normalise that noise into full +-lr steps.
+        "train": {"max_steps": MAX_STEPS, "batch_tokens": batch_tokens, "accumulate_batches": 2,
+                  "schedule": "inverse_sqrt", "peak_lr": 1e-3, "warmup_steps": 4, "adam_eps": 1e-6,
+                  "log_every": 1, "valid_every": 100, "checkpoint_every": STOP_AFTER,
+                  "keep_checkpoints": 10, "device": "cpu", "threads": 1, **train},
+    }
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def torchrun(script: list[str], config: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *script,
+            "--config", str(config), "--run-dir", str(run_dir), "--no-progress", *extra]
+
+
+def run_2_ranks(config: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(torchrun(["train.py"], config, run_dir, *extra), cwd=ROOT, capture_output=True,
+                          text=True, timeout=180, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def step_checkpoint(run_dir: Path, step: int) -> Path:
+    return run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(step)
+
+
+def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    events = EventAccumulator(str(run_dir / TENSORBOARD_DIR))
+    events.Reload()
+    return [(event.step, event.value) for event in events.Scalars(tag)]
+
+
+def assert_same_weights(expected: Path, actual: Path, atol: float = 1e-5) -> None:
+    a, b = load_file(expected / checkpoint.MODEL_FILE), load_file(actual / checkpoint.MODEL_FILE)
+    assert a.keys() == b.keys()
+    worst = max(float((a[name] - b[name]).abs().max()) for name in a)
+    assert worst <= atol, f"weights differ by up to {worst}"
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory, tiny_csv: Path) -> Path:
+    """The run dir of 1 process with budget BUDGET, in-process."""
+    directory = tmp_path_factory.mktemp("one_process")
+    config = write_config(directory / "one.yaml", tiny_csv, BUDGET)
+    assert train_cli.main(["--config", str(config), "--run-dir", str(directory / "run"), "--no-progress"]) == 0
+    return directory / "run"
+
+
+@pytest.fixture(scope="module")
+def half_budget_config(tmp_path_factory: pytest.TempPathFactory, tiny_csv: Path) -> Path:
+    return write_config(tmp_path_factory.mktemp("config") / "two.yaml", tiny_csv, BUDGET // 2)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory, half_budget_config: Path) -> tuple[Path, str]:
+    """The run dir and stderr of 2 ranks with budget BUDGET / 2 each."""
+    run_dir = tmp_path_factory.mktemp("two_ranks") / "run"
+    return run_dir, run_2_ranks(half_budget_config, run_dir).stderr
+
+
+# --------------------------------------------------------------------------- 2 processes = 1 process
+
+
+def test_two_ranks_with_half_the_budget_train_what_one_process_trains(one_process: Path, two_ranks):
+    run_dir, _ = two_ranks
+    one_loss, two_loss = scalars(one_process, "train/loss"), scalars(run_dir, "train/loss")
+    assert [step for step, _ in two_loss] == list(range(1, MAX_STEPS + 1))
+    np.testing.assert_allclose([v for _, v in two_loss], [v for _, v in one_loss], rtol=1e-5)
+    np.testing.assert_allclose([v for _, v in scalars(run_dir, "train/grad_norm")],
+                               [v for _, v in scalars(one_process, "train/grad_norm")], rtol=1e-4)
+    assert_same_weights(step_checkpoint(one_process, MAX_STEPS), step_checkpoint(run_dir, MAX_STEPS))
+    one_state = checkpoint.read_meta(step_checkpoint(one_process, MAX_STEPS))["state"]
+    two_state = checkpoint.read_meta(step_checkpoint(run_dir, MAX_STEPS))["state"]
+    for key in ("step", "epoch", "batch_in_epoch", "target_tokens"):  # the global counts, not one rank's
+        assert two_state[key] == one_state[key], key
+    assert (one_state["world_size"], two_state["world_size"]) == (1, 2)
+
+
+def test_only_rank_0_writes_the_run_directory_and_logs_at_info(one_process: Path, two_ranks):
+    run_dir, stderr = two_ranks
+
+    def files(root: Path) -> list[str]:
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                      if p.is_file() and TENSORBOARD_DIR not in p.parts)
+
+    assert files(run_dir) == files(one_process)  # the same files as one process writes, no more
+    assert len(list((run_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*"))) == 1  # one writer
+    log = (run_dir / LOG_FILE).read_text(encoding="utf-8")
+    assert log.count(f"done: {MAX_STEPS} steps") == 1 and "[rank 1]" not in log
+    assert stderr.count(f"done: {MAX_STEPS} steps") == 1 and "2 processes" in stderr
+    assert "Traceback" not in stderr
+    training = checkpoint.load_training_state(step_checkpoint(run_dir, MAX_STEPS))
+    assert len(training["rank_rng"]) == 2  # every rank's dropout stream, for an exact resume
+    assert "rank_rng" not in checkpoint.load_training_state(step_checkpoint(one_process, MAX_STEPS))
+
+
+def test_sigterm_to_torchrun_stops_both_ranks_with_a_checkpoint_then_resume_matches(
+        tmp_path: Path, half_budget_config: Path, one_process: Path):
+    run_dir, log = tmp_path / "run", tmp_path / "stopped.log"
+    code = SLOW_TRAIN.format(root=str(ROOT), seconds=0.5)
+    script = tmp_path / "slow_train.py"
+    script.write_text(code, encoding="utf-8")
+    with open(log, "w", encoding="utf-8") as stderr:
+        process = subprocess.Popen(torchrun([str(script)], half_budget_config, run_dir), cwd=ROOT,
+                                   stdout=subprocess.DEVNULL, stderr=stderr, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    meta = step_checkpoint(run_dir, STOP_AFTER) / checkpoint.META_FILE
+    deadline = time.monotonic() + 120
+    while not meta.is_file():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"no checkpoint at step {STOP_AFTER}:\n{log.read_text()}")
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)  # torchrun forwards it to both ranks
+    process.wait(timeout=60)
+    err = log.read_text(encoding="utf-8")
+    assert err.count("SIGTERM received: finishing this step and saving a checkpoint") == 2, err  # both ranks
+    stopped = checkpoint.list_checkpoints(run_dir)[-1]
+    stop_step = checkpoint.read_meta(stopped, verify=True, need_training_state=True)["step"]
+    assert STOP_AFTER <= stop_step < MAX_STEPS, err
+    assert f"stopped at step {stop_step}; saved {stopped}. Resume with: torchrun --nproc_per_node=2 " in err
+
+    resumed = run_2_ranks(half_budget_config, run_dir)
+    assert f"resuming from {stopped} (step {stop_step}," in resumed.stderr
+    assert_same_weights(step_checkpoint(one_process, MAX_STEPS), step_checkpoint(run_dir, MAX_STEPS))
+
+
+# --------------------------------------------------------------------------- the pieces, in one process
+
+
+def test_helpers_are_identities_without_a_process_group(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not distributed.launched() and (distributed.rank(), distributed.world_size()) == (0, 1)
+    assert distributed.is_main()
+    assert distributed.broadcast_object({"a": 1}) == {"a": 1}
+    assert distributed.gather_objects(3) == [3]
+    assert distributed.all_reduce_sum([1, 2.5]) == [1.0, 2.5]
+    assert distributed.all_reduce_max([0, 7]) == [0.0, 7.0]
+    cpu = torch.device("cpu")
+    assert distributed.training_device(cpu) == cpu
+    with distributed.process_group(cpu), distributed.main_first():
+        assert not torch.distributed.is_initialized()
+
+
+def test_torchrun_environment_is_read_before_the_process_group_exists(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert distributed.launched() and distributed.env_rank() == 3 and distributed.local_rank() == 1
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node=1: a plain run
+    assert not distributed.launched() and distributed.env_rank() == 0
+
+
+def test_other_ranks_log_only_warnings_prefixed_with_their_rank_and_write_no_log_file(tmp_path: Path, capsys):
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        setup_logging(tmp_path / "run", rank=1)
+        logging.getLogger("transformer.trainer").info("step 10  valid loss 1.0")
+        logging.getLogger("transformer.trainer").warning("step 11: non-finite loss")
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+    assert capsys.readouterr().err == "[rank 1] step 11: non-finite loss\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_ranks_draw_distinct_deterministic_dropout_seeds():
+    assert distributed.seed_for_rank(42, 1) == 43
+    resumed = {distributed.seed_for_rank(42, rank, step) for rank in range(1, 4) for step in (10, 11)}
+    assert len(resumed) == 6 and distributed.seed_for_rank(42, 2, 10) == distributed.seed_for_rank(42, 2, 10)
+
+
+def test_shards_split_each_global_batch_into_contiguous_near_equal_slices():
+    batch = np.array([5, 3, 9, 1, 7])
+    shards = [shard_batch(batch, rank, 2) for rank in range(2)]
+    assert [s.tolist() for s in shards] == [[5, 3, 9], [1, 7]]
+    assert shard_batch(batch, 0, 1) is batch  # one process: the batch itself
+    few = [shard_batch(np.array([4]), rank, 3) for rank in range(3)]
+    assert [s.tolist() for s in few] == [[4], [], []]  # fewer sentences than ranks: empty shards
+
+
+def test_resuming_with_another_world_size_keeps_the_fraction_of_the_epoch(tiny_config, tiny_encoded, tmp_path,
+                                                                          caplog):
+    corpus = PairCorpus.from_dataset(tiny_encoded.train)
+    config = dataclasses.replace(tiny_config, train=dataclasses.replace(tiny_config.train, batch_tokens=64))
+    train = config.train
+    # Saved by 2 processes (global batches of 128 tokens); resumed by this one (64).
+    saved_batches = len(corpus.batches(train.batch_tokens * 2, train.seed, 3))
+    own_batches = len(corpus.batches(train.batch_tokens, train.seed, 3))
+    state = TrainState(step=40, epoch=3, batch_in_epoch=saved_batches // 2, world_size=2)
+    with caplog.at_level(logging.WARNING):
+        Trainer(config, None, None, corpus, None, None, tmp_path, TensorBoard(tmp_path, enabled=False),
+                torch.device("cpu"), state, "fingerprint", show_progress=False)
+    assert state.epoch == 3 and state.world_size == 1
+    assert state.batch_in_epoch == round(saved_batches // 2 * own_batches / saved_batches)
+    assert "resuming a run trained by 2 process(es) with 1" in caplog.text and "approximate" in caplog.text
+

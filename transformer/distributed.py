@@ -1,0 +1,205 @@
+"""Data-parallel plumbing for `torchrun`: the process group, rank helpers and the few collectives
+the trainer needs. Every helper is a no-op (or the identity) in a plain `python train.py`, which
+starts no process group; what each rank trains on lives in the trainer, not here.
+
+torchrun sets WORLD_SIZE, RANK and LOCAL_RANK in every worker's environment; a process group is
+started only when WORLD_SIZE > 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .errors import ConfigError
+
+# Rank 0 alone prepares the data, trains the tokenizer and validates while the other ranks wait in
+# a collective: on a large corpus that can take longer than torch's default 30-minute timeout.
+TIMEOUT = datetime.timedelta(hours=2)
+
+
+def launched() -> bool:
+    """Whether this process is one of several started by torchrun (read from the environment, so it
+    is known before the process group exists, e.g. to set up logging)."""
+    return _env_int("WORLD_SIZE", 1) > 1
+
+
+def env_rank() -> int:
+    """This process's global rank according to torchrun's environment (0 without torchrun)."""
+    return _env_int("RANK", 0) if launched() else 0
+
+
+def local_rank() -> int:
+    """This process's rank on its own machine: the GPU it trains on."""
+    return _env_int("LOCAL_RANK", 0) if launched() else 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip().isdigit() else default
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_main() -> bool:
+    """Rank 0: the one process that writes files and logs at INFO."""
+    return rank() == 0
+
+
+def training_device(device: torch.device) -> torch.device:
+    """The device this rank trains on: under torchrun, one GPU per rank, chosen by LOCAL_RANK."""
+    if not launched():
+        return device
+    if device.type == "cuda":
+        if device.index is not None and device.index != local_rank():
+            raise ConfigError(f"train.device: {device} pins every rank to one GPU; under torchrun use cuda or "
+                              "auto, and each rank trains on the GPU of its LOCAL_RANK")
+        if local_rank() >= torch.cuda.device_count():
+            raise ConfigError(f"LOCAL_RANK {local_rank()} but only {torch.cuda.device_count()} GPU(s) here: "
+                              "start at most one process per GPU (torchrun --nproc_per_node)")
+        return torch.device("cuda", local_rank())
+    if device.type != "cpu":
+        raise ConfigError(f"train.device: {device.type} cannot train data-parallel; use cuda or cpu under torchrun")
+    return device
+
+
+@contextlib.contextmanager
+def process_group(device: torch.device) -> Iterator[None]:
+    """Join torchrun's process group for the duration (nccl for GPUs, gloo for CPUs), then leave it."""
+    if not launched() or dist.is_initialized():  # not under torchrun, or the caller already joined
+        yield
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # nccl's collectives and object helpers use the current device
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+    try:
+        yield
+        dist.barrier()  # no rank leaves while rank 0 may still be saving its last checkpoint
+    finally:
+        dist.destroy_process_group()
+
+
+def _collective_device() -> torch.device:
+    """Where small tensors for collectives must live: nccl only moves GPU memory."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def main_first() -> Iterator[None]:
+    """Rank 0 runs the block first (e.g. writes the tokenizer, fills the datasets cache), then the
+    other ranks run it and find the results. If rank 0 fails inside, it exits and torchrun stops
+    the others, which are waiting in the barrier."""
+    if not is_main():
+        barrier()
+    yield
+    if is_main():
+        barrier()
+
+
+def broadcast_object(value: Any) -> Any:
+    """Rank 0's `value` on every rank (picklable objects; small ones, e.g. a path or a few numbers)."""
+    if not dist.is_initialized():
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """Every rank's `value`, in rank order, on rank 0; an empty list on the other ranks."""
+    if not dist.is_initialized():
+        return [value]
+    gathered: list[Any] | None = [None] * world_size() if is_main() else None
+    dist.gather_object(value, gathered, dst=0)
+    return gathered or []
+
+
+def all_reduce_max(values: Sequence[float]) -> list[float]:
+    """The element-wise maximum over ranks (how ranks agree on flags: one rank says stop, all stop)."""
+    if not dist.is_initialized():
+        return [float(v) for v in values]
+    tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
+def all_reduce_sum(values: Sequence[float]) -> list[float]:
+    """The element-wise sum over ranks of a few numbers (token counts, loss sums)."""
+    if not dist.is_initialized():
+        return [float(v) for v in values]
+    # float64 holds integers exactly up to 2^53: token counts stay exact.
+    tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def all_reduce_gradients(model: nn.Module) -> None:
+    """Sum every parameter's gradient over ranks, in one flat buffer (one collective, not one per tensor).
+
+    A parameter without a gradient here (this rank had no sentences this step) contributes zeros,
+    and every parameter leaves with one: all parameters of the Transformer take part in every
+    forward pass, so some rank always produced each gradient.
+    """
+    if not dist.is_initialized():
+        return
+    parameters = [p for p in model.parameters() if p.requires_grad]  # a shared matrix is listed once
+    for parameter in parameters:
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+    grads = [p.grad for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset: offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+def broadcast_parameters(model: nn.Module) -> None:
+    """Copy rank 0's weights to every rank, so that the replicas start identical whatever happened
+    before (seeded init and the same checkpoint already agree; this makes sure)."""
+    if not dist.is_initialized():
+        return
+    with torch.no_grad():
+        tensors = list(model.parameters())
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        dist.broadcast(flat, src=0)
+        offset = 0
+        for tensor in tensors:
+            tensor.copy_(flat[offset: offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+
+
+def seed_for_rank(seed: int, rank: int, step: int = 0) -> int:
+    """A seed for rank `rank`'s dropout: `seed + rank` at the start, and a distinct stream per
+    (seed, rank, step) when a resume cannot restore this rank's own RNG state."""
+    if step == 0:
+        return seed + rank
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+
+
+__all__ = [
+    "launched", "env_rank", "local_rank", "rank", "world_size", "is_main", "training_device", "process_group",
+    "barrier", "main_first", "broadcast_object", "gather_objects", "all_reduce_max", "all_reduce_sum",
+    "all_reduce_gradients", "broadcast_parameters", "seed_for_rank",
+]

@@ -217,8 +217,9 @@ def test_a_training_state_carrying_a_pickle_payload_is_refused_without_running_i
     rerecord(ckpt, checkpoint.TRAINING_FILE)  # a tamperer rewrites the checksums too
     checkpoint.read_meta(ckpt, need_training_state=True)  # integrity alone cannot catch it ...
     with pytest.raises(CheckpointError, match=f"^{ckpt / checkpoint.TRAINING_FILE}: refused to load "
-                                              r"\(UnpicklingError: Weights only load failed"):
+                                              r"\(UnpicklingError: Weights only load failed\).*possibly code") as refused:
         checkpoint.load_training_state(ckpt)  # ... the weights-only unpickler does
+    assert "weights_only=False" not in str(refused.value)  # torch's advice to unpickle anyway is not passed on
     assert not marker.exists()
     with open(ckpt / checkpoint.TRAINING_FILE, "wb") as handle:  # a bare pickle, not torch's zip format
         pickle.dump(_Payload(marker), handle, protocol=2)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 from dataclasses import asdict
@@ -248,6 +249,12 @@ def load_training_state(checkpoint: Path) -> dict[str, Any]:
     path = Path(checkpoint) / TRAINING_FILE
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        # torch's own text goes on to suggest weights_only=False: exactly what must not be done here.
+        first_line = str(error).split(".")[0]
+        raise CheckpointError(f"{path}: refused to load (UnpicklingError: {first_line}): it holds pickled objects "
+                              "other than tensors and numbers, possibly code; do not load it with pickle. "
+                              "Delete this checkpoint or get it again from a trusted source") from None
     except Exception as error:  # noqa: BLE001 - any failure here means "do not trust this file"
         raise CheckpointError(f"{path}: refused to load ({type(error).__name__}: {error})") from None
 

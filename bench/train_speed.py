@@ -316,7 +316,7 @@ def main() -> None:
     print(f"building batches (numpy -> padded tensors): {result.batch_build_share:.1%} of the step time")
     print(f"target tokens/s per repeat: {', '.join(f'{r:.0f}' for r in result.target_rates)}")
     print(f"source+target tokens/s (median): {statistics.median(result.total_rates):.0f}")
-    print(f"model FLOP/s: {achieved:.1f} GFLOP/s; matmul peak ({train.precision}, 2048^2): {peak:.0f} GFLOP/s; "
+    print(f"model FLOP/s: {achieved:.1f} GFLOP/s; matmul peak ({train.precision}, 2048^2): {peak:.1f} GFLOP/s; "
           f"MFU {achieved / peak:.1%}")
     print(f"peak RSS: {rss_gib:.2f} GiB")
     print(f"tokens/s: {result.target:.0f}")

@@ -134,23 +134,23 @@ def gather_objects(value: Any) -> list[Any]:
     return gathered or []
 
 
-def all_reduce_max(values: Sequence[float]) -> list[float]:
-    """The element-wise maximum over ranks (how ranks agree on flags: one rank says stop, all stop)."""
-    if not dist.is_initialized():
-        return [float(v) for v in values]
-    tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
-
-
-def all_reduce_sum(values: Sequence[float]) -> list[float]:
-    """The element-wise sum over ranks of a few numbers (token counts, loss sums)."""
+def _all_reduce(values: Sequence[float], op) -> list[float]:
     if not dist.is_initialized():
         return [float(v) for v in values]
     # float64 holds integers exactly up to 2^53: token counts stay exact.
     tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    dist.all_reduce(tensor, op=op)
     return tensor.tolist()
+
+
+def all_reduce_max(values: Sequence[float]) -> list[float]:
+    """The element-wise maximum over ranks (how ranks agree on flags: one rank says stop, all stop)."""
+    return _all_reduce(values, dist.ReduceOp.MAX)
+
+
+def all_reduce_sum(values: Sequence[float]) -> list[float]:
+    """The element-wise sum over ranks of a few numbers (token counts, loss sums)."""
+    return _all_reduce(values, dist.ReduceOp.SUM)
 
 
 def all_reduce_gradients(model: nn.Module) -> None:

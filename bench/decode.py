@@ -68,6 +68,8 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=0, help="test sentences to use (0 = all)")
     parser.add_argument("--slow-sentences", type=int, default=300,
                         help="sentences for the slow settings (no cache, batch size 1)")
+    parser.add_argument("--long-sentences", type=int, default=100,
+                        help="the longest test sentences, for cached vs recomputed on long outputs")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
@@ -99,6 +101,16 @@ def main() -> None:
               f"{speed[name, 'int8', True, 64, True] / speed[name, 'fp32', True, 64, True]:.2f}x; cached / "
               f"recomputed (fp32, batch 64, the same {len(slow)} sentences): "
               f"{speed[name, 'fp32', True, 64, False] / speed[name, 'fp32', False, 64, False]:.2f}x")
+    # The cache saves work in proportion to the output length: Tatoeba outputs average about 6
+    # tokens, so the same comparison on the longest test sentences shows how the gap grows.
+    by_length = sorted(zip(map(len, translator.tokenizers.encode_source(sources)), sources))[-args.long_sentences:]
+    lengths, longest = [n for n, _ in by_length], [text for _, text in by_length]
+    for beam in (1, 5):
+        name = "greedy" if beam == 1 else f"beam {beam}"
+        cached, _, _ = timed(translator, longest, beam, 64, True, 1)
+        recomputed, _, _ = timed(translator, longest, beam, 64, False, 1)
+        print(f"{name}: cached / recomputed on the {len(longest)} longest test sentences "
+              f"({min(lengths)}-{max(lengths)} subwords): {cached / recomputed:.2f}x ({cached:.1f} vs {recomputed:.1f} sent/s)")
     for name, scores in quality.items():
         print(f"{name}: {scores}  ({len(sources)} sentences, multi-reference; {scores.signature})")
     wall, rss = cold_start(args.run, args.repeats)

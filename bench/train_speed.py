@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from transformer.allocator import reuse_freed_memory  # noqa: E402
 from transformer.batching import PairCorpus  # noqa: E402
 from transformer.config import load_config  # noqa: E402
 from transformer.data import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs  # noqa: E402
@@ -236,6 +237,7 @@ def run_levers(config, train, corpus: PairCorpus, batches, src_vocab: int, tgt_v
          {"patch": (loss_module, "SmoothedCrossEntropy", FusedLossOff)}),
         ("output projection over padding too", {"loss_fn": full_projection_loss}),
         ("1 thread instead of %d" % threads, {"threads": 1}),
+        ("glibc malloc defaults (freed memory unmapped)", {"malloc_defaults": True}),
         ("torch.compile", {"compile": True}),
         ("bf16 autocast" + (" (no fast bf16 here: 1 step)" if slow_bf16 else ""), {"train": bf16}),
     ]
@@ -256,6 +258,8 @@ def run_levers(config, train, corpus: PairCorpus, batches, src_vocab: int, tgt_v
             steps, repeats, warmup = 1, 1, 1
         context = patched(*change["patch"]) if "patch" in change else contextlib.nullcontext()
         torch.set_num_threads(change.get("threads", threads))
+        if change.get("malloc_defaults"):
+            reuse_freed_memory(False)
         try:
             with context:
                 result = measure(model, optimizer, corpus, variant_batches, variant_train,
@@ -265,6 +269,7 @@ def run_levers(config, train, corpus: PairCorpus, batches, src_vocab: int, tgt_v
             continue
         finally:
             torch.set_num_threads(threads)
+            reuse_freed_memory()
         default = default or result.target
         print(f"{name:<52} {result.target:>8.0f} {result.target / default:>9.2f}x "
               f"{padding_share(corpus, variant_batches[: warmup + steps * repeats]):>8.1%}", flush=True)
@@ -293,6 +298,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     train = dataclasses.replace(train, precision=resolve_precision(train.precision, torch.device("cpu")))
+    reuse_freed_memory()  # as train.py does on a CPU
 
     corpus, src_vocab, tgt_vocab = load_corpus(config, args.tokenizer_dir)
     batches = corpus.batches(train.batch_tokens, train.seed, epoch=0)

@@ -298,6 +298,29 @@ def test_incremental_decoding_continues_the_positions():
     torch.testing.assert_close(steps, full, rtol=0, atol=TOLERANCE)
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_hypotheses_sharing_one_memory_row_equal_copies_of_it(cached):
+    """Beam search keeps one memory row per sentence for its G consecutive hypothesis rows: the
+    decoder states equal those from G copies of the memory, cached or not, with source padding."""
+    model = tiny_model(seed=5)
+    src, src_pad_mask = source_tensor([[5, 6, 7, 8], [9, 10]])
+    group = 3
+    tgt_in = torch.randint(4, VOCAB, (2 * group, 4))
+    tgt_in[:, 0] = BOS_ID
+    with torch.no_grad():
+        memory = model.encode(src, src_pad_mask)
+        copies = memory.repeat_interleave(group, 0), src_pad_mask.repeat_interleave(group, 0)
+        expected = model.decode(tgt_in, *copies)
+        if cached:
+            cache = model.init_cache(memory)
+            shared = torch.cat([model.decode(tgt_in[:, t: t + 1], None, src_pad_mask, cache) for t in range(4)], 1)
+        else:
+            shared = model.decode(tgt_in, memory, src_pad_mask)
+    torch.testing.assert_close(shared, expected, rtol=0, atol=TOLERANCE)
+    with pytest.raises(ValueError, match="do not divide"):
+        model.decode(tgt_in[:5], memory, src_pad_mask)
+
+
 def test_sequence_longer_than_max_len_is_refused():
     model = tiny_model()
     src, src_pad_mask = source_tensor([[5] * 64])  # 65 with EOS

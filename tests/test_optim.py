@@ -1,5 +1,6 @@
-"""Tests for transformer/optim.py: the noam schedule of Section 5.3 and inverse_sqrt (linear
-warm-up, then step^-0.5 decay, peaks where and as high as documented), and the optimiser."""
+"""Tests for transformer/optim.py: the noam schedule of Section 5.3, inverse_sqrt (linear
+warm-up, then step^-0.5 decay, peaks where and as high as documented), linear (warm-up, then a
+straight line to zero at the end of the budget), and the optimiser."""
 
 from __future__ import annotations
 
@@ -57,6 +58,22 @@ def test_inverse_sqrt_peaks_at_exactly_peak_lr(warmup):
         assert learning_rate(warmup, train, model) == pytest.approx(3e-3, rel=1e-12)
         assert learning_rate(1, train, model) == pytest.approx(3e-3 / warmup, rel=1e-12)
         assert learning_rate(4 * warmup, train, model) == pytest.approx(1.5e-3, rel=1e-12)
+
+
+def test_linear_warms_up_then_falls_to_zero_at_the_end_of_the_budget():
+    warmup = 10
+    train, model = schedule("linear", warmup, peak_lr=2e-3), ModelConfig(d_model=64, n_heads=4)
+    for step in range(1, warmup):  # early in the budget: the warm-up line alone
+        assert learning_rate(step, train, model, progress=0.01) == pytest.approx(2e-3 * step / warmup, rel=1e-12)
+    for progress in (0.25, 0.5, 0.9):  # after the warm-up: 1 - progress of the peak, whatever the step
+        for step in (warmup, 3 * warmup, 100 * warmup):
+            assert learning_rate(step, train, model, progress) == pytest.approx(2e-3 * (1 - progress), rel=1e-12)
+    assert learning_rate(3, train, model, progress=0.9) == pytest.approx(2e-3 * 0.1, rel=1e-12)  # the lower line
+    assert learning_rate(50, train, model, progress=1.0) == 0.0
+    # noam and inverse_sqrt ignore the progress
+    for name in ("noam", "inverse_sqrt"):
+        other = schedule(name, warmup)
+        assert learning_rate(30, other, model, progress=0.9) == learning_rate(30, other, model)
 
 
 def test_step_zero_is_treated_as_step_one():

@@ -166,6 +166,27 @@ def test_average_last_writes_the_mean_of_the_newest_checkpoints(tiny_config, tmp
         "averaged_steps")
 
 
+@pytest.mark.parametrize("budget", [{"max_steps": 20}, {"max_steps": 0, "max_epochs": 40}])
+def test_linear_schedule_reaches_zero_when_the_budget_ends(tiny_config, tmp_path, datasets_cache, budget):
+    """The logged rate follows peak * (1 - share of the budget used) after the warm-up, and the
+    last step trains at a rate near zero, whichever budget (steps or epochs) ends the run."""
+    train_config = dataclasses.replace(tiny_config.train, schedule="linear", peak_lr=2e-3, warmup_steps=2,
+                                       log_every=1, valid_every=1000, checkpoint_every=1000, **budget)
+    run_dir = tmp_path / "run"
+    outcome = train(dataclasses.replace(tiny_config, train=train_config), run_dir, show_progress=False,
+                    data_cache_dir=datasets_cache)
+    rates = scalars(run_dir, "train/lr")
+    steps = outcome.state.step
+    assert [step for step, _ in rates] == list(range(1, steps + 1))
+    assert rates[0][1] == pytest.approx(1e-3, rel=1e-6)  # warm-up: step 1 of 2
+    assert max(rate for _, rate in rates) <= 2e-3 * (1 + 1e-6)
+    assert all(a >= b for (_, a), (_, b) in zip(rates[1:], rates[2:]))  # then never rises
+    if budget["max_steps"]:  # step s trains with progress (s - 1) / 20
+        for step, rate in rates[2:]:
+            assert rate == pytest.approx(2e-3 * (1 - (step - 1) / 20), rel=1e-5)
+    assert 0 < rates[-1][1] <= 2e-3 * 0.1  # the last step's share of the budget: one of more than ten
+
+
 def test_average_last_must_fit_the_kept_checkpoints():
     with pytest.raises(ConfigError, match="train.average_last"):
         TrainConfig(max_steps=10, keep_checkpoints=3, average_last=5)

@@ -109,9 +109,11 @@ class TrainConfig:
     max_steps: int = 0  # budgets: training stops at the first one reached; 0 = no limit
     max_epochs: int = 0
     max_minutes: float = 0.0
-    schedule: Literal["noam", "inverse_sqrt"] = "noam"
+    # noam and inverse_sqrt decay with 1/sqrt(step) and never end; linear warms up, then falls in a
+    # straight line to zero when the first budget (steps, epochs or minutes) runs out. See optim.py.
+    schedule: Literal["noam", "inverse_sqrt", "linear"] = "noam"
     lr_factor: float = 1.0  # noam: lr = lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    peak_lr: float = 1e-3  # inverse_sqrt: linear warm-up to peak_lr, then peak_lr * sqrt(warmup / step)
+    peak_lr: float = 1e-3  # inverse_sqrt: peak_lr * min(step / warmup, sqrt(warmup / step)); linear: see above
     warmup_steps: int = 4000
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9

@@ -46,16 +46,22 @@ def max_output_lengths(src_lengths: Tensor, a: float, b: int, hard_cap: int) -> 
 
 class _StepDecoder:
     """Next-token logits for a working batch of prefixes, incrementally (cache) or by recomputing
-    every prefix from scratch (use_cache=False, for tests and the benchmark)."""
+    every prefix from scratch (use_cache=False, for tests and the benchmark).
+
+    Rows are hypotheses, G >= 1 consecutive ones per source sentence (G = beam size); the memory
+    and the source padding mask have one row per sentence, shared by its hypotheses.
+    """
 
     def __init__(self, model: Transformer, memory: Tensor, src_pad_mask: Tensor, use_cache: bool) -> None:
-        self.model, self.memory, self.src_pad_mask = model, memory, src_pad_mask
+        self.model, self.src_pad_mask = model, src_pad_mask
         self.cache = model.init_cache(memory) if use_cache else None
+        # With the cache, the memory is used only through the keys/values the cache already holds.
+        self.memory = None if use_cache else memory
 
     def logits(self, prefix: Tensor) -> Tensor:
         """prefix (N, t): BOS and the tokens so far -> (N, V) logits of the next token."""
         if self.cache is not None:
-            states = self.model.decode(prefix[:, -1:], self.memory, self.src_pad_mask, self.cache)
+            states = self.model.decode(prefix[:, -1:], None, self.src_pad_mask, self.cache)
         else:
             states = self.model.decode(prefix, self.memory, self.src_pad_mask)
         # Only the last position's projection is needed: with V >> D it is the costliest matmul.
@@ -63,12 +69,18 @@ class _StepDecoder:
         logits[:, _NEVER_EMITTED] = float("-inf")
         return logits
 
-    def select(self, index: Tensor) -> None:
-        """Keep working rows `index` (N',) in that order: reorders beams, drops finished rows."""
-        self.memory = self.memory.index_select(0, index)
-        self.src_pad_mask = self.src_pad_mask.index_select(0, index)
+    def keep_rows(self, index: Tensor) -> None:
+        """Keep hypotheses `index` (N',) in that order: reorders beams, drops finished rows."""
         if self.cache is not None:
-            self.cache.select(index)
+            self.cache.keep_rows(index)
+
+    def keep_sentences(self, index: Tensor) -> None:
+        """Keep source sentences `index` in that order: drops finished sentences."""
+        self.src_pad_mask = self.src_pad_mask.index_select(0, index)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)
+        if self.cache is not None:
+            self.cache.keep_sentences(index)
 
 
 @torch.inference_mode()
@@ -106,7 +118,8 @@ def greedy_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, max_len
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             rows, row_max, prefix = rows[keep], row_max[keep], prefix[keep]
-            step_decoder.select(keep)
+            step_decoder.keep_rows(keep)
+            step_decoder.keep_sentences(keep)
     return [ids[:n] for ids, n in zip(output.tolist(), lengths.tolist())]
 
 
@@ -140,10 +153,8 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
         raise ValueError("max_lengths must all be >= 1")
     neg_inf = float("-inf")
 
-    memory = model.encode(src, src_pad_mask)
-    step_decoder = _StepDecoder(model, memory, src_pad_mask, use_cache)
-    # Encode (and project cross-attention keys/values) once per sentence, then copy to its k rows.
-    step_decoder.select(torch.arange(batch, device=device).repeat_interleave(k))
+    # Rows are hypotheses, k consecutive ones per sentence; the memory stays one row per sentence.
+    step_decoder = _StepDecoder(model, model.encode(src, src_pad_mask), src_pad_mask, use_cache)
 
     sentences = torch.arange(batch, device=device)  # (n,) original index of each working sentence
     row_max = max_lengths  # (n,)
@@ -158,17 +169,23 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
     step = 0
     while True:
         n = scores.shape[0]
-        log_probs = torch.log_softmax(step_decoder.logits(prefix).float(), dim=-1)  # (n*k, V)
-        vocab = log_probs.shape[-1]
+        logits = step_decoder.logits(prefix).float()  # (n*k, V)
+        # The k best (beam, token) pairs of a sentence are among the k best tokens of each of its
+        # beams: normalise and rank just those, not all n*k*V candidates.
+        width = min(k, logits.shape[-1])
+        log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n*k, 1)
+        top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
+        row_log_probs = top_logits - log_norm
         at_max = (row_max <= step).repeat_interleave(k)  # (n*k,) rows that already hold max tokens
-        if bool(at_max.any()):
-            eos = log_probs[:, EOS_ID].clone()
-            log_probs.masked_fill_(at_max[:, None], neg_inf)
-            log_probs[:, EOS_ID] = eos
-        candidates = (scores[:, :, None] + log_probs.view(n, k, vocab)).view(n, k * vocab)
+        if bool(at_max.any()):  # those may only end: EOS in the first slot, nothing in the others
+            only_eos = torch.full_like(row_log_probs, neg_inf)
+            only_eos[:, :1] = logits[:, EOS_ID: EOS_ID + 1] - log_norm
+            row_log_probs = torch.where(at_max[:, None], only_eos, row_log_probs)
+            top_tokens = torch.where(at_max[:, None], torch.full_like(top_tokens, EOS_ID), top_tokens)
+        candidates = (scores[:, :, None] + row_log_probs.view(n, k, width)).view(n, k * width)
         top_scores, top_index = candidates.topk(k, dim=1)  # (n, k)
-        origin = beam_offset[:n] + top_index // vocab  # (n, k) working row each candidate extends
-        tokens = top_index % vocab  # (n, k)
+        origin = beam_offset[:n] + top_index // width  # (n, k) working row each candidate extends
+        tokens = top_tokens.view(n, k * width).gather(1, top_index)  # (n, k)
 
         # Set finished hypotheses aside. All of this step's have the same length: step + 1 with EOS.
         is_eos = (tokens == EOS_ID) & (top_scores > neg_inf)
@@ -199,9 +216,10 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
             keep = (~done).nonzero().squeeze(1)
             sentences, row_max, worst_kept = sentences[keep], row_max[keep], worst_kept[keep]
             scores, origin, tokens = scores[keep], origin[keep], tokens[keep]
+            step_decoder.keep_sentences(keep)
         rows = origin.reshape(-1)  # one gather both reorders the beams and drops finished sentences
         prefix = torch.cat([prefix[rows], tokens.reshape(-1, 1)], dim=1)
-        step_decoder.select(rows)
+        step_decoder.keep_rows(rows)
         step += 1
     return finished
 

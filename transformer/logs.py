@@ -7,7 +7,6 @@ import logging
 import sys
 from pathlib import Path
 
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 TENSORBOARD_DIR = "tensorboard"
@@ -59,6 +58,10 @@ class TensorBoard:
     """A thin wrapper so the trainer can log a dict of scalars in one call; disabled = no-op."""
 
     def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+        # Imported here, not at the top: tensorboard is slow to import, and translate.py, which
+        # uses this module's logging only, starts cold on every call.
+        from torch.utils.tensorboard import SummaryWriter
+
         self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD_DIR)) if enabled else None
 
     def scalars(self, step: int, values: dict[str, float]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import sacrebleu
 
 
 @dataclass(frozen=True)
@@ -36,6 +35,8 @@ def score(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> Sco
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} reference sets")
     if not hypotheses:
         return Scores(0.0, 0.0, "")
+    import sacrebleu  # here, not at the top: translate.py starts cold and scores only with --reference
+
     width = max(len(refs) for refs in references)
     # sacrebleu takes one stream per reference slot; None marks a sentence with fewer references.
     streams = [[refs[k] if k < len(refs) else None for refs in references] for k in range(width)]

@@ -47,19 +47,28 @@ class LayerCache:
 
 @dataclass
 class DecoderCache:
-    """Everything incremental decoding keeps between steps. `length` = positions already decoded."""
+    """Everything incremental decoding keeps between steps. `length` = positions already decoded.
+
+    Self-attention keys/values have one row per decoder row (hypothesis); cross-attention ones one
+    row per source sentence, which all of its rows share (beam search's k hypotheses of a sentence
+    are consecutive rows): reordering beams never copies them.
+    """
 
     layers: list[LayerCache]
     length: int = 0
 
-    def select(self, index: Tensor) -> None:
-        """Keep batch rows `index` (in that order): reorders beams and drops finished sentences."""
+    def keep_rows(self, index: Tensor) -> None:
+        """Keep decoder rows `index` (in that order): reorders beams and drops finished hypotheses."""
         for layer in self.layers:
-            layer.cross_k = layer.cross_k.index_select(0, index)
-            layer.cross_v = layer.cross_v.index_select(0, index)
             if layer.self_k is not None:
                 layer.self_k = layer.self_k.index_select(0, index)
                 layer.self_v = layer.self_v.index_select(0, index)
+
+    def keep_sentences(self, index: Tensor) -> None:
+        """Keep source sentences `index` (in that order): drops the memory of finished sentences."""
+        for layer in self.layers:
+            layer.cross_k = layer.cross_k.index_select(0, index)
+            layer.cross_v = layer.cross_v.index_select(0, index)
 
 
 class MultiHeadAttention(nn.Module):
@@ -124,9 +133,19 @@ class MultiHeadAttention(nn.Module):
         return self._merge(out)
 
     def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor) -> Tensor:
-        """x (B, T, D) queries the memory's keys/values (B, H, S, Dh)."""
-        q = self._heads(self._cross_query(x))
-        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask))
+        """x (B*G, T, D) queries the memory's keys/values (B, H, S, Dh), attend_mask (B, 1, 1, S).
+
+        G >= 1 consecutive rows of x belong to each source sentence (beam search's hypotheses).
+        Their G*T queries attend to one copy of its keys/values as if they were G*T positions:
+        attention treats every query on its own, so this is exact and needs no G copies.
+        """
+        rows, length, d_model = x.shape
+        sentences = k.shape[0]
+        if rows % sentences:
+            raise ValueError(f"{rows} decoder rows do not divide into {sentences} source sentences")
+        q = self._heads(self._cross_query(x).reshape(sentences, rows // sentences * length, d_model))
+        out = self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask))
+        return out.reshape(rows, length, d_model)
 
 
 class FeedForward(nn.Module):
@@ -253,12 +272,15 @@ class Transformer(nn.Module):
             layers.append(LayerCache(None, None, k, v))
         return DecoderCache(layers)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor,
+    def decode(self, tgt_in: Tensor, memory: Tensor | None, src_pad_mask: Tensor,
                cache: DecoderCache | None = None) -> Tensor:
-        """tgt_in (B, T) -> decoder states (B, T, D); position t sees tgt_in[:, :t+1] only.
+        """tgt_in (B*G, T) -> decoder states (B*G, T, D); position t sees tgt_in[:, :t+1] only.
 
+        memory (B, S, D) and src_pad_mask (B, S) hold B source sentences; each has G >= 1
+        consecutive rows of tgt_in (G = 1 in training; the beam in beam search).
         With `cache` (from `init_cache`), tgt_in holds only the next positions: the cache supplies
-        the earlier ones and the memory's keys/values, and is updated in place.
+        the earlier ones and the memory's keys/values (memory may then be None), and is updated
+        in place.
         """
         attend = _attend_mask(src_pad_mask)
         offset = cache.length if cache is not None else 0

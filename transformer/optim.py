@@ -1,5 +1,6 @@
-"""Adam and the learning-rate schedule. The rate is a pure function of the step, so resuming
-needs only the step number, never a scheduler's pickled state."""
+"""Adam and the learning-rate schedule. The rate is a pure function of the step (and, for
+`linear`, of the share of the budget used), so resuming needs only the trainer's counters,
+never a scheduler's pickled state."""
 
 from __future__ import annotations
 
@@ -11,15 +12,21 @@ from torch import nn
 from .config import ModelConfig, TrainConfig
 
 
-def learning_rate(step: int, train: TrainConfig, model: ModelConfig) -> float:
-    """The rate for optimiser step `step` (1-based).
+def learning_rate(step: int, train: TrainConfig, model: ModelConfig, progress: float = 0.0) -> float:
+    """The rate for optimiser step `step` (1-based); `progress` in [0, 1] is the share of the
+    training budget used before this step (only `linear` reads it).
 
     noam (Section 5.3): lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
     a linear warm-up then decay with the inverse square root of the step.
     inverse_sqrt: the same shape, but its peak (at step == warmup) is `peak_lr` itself.
+    linear: peak_lr * min(step / warmup, 1 - progress), a linear warm-up, then a straight line to
+    zero at the end of the budget. For a fixed budget (steps or minutes) this beats the open-ended
+    shapes above, which never anneal (Li, Yumer & Ramanan, "Budgeted Training", ICLR 2020).
     """
     step = max(step, 1)
     warmup = train.warmup_steps
+    if train.schedule == "linear":
+        return train.peak_lr * max(0.0, min(step / warmup, 1.0 - progress))
     shape = min(step ** -0.5, step * warmup ** -1.5)  # peaks at warmup^-0.5
     if train.schedule == "noam":
         return train.lr_factor * model.d_model ** -0.5 * shape

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from . import checkpoint, distributed
+from .allocator import reuse_freed_memory
 from .average import average_checkpoints
 from .batching import PairCorpus
 from .config import Config, config_to_dict, config_to_yaml
@@ -187,6 +188,10 @@ def _train(config: Config, run_dir: Path, device: torch.device, precision: str, 
     # and held-out files; the other ranks then read them instead of racing it to write them.
     with distributed.main_first():
         corpus, valid, tokenizers, fingerprint = _prepare_data(config, run_dir, data_cache_dir, write=main)
+
+    # Each step frees and reallocates the same large tensors: keep that memory (see allocator.py).
+    if device.type == "cpu":
+        reuse_freed_memory()
 
     # ---- model and optimizer (seeded: the same config gives the same initial weights)
     seed_everything(train_config.seed)

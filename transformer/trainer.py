@@ -76,6 +76,7 @@ class Trainer:
         self.show_progress = show_progress and distributed.is_main()
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self._last_saved_step = -1
+        self._epoch_batches = 0  # batches in the current epoch, once the loop has built them
         # The function is compiled, not the module: checkpoints keep the plain module's parameter
         # names (torch.compile(model) would prefix them with `_orig_mod.`), and validation and
         # translation, whose shapes change every step, stay eager.
@@ -113,6 +114,19 @@ class Trainer:
             return f"max_minutes={train.max_minutes:g}"
         return None
 
+    def budget_progress(self) -> float:
+        """The share of the training budget used so far, in [0, 1]: the largest over the budgets
+        that are set, since the first one reached ends training. The `linear` schedule reads it."""
+        train, state = self.train_config, self.state
+        shares = [0.0]
+        if train.max_steps:
+            shares.append(state.step / train.max_steps)
+        if train.max_epochs and self._epoch_batches:
+            shares.append((state.epoch + state.batch_in_epoch / self._epoch_batches) / train.max_epochs)
+        if train.max_minutes:
+            shares.append(state.elapsed_seconds / (train.max_minutes * 60))
+        return min(1.0, max(shares))
+
     # ------------------------------------------------------------------ one step
 
     def train_step(self, batches: list) -> dict[str, float]:
@@ -143,7 +157,7 @@ class Trainer:
         # whatever accumulate_batches is (DDP syncs every backward unless told no_sync), and a rank
         # whose shard is empty simply contributes zeros (DDP expects a forward pass on every rank).
         distributed.all_reduce_gradients(model)
-        lr = learning_rate(self.state.step + 1, train, self.config.model)
+        lr = learning_rate(self.state.step + 1, train, self.config.model, self.budget_progress())
         set_learning_rate(self.optimizer, lr)
         if scaler is not None:
             scaler.unscale_(self.optimizer)  # the scale is the same on every rank: so are the sums
@@ -198,6 +212,7 @@ class Trainer:
                 # Every rank builds the same global batches, world_size times the per-rank budget
                 # (with one process: exactly the batches of a plain run), and trains on its shard.
                 batches = self.corpus.batches(train.batch_tokens * self.world_size, train.seed, state.epoch)
+                self._epoch_batches = len(batches)
                 while state.batch_in_epoch < len(batches):
                     indices = batches[state.batch_in_epoch: state.batch_in_epoch + train.accumulate_batches]
                     shards = [shard_batch(i, self.rank, self.world_size) for i in indices]

@@ -9,6 +9,7 @@ import fcntl
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -340,6 +341,11 @@ def test_training_stops_when_tensorboard_cannot_write(tmp_path: Path, capsys, ti
 
     monkeypatch.setattr(record_writer.RecordWriter, "write", refuse)
     assert run_train(tmp_path, tiny_csv) == 2
+    # The writer thread dies of the refusal on its own schedule: wait for it here, where that is
+    # expected, rather than let pytest report it during whichever test runs next.
+    for thread in threading.enumerate():
+        if type(thread).__name__ == "_AsyncWriterThread":
+            thread.join(timeout=5)
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (f"error: cannot write {tmp_path / 'run'}: No space left on device. Training needs "
                                     "a writable run directory with free space; fix that and rerun (or choose "

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 
-
 @dataclass(frozen=True)
 class Scores:
     bleu: float

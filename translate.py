@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from itertools import islice
 from pathlib import Path
@@ -23,6 +24,7 @@ from transformer.inference import Translator, load_translator
 from transformer.logs import setup_logging
 from transformer.metrics import score
 from transformer.runtime import select_device, set_threads
+from transformer.text import iter_lines, read_lines
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
 # small enough that a long file streams and memory stays flat.
@@ -64,25 +66,32 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 def _read_references(paths: list[Path], n_lines: int) -> list[list[str]]:
+    """references[i]: the non-blank lines i of the reference files (split as the input is)."""
     streams = []
     for path in paths:
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            raise UserError(f"reference file not found: {path}") from None
-        except UnicodeDecodeError as error:
-            raise UserError(f"{path}: not UTF-8 text ({error.reason})") from None
+        lines = read_lines(path, "reference file")
         if len(lines) != n_lines:
             raise UserError(f"{path}: {len(lines)} lines, but {n_lines} sentences were translated")
         streams.append(lines)
     return [[stream[i] for stream in streams if stream[i].strip()] for i in range(n_lines)]
 
 
+def _print_scores(hypotheses: list[str], references: list[list[str]]) -> None:
+    """BLEU and chrF on stderr, over the lines that have at least one reference."""
+    scored = [i for i, refs in enumerate(references) if refs]
+    if not scored:
+        raise UserError("every line of the reference file(s) is blank: nothing to score against")
+    scores = score([hypotheses[i] for i in scored], [references[i] for i in scored])
+    left_out = len(hypotheses) - len(scored)
+    note = f"; {left_out} line(s) with no reference left out" if left_out else ""
+    print(f"{scores}  ({len(scored)} sentences{note}; {scores.signature})", file=sys.stderr)
+
+
 def translate_stream(translator: Translator, lines: Iterable[str], out: TextIO, n_best: int,
                      chunk_size: int, progress=None) -> list[str]:
     """Translate lines chunk by chunk, writing each chunk's output as soon as it is ready."""
     written: list[str] = []
-    for chunk in _chunks((line.rstrip("\r\n") for line in lines), chunk_size):
+    for chunk in _chunks(lines, chunk_size):
         for candidates in translator.translate(chunk, n_best=n_best):
             line = "\t".join(candidates)
             out.write(line + "\n")
@@ -111,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads < 0:
             raise UserError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
         set_threads(args.threads)
-        device = select_device(args.device)
+        device = select_device(args.device, key="--device")
         translator = load_translator(args.run, args.checkpoint, device, int8=args.int8, beam_size=beam,
                                      batch_size=args.batch_size, length_penalty=args.length_penalty, max_length_a=args.max_length_a,
                                      max_length_b=args.max_length_b)
@@ -119,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--n-best {args.n_best} needs a beam of at least {args.n_best} "
                             f"(beam is {translator.decode.beam_size}; add --beam {args.n_best})")
         if args.output:
-            out = open(args.output, "w", encoding="utf-8")
+            try:
+                out = open(args.output, "w", encoding="utf-8", newline="\n")
+            except OSError as error:
+                raise UserError(f"cannot write --output {args.output}: {error.strerror or error}") from None
 
         if args.interactive:
             print("Type an English sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
-            for line in sys.stdin:
-                out.write("\t".join(translator.translate([line.rstrip("\n")], args.n_best)[0]) + "\n")
-                out.flush()
+            translate_stream(translator, iter_lines(sys.stdin.buffer, "standard input"), out, args.n_best, 1)
             return 0
 
         progress = None
@@ -133,12 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             lines: Iterable[str] = args.sentences
             chunk = max(len(args.sentences), 1)
         elif args.input:
-            try:
-                lines = args.input.read_text(encoding="utf-8").splitlines()
-            except FileNotFoundError:
-                raise UserError(f"input file not found: {args.input}") from None
-            except UnicodeDecodeError as error:
-                raise UserError(f"{args.input}: not UTF-8 text ({error.reason})") from None
+            lines = read_lines(args.input, "input file")
             chunk = STREAM_CHUNK
             if not args.quiet:
                 from tqdm import tqdm
@@ -146,19 +151,21 @@ def main(argv: list[str] | None = None) -> int:
                 progress = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc="translating")
         else:
             # A terminal gets a line-by-line answer; a pipe is read in chunks for batching.
-            lines = sys.stdin
+            lines = iter_lines(sys.stdin.buffer, "standard input")
             chunk = 1 if sys.stdin.isatty() else STREAM_CHUNK
         hypotheses = translate_stream(translator, lines, out, args.n_best, chunk, progress)
         if progress is not None:
             progress.close()
         if args.reference:
-            scores = score(hypotheses, _read_references(args.reference, len(hypotheses)))
-            print(f"{scores}  ({len(hypotheses)} sentences; {scores.signature})", file=sys.stderr)
+            _print_scores(hypotheses, _read_references(args.reference, len(hypotheses)))
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `translate.py < big.en | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
     finally:
         if out is not sys.stdout:
             out.close()

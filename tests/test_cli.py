@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import os
 import shutil
 import sys
@@ -22,6 +23,7 @@ from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, write_csv
 from transformer import checkpoint, run, trainer
 from transformer.config import Config, config_from_dict, config_to_dict
 from transformer.data import MAX_CHARS_PER_TOKEN
+from transformer.inference import load_translator
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -329,6 +331,83 @@ def test_translate_a_run_directory_given_as_checkpoint(trained_run: Path, capsys
     assert translate_cli.main(["--checkpoint", str(trained_run), "Hi."]) == 2
     assert user_error(capsys) == (f"{trained_run}: not a checkpoint directory (no meta.json); it looks like a run "
                                   f"directory: use --run {trained_run}")
+
+
+def stdin_of(monkeypatch, data: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+def test_pasted_text_translates_exactly_as_its_cleaned_form(trained_run: Path, capsys, monkeypatch):
+    """What a web page or a terminal hands over (no-break and narrow spaces, tabs, runs of spaces,
+    zero-width characters, direction marks, a typographic apostrophe) reads as training read its
+    pairs, through arguments, stdin and the library alike."""
+    clean = ["I'm cold.", "Where is the station?", "What day is it today?"]
+    pasted = ["I\u2019m\u00a0cold.", "  Where\tis  the\u200b station?\u200e ", "\ufeffWhat day\u202fis it today ?"]
+    pasted[2] = pasted[2].replace(" ?", "?")
+    assert translate(trained_run, "--quiet", *clean) == 0
+    expected = capsys.readouterr().out
+    assert translate(trained_run, "--quiet", *pasted) == 0
+    assert capsys.readouterr().out == expected
+    stdin_of(monkeypatch, "".join(line + "\r\n" for line in pasted).encode())
+    assert translate(trained_run, "--quiet") == 0
+    assert capsys.readouterr().out == expected
+    translator = load_translator(trained_run)
+    assert translator.translate(pasted) == translator.translate(clean)
+
+
+def test_input_stdin_and_references_split_lines_where_wc_counts_them(trained_run: Path, tmp_path: Path, capsys,
+                                                                      monkeypatch):
+    data = "Go.\u2028Hi.\nI'm cold.\x0cGo.\r\n\nWho are you?\rGo.\n".encode()
+    (tmp_path / "in.en").write_bytes(data)
+    assert translate(trained_run, "--quiet", "--input", str(tmp_path / "in.en")) == 0
+    from_file = capsys.readouterr().out
+    stdin_of(monkeypatch, data)
+    assert translate(trained_run, "--quiet") == 0
+    assert capsys.readouterr().out == from_file
+    assert from_file.count("\n") == data.count(b"\n") == 4
+    (tmp_path / "ref.fr").write_bytes("Va !\u2028Salut !\nJ'ai froid.\x0cVa !\n\nQui es-tu ?\rVa !\n".encode())
+    assert translate(trained_run, "--quiet", "--input", str(tmp_path / "in.en"), "--reference",
+                     str(tmp_path / "ref.fr")) == 0  # 4 lines each: no line-count mismatch
+
+
+def test_references_with_blank_lines_score_the_other_lines(trained_run: Path, tmp_path: Path, capsys):
+    (tmp_path / "in.en").write_text("I'm cold.\n\nGo.\nHi.\n", encoding="utf-8")
+    (tmp_path / "ref1.fr").write_text("J'ai froid.\n\n\nSalut !\n", encoding="utf-8")
+    (tmp_path / "ref2.fr").write_text("\n\nVa !\n\n", encoding="utf-8")
+    assert translate(trained_run, "--quiet", "--input", str(tmp_path / "in.en"), "--reference",
+                     str(tmp_path / "ref1.fr"), "--reference", str(tmp_path / "ref2.fr")) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "(3 sentences; 1 line(s) with no reference left out;" in err
+    (tmp_path / "blank.fr").write_text("\n\n\n\n", encoding="utf-8")
+    assert translate(trained_run, "--quiet", "--input", str(tmp_path / "in.en"), "--reference",
+                     str(tmp_path / "blank.fr")) == 2
+    assert user_error(capsys) == "every line of the reference file(s) is blank: nothing to score against"
+
+
+@pytest.mark.parametrize("device, message", [
+    ("gpu", "--device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
+    ("cuda:x", "--device: expected auto, cpu, cuda, cuda:N or mps, got 'cuda:x'"),
+    ("cpu:0", "--device: expected auto, cpu, cuda, cuda:N or mps, got 'cpu:0'"),
+])
+def test_translate_a_device_that_is_no_device_is_one_line(trained_run: Path, capsys, device: str, message: str):
+    assert translate(trained_run, "--device", device, "Hi.") == 2
+    assert user_error(capsys) == message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_translate_on_cuda_without_a_gpu_is_one_line(trained_run: Path, capsys):
+    assert translate(trained_run, "--device", "cuda", "Hi.") == 2
+    assert user_error(capsys) == "--device: 'cuda' requested but CUDA is not available here; use auto or cpu"
+
+
+def test_translate_input_and_output_errors_are_one_line(trained_run: Path, tmp_path: Path, capsys):
+    (tmp_path / "latin1.en").write_bytes("Go.\nCaf\u00e9.\n".encode("latin-1"))
+    assert translate(trained_run, "--input", str(tmp_path / "latin1.en")) == 2
+    assert user_error(capsys) == (f"{tmp_path / 'latin1.en'}: not UTF-8 text at line 2 (invalid continuation byte); "
+                                  "re-save it as UTF-8")
+    assert translate(trained_run, "--output", str(tmp_path), "Hi.") == 2
+    assert user_error(capsys) == f"cannot write --output {tmp_path}: Is a directory"
 
 
 # The writer thread's own traceback (printed by threading.excepthook) comes from TensorBoard, not us.

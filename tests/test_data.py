@@ -20,9 +20,10 @@ from conftest import SOURCE_COLUMN, TARGET_COLUMN, write_csv
 from transformer.config import DataConfig
 from transformer import data
 from transformer.data import (
-    arrow_batches, clean_text, encode_splits, iter_texts, load_pairs, split_pairs, token_lengths,
+    arrow_batches, encode_splits, iter_texts, load_pairs, split_pairs, token_lengths,
 )
 from transformer.errors import DataError
+from transformer.text import clean_text
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 REAL_DATA = Path(__file__).resolve().parent.parent / "data" / "eng_-french.csv"
@@ -34,24 +35,6 @@ def config_for(path: Path, **overrides) -> DataConfig:
 
 def rows_of(dataset: datasets.Dataset) -> list[tuple[str, str]]:
     return list(zip(dataset["source"][:], dataset["target"][:]))
-
-
-# --------------------------------------------------------------------------- clean_text
-
-
-@pytest.mark.parametrize("raw, clean", [
-    ("Va\u00a0!", "Va !"),  # no-break space
-    ("Qui es-tu\u202f?", "Qui es-tu ?"),  # narrow no-break space
-    ("Attention\u2009: chaud", "Attention : chaud"),  # thin space
-    ("  J'ai\tfroid.\r\nVraiment.  ", "J'ai froid. Vraiment."),
-    ("a \u00a0 \u3000 b", "a b"),
-    ("C'est son pe\u0300re.", "C'est son père."),  # NFC
-    ("\ufeffzero\u200bwidth", "zerowidth"),
-    ("Je suis content 😀", "Je suis content 😀"),
-    (" \u00a0\t", ""),
-])
-def test_clean_text(raw: str, clean: str):
-    assert clean_text(raw) == clean
 
 
 # --------------------------------------------------------------------------- load_pairs

@@ -16,7 +16,8 @@ from transformer.batching import make_batch, source_tensor
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.decode import (Hypothesis, beam_search, gnmt_length_penalty, greedy_search,
                                 max_output_lengths, translate, translate_n_best)
-from transformer.model import MultiHeadAttention, Transformer
+from transformer import checkpoint
+from transformer.model import Transformer
 from transformer.quantize import quantize_int8
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -102,14 +103,21 @@ def test_beam_cached_equals_uncached():
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0, 2.0])
-def test_beam_one_equals_greedy(alpha):
+def test_beam_one_equals_greedy_without_a_length_penalty_and_never_scores_below_it(alpha):
+    """With alpha = 0 beam 1 is greedy search. With a length penalty, beam 1 keeps a live beam past
+    greedy's EOS (2k candidates) and may find a longer hypothesis that scores higher: never lower."""
     for seed in range(3):
         model = tiny_model(seed, pre_norm=bool(seed % 2))
         sources = random_sources(seed, 8)
         max_lengths = [2, 4, 6, 8, 10, 14, 20, 25]
         greedy_tokens = greedy(model, sources, max_lengths)
-        beam_tokens = [hyps[0].tokens for hyps in beam(model, sources, max_lengths, 1, alpha)]
-        assert beam_tokens == greedy_tokens
+        best = [hyps[0] for hyps in beam(model, sources, max_lengths, 1, alpha)]
+        if alpha == 0.0:
+            assert [h.tokens for h in best] == greedy_tokens
+        for source, tokens, hypothesis in zip(sources, greedy_tokens, best):
+            with torch.inference_mode():
+                greedy_score = sequence_log_prob(model, source, tokens) / gnmt_length_penalty(len(tokens) + 1, alpha)
+            assert hypothesis.score >= greedy_score - 1e-5
 
 
 def test_hypothesis_scores_match_teacher_forcing():
@@ -160,6 +168,47 @@ class ScriptedModel:
 
     def project(self, states: torch.Tensor) -> torch.Tensor:
         return self.table[states[..., 0].long()]
+
+
+class PrefixScriptedModel:
+    """Stands in for a Transformer (use_cache=False only): the next-token probabilities depend on
+    the whole prefix, looked up in `script` (prefix tuple -> {token: p}), else `default`."""
+
+    def __init__(self, script: dict[tuple[int, ...], dict[int, float]], default: dict[int, float], vocab: int):
+        self.script, self.default, self.vocab = script, default, vocab
+
+    def _log_probs(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        row = torch.full((self.vocab,), -30.0)
+        for token, p in self.script.get(prefix, self.default).items():
+            row[token] = math.log(p)
+        return row
+
+    def encode(self, src: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*src.shape, 1)
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad_mask: torch.Tensor) -> torch.Tensor:
+        """(B, T, V): the last position holds the scripted log-probs of the prefix after BOS."""
+        states = torch.zeros(*tgt_in.shape, self.vocab)
+        for i, row in enumerate(tgt_in.tolist()):
+            states[i, -1] = self._log_probs(tuple(row[1:]))
+        return states
+
+    def project(self, states: torch.Tensor) -> torch.Tensor:
+        return states
+
+
+def test_a_hypothesis_that_ends_does_not_cost_a_live_beam_its_slot():
+    """Beam 2, alpha 1. Step 1 ranks A (.36), EOS (.33), B (.31); B then ends with p .999 and scores
+    (log .31 + log .999) / lp(2) = -1.005, the best of all (EOS alone: log .33 = -1.109; every A path is
+    worse). Keeping only the k = 2 best candidates, EOS would take B's slot and B EOS would never be
+    seen; with 2k candidates, EOS finishes and both A and B stay live."""
+    a, b, x, y = FIRST_WORD, FIRST_WORD + 1, FIRST_WORD + 2, FIRST_WORD + 3
+    script = {(): {a: 0.36, EOS_ID: 0.33, b: 0.31}, (b,): {EOS_ID: 0.999, x: 0.001}}
+    model = PrefixScriptedModel(script, default={x: 0.5, y: 0.49, EOS_ID: 0.01}, vocab=FIRST_WORD + 4)
+    src, src_pad_mask = source_tensor([[a]])
+    hyps = beam_search(model, src, src_pad_mask, 2, 1.0, torch.tensor([6]), n_best=2, use_cache=False)[0]
+    assert [h.tokens for h in hyps] == [[b], []]
+    assert hyps[0].score == pytest.approx((math.log(0.31) + math.log(0.999)) / gnmt_length_penalty(2, 1.0))
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
@@ -329,25 +378,32 @@ def test_translate_with_the_real_tokenizer(tiny_tokenizers):
 # --------------------------------------------------------------------------- int8
 
 
-def test_split_cross_projections_changes_no_output(copy_model):
-    split = copy.deepcopy(copy_model)
-    for module in split.modules():
-        if isinstance(module, MultiHeadAttention):
-            module.split_cross_projections()
+def test_a_checkpoint_with_fused_cross_attention_weights_loads_into_the_split_projections(copy_model, tmp_path):
+    """Runs saved before cross-attention had q_proj / kv_proj held one fused in_proj: still loadable."""
+    from safetensors.torch import save_file
+
+    state = {name: tensor.clone() for name, tensor in copy_model.state_dict().items()
+             if not name.startswith(("tgt_embedding", "output"))}  # tied: stored once, as safetensors does
+    for name in [n for n in state if ".cross_attention.q_proj." in n]:
+        prefix, kind = name.split(".q_proj.")
+        state[f"{prefix}.in_proj.{kind}"] = torch.cat([state.pop(name), state.pop(f"{prefix}.kv_proj.{kind}")])
+    save_file(state, str(tmp_path / "old.safetensors"))
+    fresh = Transformer(copy_model.config, copy_model.src_vocab_size, copy_model.tgt_vocab_size).eval()
+    checkpoint.load_weights(fresh, tmp_path / "old.safetensors")
     batch = make_batch(random_sources(3, 6, vocab=16), random_sources(4, 6, vocab=16))
     with torch.no_grad():
-        torch.testing.assert_close(split(batch.src, batch.tgt_in, batch.src_pad_mask),
-                                   copy_model(batch.src, batch.tgt_in, batch.src_pad_mask), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fresh(batch.src, batch.tgt_in, batch.src_pad_mask),
+                                   copy_model(batch.src, batch.tgt_in, batch.src_pad_mask))
 
 
 def test_int8_model_quantizes_every_linear_layer_and_still_translates(copy_model):
     quantized = quantize_int8(copy.deepcopy(copy_model))
     modules = list(quantized.modules())
-    assert not any(type(m) is torch.nn.Linear for m in modules)  # cross-attention's split maps included
-    # encoder layer: 2 attention + 2 feed-forward maps; decoder layer: 2 self-attention, 2 cross-attention
-    # + its split query and key/value maps, 2 feed-forward; and the output projection
+    assert not any(type(m) is torch.nn.Linear for m in modules)
+    # encoder layer: 2 attention + 2 feed-forward maps; decoder layer: 2 self-attention, 3 cross-attention
+    # (query, key/value, output), 2 feed-forward; and the output projection
     config = copy_model.config
-    expected = config.n_encoder_layers * 4 + config.n_decoder_layers * 8 + 1
+    expected = config.n_encoder_layers * 4 + config.n_decoder_layers * 7 + 1
     assert sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in modules) == expected
     sources = random_sources(7, 40, lengths=(2, 6), vocab=copy_model.tgt_vocab_size)
     max_lengths = [len(s) + 4 for s in sources]

@@ -388,8 +388,9 @@ def test_linear_weights_are_xavier_uniform_and_embeddings_have_a_zero_pad_row(sh
         if module.bias is not None:
             assert bool((module.bias == 0).all()), name
         checked += 1
-    # per encoder layer: attention in/out + FFN 1/2; per decoder layer: two attentions + FFN; output
-    assert checked == 2 * (2 + 2) + 2 * (4 + 2) + (0 if share_embeddings else 1)
+    # per encoder layer: attention in/out + FFN 1/2; per decoder layer: self-attention in/out,
+    # cross-attention query, key/value and out, FFN 1/2; the output projection unless tied
+    assert checked == 2 * (2 + 2) + 2 * (2 + 3 + 2) + (0 if share_embeddings else 1)
     for embedding in (model.src_embedding, model.tgt_embedding):
         assert bool((embedding.weight[PAD_ID] == 0).all())
         assert float(embedding.weight[FIRST_WORD:].detach().std()) == pytest.approx(64 ** -0.5, rel=0.1)

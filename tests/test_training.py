@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformer import checkpoint
 from transformer.batching import make_batch
 from transformer.config import DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
-from transformer.data import clean_text
+from transformer.text import clean_text
 from transformer.errors import ConfigError
 from transformer.decode import translate
 from transformer.loss import batch_loss

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file as load_safetensors_file
 from safetensors.torch import load_model as load_safetensors_model
 from safetensors.torch import save_model as save_safetensors_model
 
@@ -229,14 +230,50 @@ def _shape_differences(model: Transformer, path: Path) -> str:
     return f"{len(differ)} tensor(s) differ in shape: " + "; ".join(differ[:3]) + ("; ..." if len(differ) > 3 else "")
 
 
+def _split_fused_cross_attention(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoints written before cross-attention had its own query and key/value projections held
+    them as one fused `in_proj` (rows: query, key, value); give those rows their current names."""
+    converted = {}
+    for name, tensor in tensors.items():
+        prefix, _, kind = name.rpartition(".in_proj.")
+        if prefix.endswith("cross_attention") and kind in ("weight", "bias"):
+            d_model = tensor.shape[0] // 3
+            converted[f"{prefix}.q_proj.{kind}"] = tensor[:d_model]
+            converted[f"{prefix}.kv_proj.{kind}"] = tensor[d_model:]
+        else:
+            converted[name] = tensor
+    return converted
+
+
 def load_weights(model: Transformer, path: Path) -> None:
     """Load safetensors weights into `model`, naming any shape or key mismatch."""
     try:
+        with safe_open(str(path), framework="pt") as handle:
+            names = list(handle.keys())
+        if any(".cross_attention.in_proj." in name for name in names):
+            _load_state(model, _split_fused_cross_attention(load_safetensors_file(str(path))), path)
+            return
         missing, unexpected = load_safetensors_model(model, str(path), strict=False)
     except SafetensorError as error:
         raise CheckpointError(f"{path}: not a valid safetensors file ({error})") from None
     except RuntimeError:  # torch's own message lists every tensor on its own line: too long to read
         raise CheckpointError(f"{path}: weights do not fit this model: {_shape_differences(model, path)}") from None
+    _check_keys(path, missing, unexpected)
+
+
+def _load_state(model: Transformer, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Load a converted state dict; a tied matrix is stored once under one of its names."""
+    try:
+        result = model.load_state_dict(tensors, strict=False)
+    except RuntimeError:
+        raise CheckpointError(f"{path}: weights do not fit this model (tensor shapes differ)") from None
+    state = model.state_dict(keep_vars=True)
+    loaded = {id(state[name]) for name in tensors if name in state}
+    missing = [name for name in result.missing_keys if id(state[name]) not in loaded]
+    _check_keys(path, missing, result.unexpected_keys)
+
+
+def _check_keys(path: Path, missing: list[str], unexpected: list[str]) -> None:
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: weights do not fit this model (missing: {sorted(missing)[:5]}, "

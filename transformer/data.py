@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import pyarrow.compute as pc
 from .config import DataConfig
 from .errors import DataError
 from .readers import describe_input, line_numbers, read_pairs_file
+from .text import clean_text
 from .tokenizer import Tokenizers
 
 logger = logging.getLogger(__name__)
@@ -34,12 +34,10 @@ SOURCE, TARGET = "source", "target"
 SRC_IDS, TGT_IDS, SRC_LEN, TGT_LEN = "src_ids", "tgt_ids", "src_len", "tgt_len"
 
 # datasets fingerprints a library function by its name, not its code, so an edit to the
-# cleaning or encoding here would silently reuse stale cached results. Hashing this file
-# into every map/filter fixes that.
-_CODE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-
-# Invisible characters that carry no meaning in a sentence (zero-width space, stray BOM).
-_INVISIBLE = dict.fromkeys(map(ord, "\u200b\ufeff"))
+# cleaning or encoding would silently reuse stale cached results. Hashing this file and the
+# cleaning's (text.py) into every map/filter fixes that.
+_CODE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()
+                              + Path(__file__).with_name("text.py").read_bytes()).hexdigest()[:16]
 
 # A side longer than data.max_length * this many characters is dropped on reading. No subword
 # of natural text is that long on average, so such a row would be dropped as too long after
@@ -52,16 +50,6 @@ _LINES_SHOWN = 5  # line numbers named in a warning about dropped rows
 # cleaning 8.9 -> 3.8 s, encoding 300k rows 19.5 -> 11.3 s). Smaller corpora take seconds anyway,
 # not worth the workers' start-up and one cache file per worker.
 PARALLEL_ROWS = 1_000_000
-
-
-def clean_text(text: str) -> str:
-    """NFC, every kind of whitespace (NBSP, narrow/thin spaces, tabs, newlines) -> one space, stripped.
-
-    French typography puts U+00A0 or U+202F before "! ? : ;"; treating them as plain spaces
-    makes "Va !" and "Va\u00a0!" one spelling.
-    """
-    text = unicodedata.normalize("NFC", text).translate(_INVISIBLE)
-    return " ".join(text.split())  # str.split() splits on all Unicode whitespace, NBSP included
 
 
 # --------------------------------------------------------------------------- loading
@@ -407,6 +395,6 @@ def token_lengths(dataset: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
 
 __all__ = [
     "SOURCE", "TARGET", "SRC_IDS", "TGT_IDS", "SRC_LEN", "TGT_LEN",
-    "clean_text", "LoadReport", "load_pairs", "Splits", "split_pairs", "arrow_batches", "iter_texts",
+    "LoadReport", "load_pairs", "Splits", "split_pairs", "arrow_batches", "iter_texts",
     "EncodedSplits", "encode_splits", "token_lengths",
 ]

@@ -14,6 +14,7 @@ from torch import Tensor
 from .batching import source_tensor
 from .config import DecodeConfig
 from .model import Transformer
+from .text import clean_text
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
 
 logger = logging.getLogger(__name__)
@@ -132,16 +133,18 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
     src (B, S), src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most tokens an output
     may have (EOS not counted). Returns, per sentence, its `n_best` hypotheses best first.
 
-    Each step keeps the k best (beam, token) candidates of a sentence by summed float32 log-prob.
-    Candidates ending in EOS leave the beam as finished hypotheses, scored log_prob / lp(length
-    with EOS); their slots are refilled by the next step's top-k. With k = 1 this is exactly greedy
-    search. At max length only EOS is allowed, so every hypothesis is scored with its EOS.
+    Each step ranks the 2k best (beam, token) candidates of a sentence by summed float32 log-prob
+    (fairseq's and Marian's rule). Those among the first k that end in EOS leave as finished
+    hypotheses, scored log_prob / lp(length with EOS); the k best candidates that do not end in EOS
+    are the next step's beams. So finishing never shrinks the live beam: with only k candidates, each
+    EOS among them would cost a live beam its slot, and the continuation it would have held is lost.
+    At max length only EOS is allowed, so every hypothesis is scored with its EOS.
 
     Stopping rule (exact, for any alpha >= 0): log-probs are <= 0, so an open beam with summed
     log-prob s can only finish with log_prob <= s and length <= max_length + 1, hence with a score
     <= s / lp(max_length + 1) (= s when alpha = 0). A sentence stops once its n_best-th finished
     score is >= that bound for its best open beam, or no open beam is left; it then leaves the
-    working batch.
+    working batch. With k = 1 and alpha = 0 this is exactly greedy search.
     """
     if beam_size < 1 or not 1 <= n_best <= beam_size:
         raise ValueError(f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size} and {n_best}")
@@ -170,9 +173,9 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
     while True:
         n = scores.shape[0]
         logits = step_decoder.logits(prefix).float()  # (n*k, V)
-        # The k best (beam, token) pairs of a sentence are among the k best tokens of each of its
+        # The 2k best (beam, token) pairs of a sentence are among the 2k best tokens of each of its
         # beams: normalise and rank just those, not all n*k*V candidates.
-        width = min(k, logits.shape[-1])
+        width = min(2 * k, logits.shape[-1])
         log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n*k, 1)
         top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
         row_log_probs = top_logits - log_norm
@@ -183,16 +186,19 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
             row_log_probs = torch.where(at_max[:, None], only_eos, row_log_probs)
             top_tokens = torch.where(at_max[:, None], torch.full_like(top_tokens, EOS_ID), top_tokens)
         candidates = (scores[:, :, None] + row_log_probs.view(n, k, width)).view(n, k * width)
-        top_scores, top_index = candidates.topk(k, dim=1)  # (n, k)
-        origin = beam_offset[:n] + top_index // width  # (n, k) working row each candidate extends
-        tokens = top_tokens.view(n, k * width).gather(1, top_index)  # (n, k)
+        cand_scores, cand_index = candidates.topk(min(2 * k, k * width), dim=1)  # (n, 2k), best first
+        cand_origin = beam_offset[:n] + cand_index // width  # (n, 2k) working row each candidate extends
+        cand_tokens = top_tokens.view(n, k * width).gather(1, cand_index)  # (n, 2k)
+        is_eos = (cand_tokens == EOS_ID) & (cand_scores > neg_inf)
 
-        # Set finished hypotheses aside. All of this step's have the same length: step + 1 with EOS.
-        is_eos = (tokens == EOS_ID) & (top_scores > neg_inf)
-        if bool(is_eos.any()):
-            which, _ = is_eos.nonzero().unbind(1)
-            histories = prefix[origin[is_eos], 1:].tolist()
-            log_prob_list = top_scores[is_eos].tolist()
+        # Finished hypotheses: EOS candidates among the k best (one beyond them is beaten by k others).
+        # All of this step's have the same length: step + 1 with EOS.
+        finishing = is_eos.clone()
+        finishing[:, k:] = False
+        if bool(finishing.any()):
+            which, _ = finishing.nonzero().unbind(1)
+            histories = prefix[cand_origin[finishing], 1:].tolist()
+            log_prob_list = cand_scores[finishing].tolist()
             penalty = gnmt_length_penalty(float(step + 1), length_penalty)
             updated = {}
             for i, history, log_prob in zip(which.tolist(), histories, log_prob_list):
@@ -204,8 +210,11 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
                 del kept[n_best:]
                 if len(kept) == n_best:
                     worst_kept[i] = kept[-1].score
-            top_scores = top_scores.masked_fill(is_eos, neg_inf)
-        scores = top_scores
+        # The next beams: the k best candidates that do not end in EOS, in rank order (a stable sort
+        # moves the EOS ones behind). Fewer than k such (a tiny vocabulary, max length) leave -inf.
+        open_first = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (n, k)
+        scores = cand_scores.masked_fill(is_eos, neg_inf).gather(1, open_first)
+        origin, tokens = cand_origin.gather(1, open_first), cand_tokens.gather(1, open_first)
 
         best_open = scores.max(dim=1).values  # (n,)
         bound = best_open / gnmt_length_penalty(row_max + 1.0, length_penalty)
@@ -240,6 +249,8 @@ def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizer
     """Translate `texts`: for each, its `n_best` translations best first (n_best <= config.beam_size;
     beam_size 1 = greedy search).
 
+    Each text is first cleaned exactly as training cleaned its pairs (text.clean_text), so what a user
+    pastes (non-breaking spaces, tabs, zero-width characters) reads as in training.
     Sentences are sorted by source length and decoded config.batch_size at a time; the result is in
     input order and does not depend on the batching. An empty or blank text (or one with no
     subwords) translates to "" without running the model (repeated n_best times). Sources longer than
@@ -249,9 +260,10 @@ def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizer
     if not 1 <= n_best <= config.beam_size:
         raise ValueError(f"n_best must be between 1 and decode.beam_size={config.beam_size}, got {n_best}")
     hard_cap = model.config.max_len - 1
-    ids = _truncate_sources(tokenizers.encode_source(list(texts)), hard_cap)
+    texts = [clean_text(text) for text in texts]  # as the training pairs were cleaned
+    ids = _truncate_sources(tokenizers.encode_source(texts), hard_cap)
     # A blank line stays blank: BPE would turn spaces into "▁" tokens and the model would invent text.
-    ids = [row if text.strip() else [] for text, row in zip(texts, ids)]
+    ids = [row if text else [] for text, row in zip(texts, ids)]
     results: list[list[list[int]]] = [[[]] * n_best for _ in ids]
     # Longest first: peak memory shows up in the first batch, not after minutes of work.
     order = sorted((i for i, row in enumerate(ids) if row), key=lambda i: -len(ids[i]))

@@ -16,6 +16,7 @@ from .decode import translate_n_best
 from .errors import CheckpointError
 from .model import Transformer
 from .quantize import quantize_int8
+from .text import clean_text
 from .tokenizer import UNK, UNK_ID, Tokenizers, load_tokenizers, tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class Translator:
 
     def translate(self, texts: list[str], n_best: int = 1) -> list[list[str]]:
         """For each text, its `n_best` translations, best first."""
-        self._warn_unknown_characters(texts)
+        self._warn_unknown_characters([clean_text(text) for text in texts])
         return translate_n_best(texts, self.model, self.tokenizers, self.decode, self.device, n_best)
 
     def _warn_unknown_characters(self, texts: list[str]) -> None:

@@ -71,14 +71,12 @@ class DecoderCache:
             layer.cross_v = layer.cross_v.index_select(0, index)
 
 
-class MultiHeadAttention(nn.Module):
-    """Section 3.2.2. One (3D, D) input projection: self-attention uses it fused for Q, K, V in one
-    matmul; cross-attention uses its first third for Q and the rest for K, V of the memory."""
+class _Heads(nn.Module):
+    """What both kinds of attention share: splitting into heads and the output projection."""
 
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
 
     def _heads(self, x: Tensor) -> Tensor:
@@ -87,37 +85,21 @@ class MultiHeadAttention(nn.Module):
         return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)
 
     def _merge(self, x: Tensor) -> Tensor:
-        """(B, H, T, Dh) -> (B, T, D)"""
+        """(B, H, T, Dh) -> (B, T, D), then the output projection."""
         batch, _, length, _ = x.shape
         return self.out_proj(x.transpose(1, 2).reshape(batch, length, self.d_model))
 
-    def split_cross_projections(self) -> None:
-        """Give cross-attention's query and key/value maps modules of their own (`q_proj`, `kv_proj`,
-        copies of the two parts of `in_proj`), so that tools which swap `nn.Linear` modules, such as
-        int8 dynamic quantization, also reach them. Inference only: training keeps one parameter."""
-        d = self.d_model
-        for name, start, stop in (("q_proj", 0, d), ("kv_proj", d, 3 * d)):
-            linear = nn.Linear(d, stop - start, device=self.in_proj.weight.device, dtype=self.in_proj.weight.dtype)
-            with torch.no_grad():
-                linear.weight.copy_(self.in_proj.weight[start:stop])
-                linear.bias.copy_(self.in_proj.bias[start:stop])
-            setattr(self, name, linear)
 
-    def _cross_query(self, x: Tensor) -> Tensor:
-        if hasattr(self, "q_proj"):
-            return self.q_proj(x)
-        return F.linear(x, self.in_proj.weight[: self.d_model], self.in_proj.bias[: self.d_model])
+class SelfAttention(_Heads):
+    """Section 3.2.2 over one sequence: queries, keys and values come from one (3D, D) projection,
+    a single matmul."""
 
-    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of the encoder output, each (B, H, S, Dh)."""
-        if hasattr(self, "kv_proj"):
-            k, v = self.kv_proj(memory).chunk(2, -1)
-        else:
-            k, v = F.linear(memory, self.in_proj.weight[self.d_model:], self.in_proj.bias[self.d_model:]).chunk(2, -1)
-        return self._heads(k), self._heads(v)
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__(d_model, n_heads)
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
 
-    def self_attention(self, x: Tensor, attend_mask: Tensor | None = None, causal: bool = False,
-                       cache: LayerCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, attend_mask: Tensor | None = None, causal: bool = False,
+                cache: LayerCache | None = None) -> Tensor:
         """x (B, T, D). With `cache`, x holds only the new positions and attends to all cached ones."""
         q, k, v = (self._heads(t) for t in self.in_proj(x).chunk(3, -1))
         if cache is not None:
@@ -132,7 +114,22 @@ class MultiHeadAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask, is_causal=causal)
         return self._merge(out)
 
-    def cross_attention(self, x: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor) -> Tensor:
+
+class CrossAttention(_Heads):
+    """Section 3.2.3, encoder-decoder attention: queries from the decoder (`q_proj`), keys and
+    values from the encoder output (`kv_proj`, one (2D, D) matmul), computed once per sentence."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__(d_model, n_heads)
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of the encoder output (B, S, D), each (B, H, S, Dh)."""
+        k, v = self.kv_proj(memory).chunk(2, -1)
+        return self._heads(k), self._heads(v)
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor) -> Tensor:
         """x (B*G, T, D) queries the memory's keys/values (B, H, S, Dh), attend_mask (B, 1, 1, S).
 
         G >= 1 consecutive rows of x belong to each source sentence (beam search's hypotheses).
@@ -143,7 +140,7 @@ class MultiHeadAttention(nn.Module):
         sentences = k.shape[0]
         if rows % sentences:
             raise ValueError(f"{rows} decoder rows do not divide into {sentences} source sentences")
-        q = self._heads(self._cross_query(x).reshape(sentences, rows // sentences * length, d_model))
+        q = self._heads(self.q_proj(x).reshape(sentences, rows // sentences * length, d_model))
         out = self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask))
         return out.reshape(rows, length, d_model)
 
@@ -179,21 +176,21 @@ class Residual(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.attention = MultiHeadAttention(config.d_model, config.n_heads)
+        self.attention = SelfAttention(config.d_model, config.n_heads)
         self.feed_forward = FeedForward(config.d_model, config.d_ff)
         self.attention_block = Residual(config.d_model, config.dropout, config.pre_norm)
         self.feed_forward_block = Residual(config.d_model, config.dropout, config.pre_norm)
 
     def forward(self, x: Tensor, attend_mask: Tensor) -> Tensor:
-        x = self.attention_block(x, lambda h: self.attention.self_attention(h, attend_mask))
+        x = self.attention_block(x, lambda h: self.attention(h, attend_mask))
         return self.feed_forward_block(x, self.feed_forward)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_attention = MultiHeadAttention(config.d_model, config.n_heads)
-        self.cross_attention = MultiHeadAttention(config.d_model, config.n_heads)
+        self.self_attention = SelfAttention(config.d_model, config.n_heads)
+        self.cross_attention = CrossAttention(config.d_model, config.n_heads)
         self.feed_forward = FeedForward(config.d_model, config.d_ff)
         self.self_block = Residual(config.d_model, config.dropout, config.pre_norm)
         self.cross_block = Residual(config.d_model, config.dropout, config.pre_norm)
@@ -203,8 +200,8 @@ class DecoderLayer(nn.Module):
                 cache: LayerCache | None = None) -> Tensor:
         # The target is right-padded, so with a causal mask no real position ever sees padding:
         # padding needs no mask of its own here, and SDPA can take its fast causal path.
-        x = self.self_block(x, lambda h: self.self_attention.self_attention(h, causal=True, cache=cache))
-        x = self.cross_block(x, lambda h: self.cross_attention.cross_attention(h, memory_k, memory_v, attend_mask))
+        x = self.self_block(x, lambda h: self.self_attention(h, causal=True, cache=cache))
+        x = self.cross_block(x, lambda h: self.cross_attention(h, memory_k, memory_v, attend_mask))
         return self.feed_forward_block(x, self.feed_forward)
 
 

@@ -20,9 +20,6 @@ def quantize_int8(model: Transformer) -> Transformer:
     """The model with int8 dynamically quantized linear layers (in place; CPU only)."""
     if next(model.parameters()).device.type != "cpu":
         raise UserError("int8 translation runs on the CPU only; use --device cpu")
-    for layer in model.decoder_layers:
-        # Cross-attention reads slices of one fused weight; quantization swaps whole modules.
-        layer.cross_attention.split_cross_projections()
     model.eval()
     with warnings.catch_warnings():
         # torch.ao.quantization is deprecated in favour of torchao, whose int8 kernels target

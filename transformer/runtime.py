@@ -16,18 +16,29 @@ from .errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def select_device(spec: str = "auto") -> torch.device:
-    """`auto` picks CUDA when present, else Apple's MPS, else the CPU."""
+_DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
+
+
+def select_device(spec: str = "auto", key: str = "train.device") -> torch.device:
+    """`auto` picks CUDA when present, else Apple's MPS, else the CPU. A device this machine does not
+    have, or a spec that names none, is a ConfigError naming `key` (the config key or CLI option)."""
+    mps_available = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if spec == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    device = torch.device(spec)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {spec!r} requested but CUDA is not available here; use device: auto or cpu")
-    return device
+        return torch.device("mps") if mps_available else torch.device("cpu")
+    kind, _, index = spec.partition(":")
+    if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
+        raise ConfigError(f"{key}: expected {_DEVICE_CHOICES}, got {spec!r}")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key}: {spec!r} requested but CUDA is not available here; use auto or cpu")
+        if index and int(index) >= torch.cuda.device_count():
+            raise ConfigError(f"{key}: {spec!r} requested but this machine has {torch.cuda.device_count()} "
+                              "GPU(s), numbered from 0")
+    if kind == "mps" and not mps_available:
+        raise ConfigError(f"{key}: 'mps' requested but Apple's MPS is not available here; use auto or cpu")
+    return torch.device(spec)
 
 
 def set_threads(threads: int) -> None:

@@ -1,0 +1,65 @@
+"""Text as the model reads it: the one cleaning that training, validation and translation share,
+and the one way translate.py splits input into lines. Imports nothing heavy, so translate.py can
+use it without loading `datasets`.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from .errors import UserError
+
+# Typographic apostrophes, as web pages and word processors write them. The shipped corpus
+# spells "I'm" and "aujourd'hui" with the ASCII one in 99% of its rows, so a pasted "I’m" would
+# otherwise reach the model as a rare token. Moses' normalize-punctuation.perl maps them the same way.
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'"})
+_INVISIBLE_CATEGORIES = ("Cc", "Cf")  # control and format characters: zero-width spaces, BOM, soft hyphen, ...
+
+
+def clean_text(text: str) -> str:
+    """NFC; invisible control and format characters removed (zero-width space/joiners, BOM, soft
+    hyphen, direction marks); typographic apostrophes -> "'"; every run of whitespace (NBSP,
+    narrow/thin spaces, tabs, newlines) -> one space; ends stripped.
+
+    French typography puts U+00A0 or U+202F before "! ? : ;"; treating them as plain spaces
+    makes "Va !" and "Va\u00a0!" one spelling.
+    """
+    text = unicodedata.normalize("NFC", text)
+    if not text.isprintable():  # only then can it hold an invisible character (or a non-ASCII space)
+        text = "".join(ch for ch in text
+                       if ch.isspace() or unicodedata.category(ch) not in _INVISIBLE_CATEGORIES)
+    return " ".join(text.translate(_APOSTROPHES).split())  # split() knows every Unicode space
+
+
+def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
+    """The lines of a UTF-8 byte stream, without their ends.
+
+    A line ends at "\\n" (a "\\r\\n" ending loses its "\\r"), exactly where `wc -l` counts one, so
+    the output of translate.py has as many lines as its input. Other separators (a lone "\\r", form
+    feed, U+2028) stay inside the line, where cleaning turns them into a space. `name` names the
+    stream in the error for bytes that are not UTF-8.
+    """
+    for number, raw in enumerate(stream, start=1):  # binary streams split at b"\n" only
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise UserError(f"{name}: not UTF-8 text at line {number} ({error.reason}); re-save it as UTF-8") from None
+        if line.endswith("\n"):
+            line = line[:-1]
+        yield line[:-1] if line.endswith("\r") else line
+
+
+def read_lines(path: Path, what: str) -> list[str]:
+    """All lines of a UTF-8 file, split as `iter_lines` does; `what` names it in errors ("input file")."""
+    try:
+        with open(path, "rb") as handle:
+            return list(iter_lines(handle, str(path)))
+    except FileNotFoundError:
+        raise UserError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {path} is a directory, not a file") from None
+
+
+__all__ = ["clean_text", "iter_lines", "read_lines"]

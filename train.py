@@ -18,11 +18,13 @@ from pathlib import Path
 import datasets
 
 from transformer import distributed
+from transformer.allocator import reuse_freed_memory
 from transformer.checkpoint import CHECKPOINTS, step_dir_name
 from transformer.config import load_config
 from transformer.errors import CheckpointError, UserError
 from transformer.logs import setup_logging
 from transformer.run import train
+from transformer.runtime import select_device, set_threads
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,6 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="override a config value, e.g. --set train.max_steps=200 (repeatable)")
     parser.add_argument("--run-dir", type=Path, help="run directory (default: runs/<config name>)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and CI)")
+    parser.add_argument("--reuse-freed-memory", action=argparse.BooleanOptionalAction, default=True,
+                        help="CPU training: keep memory freed by one step for the next (glibc's malloc; "
+                             "default on, see transformer/allocator.py); --no-reuse-freed-memory keeps glibc's "
+                             "defaults")
     return parser.parse_args(argv)
 
 
@@ -46,6 +52,8 @@ def resume_command(args: argparse.Namespace) -> str:
         words += ["--run-dir", str(args.run_dir)]
     if args.no_progress:
         words.append("--no-progress")
+    if not args.reuse_freed_memory:
+        words.append("--no-reuse-freed-memory")
     command = shlex.join(words)
     if distributed.launched() and os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE"):
         command += " (on every node, with the same --nnodes and rendezvous options)"
@@ -76,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
                                   f"{error.strerror or error} ({error.filename})") from None
         # datasets would draw a bar for every map/filter; the log already says what each stage does.
         datasets.disable_progress_bars()
+        set_threads(config.train.threads)
+        if args.reuse_freed_memory and select_device(config.train.device).type == "cpu" and reuse_freed_memory():
+            logging.getLogger("train").info("malloc: freed memory is kept for the next step "
+                                            "(--no-reuse-freed-memory to keep glibc's defaults)")
         for signum in previous_handlers:
             signal.signal(signum, request_stop)
         outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress)
@@ -89,14 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # main() may run inside a longer-lived process (tests, notebooks)
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
-    state, log = outcome.state, logging.getLogger("train")
+    state, best, log = outcome.state, outcome.best, logging.getLogger("train")
     command = resume_command(args)
     if outcome.already_finished:
         log.info("%s already reached its budget at step %d; nothing to do. Raise train.max_steps / max_epochs / "
                  "max_minutes (e.g. --set train.max_steps=N) to train further.", run_dir, state.step)
-    elif state.finished:
-        log.info("done: %d steps, best valid BLEU %.2f at step %d. Translate with: python translate.py --run %s "
-                 "\"I am cold.\"", state.step, state.best_bleu, state.best_step, run_dir)
+    elif state.end_step and state.step >= state.end_step:
+        minutes = f"{state.train_seconds / 60:.1f} min of training, {state.elapsed_seconds / 60:.1f} min in all"
+        found = f"best valid BLEU {best.score:.2f} at step {best.step}" if best else "no validation"
+        log.info("done: %d steps (%s), %s. Translate with: python translate.py --run %s \"I am cold.\"",
+                 state.step, minutes, found, run_dir)
     else:
         log.info("stopped at step %d; saved %s. Resume with: %s",
                  state.step, run_dir / CHECKPOINTS / step_dir_name(state.step), command)

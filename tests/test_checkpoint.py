@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError
 
 from transformer import checkpoint, run
+from transformer.checkpoint_manager import CheckpointManager, find_checkpoint, read_run_state
 from transformer.config import Config, ModelConfig, TokenizerConfig, config_from_dict, config_to_dict
 from transformer.errors import CheckpointError
 from transformer.inference import load_translator
@@ -41,7 +42,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, config: Config, datasets_c
 @pytest.fixture
 def run_dir(trained: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "run"
-    shutil.copytree(trained, copy)
+    shutil.copytree(trained, copy, symlinks=True)
     return copy
 
 
@@ -69,7 +70,7 @@ def test_checkpoint_layout_and_integrity_record(trained: Path):
         assert meta["files"][name] == {"bytes": (ckpt / name).stat().st_size,
                                        "sha256": checkpoint._sha256(ckpt / name)}
     assert meta["step"] == 10 and meta["state"]["step"] == 10 and meta["model_config"]["d_model"] == 32
-    assert checkpoint.latest_good_checkpoint(trained) == ckpt
+    assert read_run_state(trained).latest == ckpt.name
 
 
 def test_an_interrupted_save_is_invisible_and_cleaned_up(run_dir: Path, monkeypatch):
@@ -85,17 +86,31 @@ def test_an_interrupted_save_is_invisible_and_cleaned_up(run_dir: Path, monkeypa
     leftovers = list((run_dir / checkpoint.CHECKPOINTS).glob(".tmp-step_00000011-*"))
     assert len(leftovers) == 1 and (leftovers[0] / checkpoint.MODEL_FILE).is_file()
     assert checkpoint.list_checkpoints(run_dir)[-1] == step_dir(run_dir, 10)  # readers never see step 11
-    assert checkpoint.latest_good_checkpoint(run_dir) == step_dir(run_dir, 10)
-    checkpoint.remove_temporaries(run_dir)
-    assert not leftovers[0].exists()
+    assert CheckpointManager(run_dir, keep=5).resume_point() == step_dir(run_dir, 10)
+    assert not leftovers[0].exists()  # cleaned up by the resume
 
 
-def test_a_best_checkpoint_moved_aside_by_a_killed_save_is_put_back(run_dir: Path):
-    best = run_dir / checkpoint.CHECKPOINTS / checkpoint.BEST
-    aside = best.with_name(".old-best-12345")  # _publish was killed between its two renames
-    os.replace(best, aside)
+def test_a_checkpoint_moved_aside_by_a_killed_replacement_is_put_back(run_dir: Path):
+    ckpt = step_dir(run_dir, 10)
+    aside = ckpt.with_name(".old-step_00000010-12345")  # _publish was killed between its two renames
+    os.replace(ckpt, aside)
     checkpoint.remove_temporaries(run_dir)
-    assert (best / checkpoint.META_FILE).is_file() and not aside.exists()
+    assert (ckpt / checkpoint.META_FILE).is_file() and not aside.exists()
+
+
+def test_saving_the_same_checkpoint_again_changes_nothing_on_disk(run_dir: Path):
+    model, meta = checkpoint.load_model(step_dir(run_dir, 10))
+    optimizer = torch.optim.Adam(model.parameters())
+    state = {"step": 12, "state": {"step": 12}}
+    first = checkpoint.save_checkpoint(run_dir, model, optimizer, state, {"torch": torch.zeros(3)})
+    written = {p.name: p.stat().st_mtime_ns for p in first.iterdir()}
+    assert checkpoint.save_checkpoint(run_dir, model, optimizer, state, {"torch": torch.zeros(3)}) == first
+    assert {p.name: p.stat().st_mtime_ns for p in first.iterdir()} == written
+    with torch.no_grad():
+        model.output.weight.add_(1.0)  # other content: replaced
+    checkpoint.save_checkpoint(run_dir, model, optimizer, state, {"torch": torch.zeros(3)})
+    assert checkpoint.read_meta(first)["files"] != checkpoint.read_meta(step_dir(run_dir, 10))["files"]
+    assert (first / checkpoint.MODEL_FILE).stat().st_mtime_ns != written[checkpoint.MODEL_FILE]
 
 
 def _disk_full_in_torch_save(obj, handle):  # what torch.save raises when the disk fills up
@@ -116,7 +131,7 @@ def _disk_full_in_mkdir(self, *args, **kwargs):
 
 # These are the errors the libraries really raise: seen on a 200 kB tmpfs filled up and remounted read-only.
 @pytest.mark.parametrize("target, replacement, reason", [
-    ("save_safetensors_model", _read_only_in_safetensors, "Read-only file system"),
+    ("save_safetensors_file", _read_only_in_safetensors, "Read-only file system"),
     ("torch.save", _disk_full_in_torch_save, "No space left on device"),
     ("Path.mkdir", _disk_full_in_mkdir, "No space left on device"),
 ], ids=["safetensors-read-only", "torch-save-disk-full", "mkdir-disk-full"])
@@ -161,8 +176,10 @@ def test_a_truncated_checkpoint_is_detected_and_the_previous_one_used(run_dir: P
     with pytest.raises(CheckpointError, match=rf"^{weights}: truncated or corrupt \({size - 100} bytes, "
                                               rf"expected {size}\)$"):
         checkpoint.read_meta(step_dir(run_dir, 10))
-    assert checkpoint.latest_good_checkpoint(run_dir) == step_dir(run_dir, 5)
+    assert CheckpointManager(run_dir, keep=5).resume_point() == step_dir(run_dir, 5)
     assert f"skipping checkpoint: {weights}: truncated" in caplog.text
+    assert read_run_state(run_dir).latest == "step_00000005"  # the damaged one is out of the run state
+    assert [p.name for p in (run_dir / checkpoint.CHECKPOINTS).glob("corrupt-step_00000010-*")]
 
 
 def test_flipped_bytes_are_detected_by_the_checksum(run_dir: Path):
@@ -286,7 +303,7 @@ def test_a_tokenizer_of_another_vocabulary_is_refused_naming_the_sizes(run_dir: 
     smaller = train_tokenizers((s for s in tiny_splits.train["source"]), (t for t in tiny_splits.train["target"]),
                                TokenizerConfig(vocab_size=150, min_frequency=1))
     save_tokenizers(smaller, tokenizer_dir)
-    best = run_dir / checkpoint.CHECKPOINTS / checkpoint.BEST
+    best = find_checkpoint(run_dir)
     with pytest.raises(CheckpointError) as error:
         load_translator(run_dir)
     assert str(error.value) == (
@@ -299,14 +316,6 @@ def test_a_tokenizer_with_the_same_size_but_other_files_is_refused(run_dir: Path
     joint.write_text(json.dumps(json.loads(joint.read_text()), indent=1))  # same tokenizer, other bytes
     with pytest.raises(CheckpointError, match="was trained with other tokenizer files than those in"):
         load_translator(run_dir)
-
-
-def test_a_resumed_run_restores_a_best_checkpoint_lost_to_a_kill(run_dir: Path):
-    best = run_dir / checkpoint.CHECKPOINTS / checkpoint.BEST
-    best_step = checkpoint.read_meta(best)["step"]
-    shutil.rmtree(best)  # killed after saving the step, before copying it to best/
-    checkpoint.restore_best(run_dir, best_step)
-    assert checkpoint.read_meta(best)["step"] == best_step
 
 
 def test_training_state_holds_every_ranks_rng_and_the_grad_scaler_without_pickle(tmp_path: Path):

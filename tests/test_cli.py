@@ -214,7 +214,7 @@ def test_training_stops_when_a_checkpoint_cannot_be_written(tmp_path: Path, caps
         raise SafetensorError(f"Error while serializing: I/O error: {os.strerror(code)} (os error {code})")
 
     monkeypatch.setattr(trainer.Trainer, "train_step", counting_train_step)
-    monkeypatch.setattr(checkpoint, "save_safetensors_model", refuse)
+    monkeypatch.setattr(checkpoint, "save_safetensors_file", refuse)
     assert run_train(tmp_path, tiny_csv, max_steps=10, checkpoint_every=3, valid_every=5) == 2
     target = tmp_path / "run" / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(3)
     assert user_error(capsys) == (f"cannot write checkpoint {target}: {os.strerror(code)}. Training stopped so that "
@@ -320,8 +320,8 @@ def test_translate_a_checkpoint_whose_tokenizer_is_missing(trained_run: Path, tm
 
 def test_translate_a_corrupt_checkpoint(trained_run: Path, tmp_path: Path, capsys):
     copy = tmp_path / "run"
-    shutil.copytree(trained_run, copy)
-    weights = copy / checkpoint.CHECKPOINTS / checkpoint.BEST / checkpoint.MODEL_FILE
+    shutil.copytree(trained_run, copy, symlinks=True)
+    weights = (copy / checkpoint.CHECKPOINTS / checkpoint.BEST).resolve() / checkpoint.MODEL_FILE
     weights.write_bytes(weights.read_bytes()[:1000])
     assert translate(copy, "Hi.") == 2
     assert user_error(capsys).startswith(f"{weights}: truncated or corrupt (1000 bytes, expected ")

@@ -131,7 +131,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, half_budget_config: Path
 
 def test_two_ranks_with_half_the_budget_train_what_one_process_trains(one_process: Path, two_ranks):
     run_dir, _ = two_ranks
-    one_loss, two_loss = scalars(one_process, "train/loss"), scalars(run_dir, "train/loss")
+    one_loss, two_loss = scalars(one_process, "train/smoothed_loss"), scalars(run_dir, "train/smoothed_loss")
     assert [step for step, _ in two_loss] == list(range(1, MAX_STEPS + 1))
     np.testing.assert_allclose([v for _, v in two_loss], [v for _, v in one_loss], rtol=1e-5)
     np.testing.assert_allclose([v for _, v in scalars(run_dir, "train/grad_norm")],
@@ -261,10 +261,11 @@ def test_resuming_with_another_world_size_keeps_the_fraction_of_the_epoch(tiny_c
     # Saved by 2 processes (global batches of 128 tokens); resumed by this one (64).
     saved_batches = len(corpus.batches(train.batch_tokens * 2, train.seed, 3))
     own_batches = len(corpus.batches(train.batch_tokens, train.seed, 3))
-    state = TrainState(step=40, epoch=3, batch_in_epoch=saved_batches // 2, world_size=2)
+    state = TrainState(step=40, epoch=3, batch_in_epoch=saved_batches // 2, world_size=2, end_step=60,
+                       budget={"max_steps": 60, "max_epochs": 0, "max_minutes": 0.0})
     with caplog.at_level(logging.WARNING):
         Trainer(config, None, None, corpus, None, None, tmp_path, TensorBoard(tmp_path, enabled=False),
-                torch.device("cpu"), state, "fingerprint", show_progress=False)
+                torch.device("cpu"), state, None, {}, show_progress=False)
     assert state.epoch == 3 and state.world_size == 1
     assert state.batch_in_epoch == round(saved_batches // 2 * own_batches / saved_batches)
     assert "resuming a run trained by 2 process(es) with 1" in caplog.text and "approximate" in caplog.text

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from transformer.budget import Plan, decay_start
 from transformer.config import ModelConfig, TrainConfig
 from transformer.model import Transformer
 from transformer.optim import build_optimizer, learning_rate, set_learning_rate
@@ -61,19 +62,31 @@ def test_inverse_sqrt_peaks_at_exactly_peak_lr(warmup):
 
 
 def test_linear_warms_up_then_falls_to_zero_at_the_end_of_the_budget():
-    warmup = 10
+    warmup, end = 10, 100
     train, model = schedule("linear", warmup, peak_lr=2e-3), ModelConfig(d_model=64, n_heads=4)
-    for step in range(1, warmup):  # early in the budget: the warm-up line alone
-        assert learning_rate(step, train, model, progress=0.01) == pytest.approx(2e-3 * step / warmup, rel=1e-12)
-    for progress in (0.25, 0.5, 0.9):  # after the warm-up: 1 - progress of the peak, whatever the step
-        for step in (warmup, 3 * warmup, 100 * warmup):
-            assert learning_rate(step, train, model, progress) == pytest.approx(2e-3 * (1 - progress), rel=1e-12)
-    assert learning_rate(3, train, model, progress=0.9) == pytest.approx(2e-3 * 0.1, rel=1e-12)  # the lower line
-    assert learning_rate(50, train, model, progress=1.0) == 0.0
-    # noam and inverse_sqrt ignore the progress
+    plan = Plan(end, 0, decay_start(0, warmup, end))
+    assert plan.decay_start == warmup
+    for step in range(1, warmup + 1):  # the warm-up line, up to the peak
+        assert learning_rate(step, train, model, plan) == pytest.approx(2e-3 * step / warmup, rel=1e-12)
+    for step in range(warmup, end + 1):  # then a straight line from the peak to (almost) zero
+        assert learning_rate(step, train, model, plan) == pytest.approx(2e-3 * (end - step + 1) / (end - warmup + 1))
+    assert 0 < learning_rate(end, train, model, plan) < 2e-3 / 50  # the last step still learns a little
+    assert learning_rate(end + 1, train, model, plan) == 0.0
+    # A budget shorter than the warm-up: the lines cross, and the rate never reaches the peak.
+    short = Plan(6, 0, decay_start(0, warmup, 6))
+    rates = [learning_rate(step, train, model, short) for step in range(1, 7)]
+    assert max(rates) < 2e-3 and rates[-1] == pytest.approx(2e-3 / 7)
+    # A segment started by a raised budget warms up again from its start.
+    restart = Plan(200, 100, decay_start(100, warmup, 200))
+    assert learning_rate(101, train, model, restart) == pytest.approx(2e-3 / warmup)
+    assert learning_rate(110, train, model, restart) == pytest.approx(2e-3)
+    # Before a time budget is measured the end is unknown (0): warm-up, then the peak.
+    assert learning_rate(5, train, model, Plan(0, 0, 0)) == pytest.approx(1e-3)
+    assert learning_rate(25, train, model, Plan(0, 0, 0)) == pytest.approx(2e-3)
+    # noam and inverse_sqrt do not depend on the plan
     for name in ("noam", "inverse_sqrt"):
         other = schedule(name, warmup)
-        assert learning_rate(30, other, model, progress=0.9) == learning_rate(30, other, model)
+        assert learning_rate(30, other, model, plan) == learning_rate(30, other, model)
 
 
 def test_step_zero_is_treated_as_step_one():

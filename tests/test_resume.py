@@ -24,6 +24,8 @@ import yaml
 from safetensors.torch import load_file
 
 from transformer import checkpoint, trainer
+from transformer.checkpoint_manager import read_run_state
+from transformer.errors import CheckpointError
 from transformer.trainer import MAX_NONFINITE_IN_A_ROW
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +105,8 @@ def assert_same_training(expected: Path, actual: Path) -> None:
     assert state_a.keys() == state_b.keys()
     assert [k for k in state_a if not torch.equal(state_a[k], state_b[k])] == []
     meta_a, meta_b = checkpoint.read_meta(expected), checkpoint.read_meta(actual)
-    for key in ("step", "epoch", "batch_in_epoch", "target_tokens", "best_bleu", "best_step", "nonfinite_steps"):
+    for key in ("step", "epoch", "batch_in_epoch", "target_tokens", "nonfinite_steps", "end_step", "segment_start",
+                "decay_start"):
         assert meta_a["state"][key] == meta_b["state"][key], key
 
 
@@ -114,10 +117,19 @@ def start_slow_run(config: Path, run_dir: Path, log: Path, seconds_per_step: flo
                                 stdout=subprocess.DEVNULL, stderr=stderr)
 
 
+def recorded_step(run_dir: Path) -> int:
+    """The step of the newest checkpoint the run state records (0 if none yet)."""
+    try:
+        state = read_run_state(run_dir)
+    except CheckpointError:  # read between two writes cannot happen (rename), but a partial copy could
+        return 0
+    return int(state.latest.split("_")[1]) if state and state.latest else 0
+
+
 def wait_for_checkpoint(process: subprocess.Popen, run_dir: Path, step: int, log: Path, timeout: float = 120) -> None:
-    meta = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(step) / checkpoint.META_FILE
+    """Until the run state records a checkpoint at `step` or later."""
     deadline = time.monotonic() + timeout
-    while not meta.is_file():
+    while recorded_step(run_dir) < step:
         if process.poll() is not None:
             pytest.fail(f"training exited ({process.returncode}) before step {step}:\n{log.read_text()}")
         if time.monotonic() > deadline:
@@ -133,14 +145,14 @@ def test_sigkill_at_an_arbitrary_step_then_resume_gives_identical_weights(
     wait_for_checkpoint(process, run_dir, 2 * CHECKPOINT_EVERY, log)
     os.kill(process.pid, signal.SIGKILL)  # no chance to save anything: mid-step, maybe mid-write
     assert process.wait(timeout=30) == -signal.SIGKILL
-    left = [p.name for p in checkpoint.list_checkpoints(run_dir)]
-    assert left[-1] == checkpoint.step_dir_name(2 * CHECKPOINT_EVERY), left
-    resumed_state = checkpoint.read_meta(checkpoint.latest_good_checkpoint(run_dir))["state"]
+    latest = run_dir / checkpoint.CHECKPOINTS / read_run_state(run_dir).latest
+    assert recorded_step(run_dir) >= 2 * CHECKPOINT_EVERY
+    resumed_state = checkpoint.read_meta(latest)["state"]
     assert resumed_state["epoch"] >= 1 and resumed_state["batch_in_epoch"] % 5 != 0  # mid-epoch, not at a boundary
 
     assert train_cli.main(cli_args(config_file, run_dir)) == 0
     err = capsys.readouterr().err
-    assert f"resuming from {run_dir / checkpoint.CHECKPOINTS / left[-1]}" in err
+    assert f"resuming from {latest}" in err
     assert f"done: {MAX_STEPS} steps" in err
     assert_same_training(uninterrupted, run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(MAX_STEPS))
 

@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from transformer import checkpoint, run
 from transformer.batching import PairCorpus
+from transformer.checkpoint_manager import find_checkpoint
 from transformer.errors import ConfigError
 from transformer.logs import TensorBoard
 from transformer.model import Transformer
@@ -78,7 +79,8 @@ def make_trainer(tiny_config, tiny_tokenizers, tiny_encoded, tmp_path: Path, gra
     model = Transformer(config.model, tiny_tokenizers.source_vocab_size, tiny_tokenizers.target_vocab_size)
     return Trainer(config, model, build_optimizer(model, config.train), PairCorpus.from_dataset(tiny_encoded.train),
                    None, tiny_tokenizers, tmp_path, TensorBoard(tmp_path, enabled=False), CPU, TrainState(),
-                   "fingerprint", show_progress=False, grad_scaler=grad_scaler)
+                   None, {"tokenizer_fingerprint": "", "data_fingerprint": ""}, show_progress=False,
+                   grad_scaler=grad_scaler)
 
 
 def test_gradients_the_scaler_finds_overflowing_skip_the_update_without_counting_as_divergence(
@@ -161,6 +163,6 @@ def test_a_compiled_run_that_falls_back_trains_and_saves_plain_parameter_names(
     assert outcome.state.step == 3 and outcome.state.nonfinite_steps == 0
     assert "train.compile: torch.compile failed for the training forward pass (RuntimeError: inductor " \
            "exploded); running it without compiling" in caplog.text
-    with safe_open(str(checkpoint.find_checkpoint(run_dir) / checkpoint.MODEL_FILE), framework="pt") as handle:
+    with safe_open(str(find_checkpoint(run_dir) / checkpoint.MODEL_FILE), framework="pt") as handle:
         names = list(handle.keys())
     assert names and not any("_orig_mod" in name for name in names)

@@ -5,6 +5,8 @@ in-process `run.train` writes a complete run directory, lowers its loss, and kno
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import json
 
 import pytest
@@ -89,7 +91,7 @@ def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, 
     run_dir = tmp_path / "run"
     outcome = train(tiny_config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
     assert not outcome.already_finished and outcome.resumed_from is None
-    assert outcome.state.finished and outcome.state.step == tiny_config.train.max_steps == 30
+    assert outcome.state.end_step == outcome.state.step == tiny_config.train.max_steps == 30
     assert outcome.state.target_tokens > 0 and outcome.state.nonfinite_steps == 0
 
     # The run directory is a self-contained artifact.
@@ -100,34 +102,45 @@ def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, 
     for path in steps:
         for name in ("model.safetensors", "meta.json", "training.pt"):
             assert (path / name).is_file() and (path / name).stat().st_size > 0, path / name
-    best = run_dir / "checkpoints" / "best"
-    assert (best / "model.safetensors").is_file() and (best / "meta.json").is_file()
+    best = run_dir / "checkpoints" / "best"  # a link to the best step checkpoint, named in state.json
+    assert best.is_symlink() and (best / "model.safetensors").is_file() and (best / "meta.json").is_file()
     best_meta = json.loads((best / "meta.json").read_text(encoding="utf-8"))
-    assert best_meta["step"] == outcome.state.best_step and "valid_loss" in best_meta["metrics"]
+    assert best_meta["step"] == outcome.best.step and best_meta["metrics"] == outcome.best.metrics
+    assert "valid_nll" in best_meta["metrics"] and "valid_bleu" in best_meta["metrics"]
+    run_state = json.loads((run_dir / "state.json").read_text(encoding="utf-8"))
+    assert run_state["latest"] == "step_00000030" and run_state["kept"] == [p.name for p in steps]
+    assert run_state["best"]["checkpoint"] == os.readlink(best) == f"step_{outcome.best.step:08d}"
     last_meta = json.loads((steps[-1] / "meta.json").read_text(encoding="utf-8"))
     assert last_meta["step"] == last_meta["state"]["step"] == 30
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     heldout = run_dir / "heldout"
-    for name in ("valid.en", "valid.fr.1", "test.en", "test.fr.1"):
+    for name in ("valid.en", "valid.fr.1", "valid_sample.en", "valid_sample.fr.1", "test.en", "test.fr.1"):
         assert (heldout / name).is_file() and (heldout / name).read_text(encoding="utf-8").strip(), name
     assert len((heldout / "valid.en").read_text(encoding="utf-8").splitlines()) == len(
         (heldout / "valid.fr.1").read_text(encoding="utf-8").splitlines())
 
     # Learning happened: the logged training loss went down. (Not the validation loss: 4 unseen
     # sentences after 30 steps on 34 pairs are noise.)
-    train_loss = scalars(run_dir, "train/loss")
+    train_loss = scalars(run_dir, "train/smoothed_loss")
     assert [step for step, _ in train_loss] == [10, 20, 30]
     assert train_loss[-1][1] < 0.8 * train_loss[0][1], train_loss
-    valid_loss = scalars(run_dir, "valid/loss")
-    assert [step for step, _ in valid_loss] == [10, 20, 30]
+    # The plain NLL is logged beside the smoothed loss, comparable with the valid NLL: lower than the
+    # smoothed loss (label smoothing adds the cross-entropy to the uniform distribution).
+    train_nll = scalars(run_dir, "train/nll")
+    assert [step for step, _ in train_nll] == [10, 20, 30]
+    assert all(nll < loss for (_, nll), (_, loss) in zip(train_nll, train_loss))
+    perplexity = scalars(run_dir, "train/perplexity")
+    assert [p for _, p in perplexity] == pytest.approx([math.exp(v) for _, v in train_nll], rel=1e-5)
+    valid_nll = scalars(run_dir, "valid/nll")
+    assert [step for step, _ in valid_nll] == [10, 20, 30]
     learning_rates = [value for _, value in scalars(run_dir, "train/lr")]
     assert learning_rates[0] == pytest.approx(learning_rate(10, tiny_config.train, tiny_config.model), rel=1e-6)
 
     # A second call on the finished run trains nothing and writes no checkpoint.
     before = {path.name: (path / "meta.json").stat().st_mtime_ns for path in steps}
     again = train(tiny_config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
-    assert again.already_finished and again.state.finished
-    assert again.state.step == 30 and again.resumed_from == steps[-1]
+    assert again.already_finished and again.state.step == again.state.end_step == 30
+    assert again.resumed_from == steps[-1] and again.best == outcome.best
     after = {path.name: (path / "meta.json").stat().st_mtime_ns for path in checkpoint.list_checkpoints(run_dir)}
     assert after == before
 
@@ -152,10 +165,11 @@ def test_average_last_writes_the_mean_of_the_newest_checkpoints(tiny_config, tmp
 
     # best is whichever scored higher on valid BLEU: the averaged weights or the best single step
     best_meta = checkpoint.read_meta(run_dir / "checkpoints" / "best")
-    if meta["metrics"]["valid_bleu"] > outcome.state.best_bleu:
-        assert best_meta.get("averaged_steps") == [10, 20, 30]
+    single = [checkpoint.read_meta(path)["metrics"]["valid_bleu"] for path in steps]
+    if meta["metrics"]["valid_bleu"] > max(single):
+        assert best_meta.get("averaged_steps") == [10, 20, 30] and outcome.best.checkpoint == "averaged"
     else:
-        assert best_meta["step"] == outcome.state.best_step and "averaged_steps" not in best_meta
+        assert best_meta["step"] == 10 * (single.index(max(single)) + 1) and "averaged_steps" not in best_meta
 
     # Rerunning the finished run neither retrains nor re-averages.
     written = (averaged / "model.safetensors").stat().st_mtime_ns
@@ -168,8 +182,8 @@ def test_average_last_writes_the_mean_of_the_newest_checkpoints(tiny_config, tmp
 
 @pytest.mark.parametrize("budget", [{"max_steps": 20}, {"max_steps": 0, "max_epochs": 40}])
 def test_linear_schedule_reaches_zero_when_the_budget_ends(tiny_config, tmp_path, datasets_cache, budget):
-    """The logged rate follows peak * (1 - share of the budget used) after the warm-up, and the
-    last step trains at a rate near zero, whichever budget (steps or epochs) ends the run."""
+    """The logged rate warms up, then falls in a straight line from the peak to zero at the end of the
+    budget; the last step trains at a rate near zero, whichever budget (steps or epochs) ends the run."""
     train_config = dataclasses.replace(tiny_config.train, schedule="linear", peak_lr=2e-3, warmup_steps=2,
                                        log_every=1, valid_every=1000, checkpoint_every=1000, **budget)
     run_dir = tmp_path / "run"
@@ -181,9 +195,11 @@ def test_linear_schedule_reaches_zero_when_the_budget_ends(tiny_config, tmp_path
     assert rates[0][1] == pytest.approx(1e-3, rel=1e-6)  # warm-up: step 1 of 2
     assert max(rate for _, rate in rates) <= 2e-3 * (1 + 1e-6)
     assert all(a >= b for (_, a), (_, b) in zip(rates[1:], rates[2:]))  # then never rises
-    if budget["max_steps"]:  # step s trains with progress (s - 1) / 20
-        for step, rate in rates[2:]:
-            assert rate == pytest.approx(2e-3 * (1 - (step - 1) / 20), rel=1e-5)
+    if budget["max_steps"]:  # from step 2 (the peak) to step 20: (21 - s) / 19 of the peak
+        for step, rate in rates[1:]:
+            assert rate == pytest.approx(2e-3 * (21 - step) / 19, rel=1e-5)
+    else:  # the epoch budget was turned into the step count of 40 epochs' batches
+        assert outcome.state.end_step == steps > 20
     assert 0 < rates[-1][1] <= 2e-3 * 0.1  # the last step's share of the budget: one of more than ten
 
 

@@ -27,7 +27,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file as load_safetensors_file
 from safetensors.torch import load_model as load_safetensors_model
-from safetensors.torch import save_model as save_safetensors_model
+from safetensors.torch import save_file as save_safetensors_file
 
 from .config import Config, ModelConfig, load_config
 from .errors import CheckpointError, ConfigError
@@ -72,6 +72,25 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
+def _same_content(meta: dict[str, Any], existing_meta: Path) -> bool:
+    """Whether the checkpoint described by `meta` is already on disk: saving is idempotent by content.
+
+    The metas compare the step, the training state and the weights' SHA-256 (safetensors writes the
+    same bytes for the same tensors). Not training.pt's: torch.save writes a new serialization id
+    into every file, and with the same weights at the same step of the same run, its optimizer and
+    RNG states are the same too.
+    """
+    def comparable(data: dict[str, Any]) -> dict[str, Any]:
+        files = {name: entry for name, entry in data.get("files", {}).items() if name != TRAINING_FILE}
+        return dict(data, files=files)
+
+    try:
+        existing = json.loads(existing_meta.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return comparable(existing) == comparable(json.loads(json.dumps(meta)))
+
+
 def _publish(tmp: Path, final: Path) -> None:
     """Atomically make directory `tmp` appear as `final`, replacing an older one if present."""
     old = None
@@ -99,6 +118,20 @@ def _os_reason(error: BaseException) -> str | None:
                                                                   str(error))):
         return match.group(1)
     return None
+
+
+def _save_weights_file(model: Transformer, path: Path) -> None:
+    """The weights as safetensors, a tied matrix once (under its first name), and no metadata:
+    safetensors' save_model records the tied names in a metadata map it writes in a different order
+    from call to call, so equal weights would not give equal bytes. Loading (load_weights) finds
+    tied tensors from the model itself."""
+    tensors, seen = {}, set()
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key not in seen:
+            seen.add(key)
+            tensors[name] = tensor.contiguous()
+    save_safetensors_file(tensors, str(path))
 
 
 def step_dir_name(step: int) -> str:
@@ -142,7 +175,7 @@ def _write_checkpoint(final: Path, model: Transformer, meta: dict[str, Any],
         final.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_safetensors_model(model, str(tmp / MODEL_FILE))
+        _save_weights_file(model, tmp / MODEL_FILE)
         if training_state is not None:
             with open(tmp / TRAINING_FILE, "wb") as handle:  # a file object: torch then keeps the OSError as context
                 torch.save(training_state, handle)
@@ -153,6 +186,9 @@ def _write_checkpoint(final: Path, model: Transformer, meta: dict[str, Any],
         full_meta = dict(meta, model_config=asdict(model.config), src_vocab_size=model.src_vocab_size,
                          tgt_vocab_size=model.tgt_vocab_size, files=files)
         _write_json(tmp / META_FILE, full_meta)
+        if _same_content(full_meta, final / META_FILE):
+            shutil.rmtree(tmp, ignore_errors=True)  # the one on disk stays untouched (same bytes, same times)
+            return
         _fsync_file(tmp / META_FILE)
         _fsync_dir(tmp)  # the files' names too, not only their bytes, must survive a power cut
         _publish(tmp, final)
@@ -325,95 +361,6 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
     return [p for _, p in sorted(found)]
-
-
-def latest_good_checkpoint(run_dir: Path) -> Path | None:
-    """The newest step checkpoint that verifies; corrupt ones are reported and skipped."""
-    for checkpoint in reversed(list_checkpoints(run_dir)):
-        try:
-            read_meta(checkpoint, verify=True, need_training_state=True)
-            return checkpoint
-        except CheckpointError as error:
-            log.warning("skipping checkpoint: %s", error)
-    return None
-
-
-def save_best(run_dir: Path, checkpoint: Path) -> Path:
-    """Make `checkpoints/best` a copy (hard links where possible) of `checkpoint`'s weights and meta."""
-    best = Path(run_dir) / CHECKPOINTS / BEST
-    tmp = best.with_name(f".tmp-{BEST}-{os.getpid()}")
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        for name in (MODEL_FILE, META_FILE):
-            try:
-                os.link(checkpoint / name, tmp / name)
-            except OSError:
-                shutil.copy2(checkpoint / name, tmp / name)
-        _publish(tmp, best)
-    except OSError as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"cannot write best checkpoint {best}: {error.strerror or error}") from error
-    return best
-
-
-def restore_best(run_dir: Path, best_step: int) -> None:
-    """Point `best` at step `best_step` again if the process was killed between saving that step and
-    copying it to `best` (the saved training state already names it as the best)."""
-    source = Path(run_dir) / CHECKPOINTS / step_dir_name(best_step)
-    best = Path(run_dir) / CHECKPOINTS / BEST
-    try:
-        current_meta = read_meta(best, verify=False)
-    except CheckpointError:
-        current_meta = {}
-    if "averaged_steps" in current_meta:  # averaged weights that beat every step (run.py): keep them
-        return
-    current = current_meta.get("step")
-    if best_step and current != best_step and source.is_dir():
-        log.warning("best checkpoint: restoring it from %s (it held step %s)", source, current)
-        save_best(run_dir, source)
-
-
-def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    """Delete all but the newest `keep` step checkpoints (the best one is a separate copy)."""
-    for checkpoint in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(checkpoint, ignore_errors=True)
-
-
-def find_checkpoint(run: Path | None = None, checkpoint: Path | None = None,
-                    runs_root: Path = Path("runs")) -> Path:
-    """The checkpoint translation should use: `checkpoint` if given; else the best (or newest) one
-    of `run`; else of the run under `runs_root` with the most recently written checkpoint."""
-    if checkpoint is not None:
-        checkpoint = Path(checkpoint)
-        if not (checkpoint / META_FILE).is_file():
-            looks_like_run = (checkpoint / CHECKPOINTS).is_dir()
-            hint = f"; it looks like a run directory: use --run {checkpoint}" if looks_like_run else ""
-            raise CheckpointError(f"{checkpoint}: not a checkpoint directory (no {META_FILE}){hint}")
-        return checkpoint
-    if run is None:
-        candidates = []
-        if Path(runs_root).is_dir():
-            for run_dir in Path(runs_root).iterdir():
-                metas = list((run_dir / CHECKPOINTS).glob(f"*/{META_FILE}"))
-                if metas:
-                    candidates.append((max(m.stat().st_mtime for m in metas), run_dir))
-        if not candidates:
-            raise CheckpointError(
-                f"no trained run found under {runs_root}/: train one first "
-                "(python train.py --config configs/base.yaml) or pass --run DIR / --checkpoint DIR"
-            )
-        run = max(candidates)[1]
-    run = Path(run)
-    if not run.is_dir():
-        raise CheckpointError(f"run directory not found: {run}")
-    best = run / CHECKPOINTS / BEST
-    if (best / META_FILE).is_file():
-        return best
-    steps = list_checkpoints(run)
-    if not steps:
-        raise CheckpointError(f"{run}: has no checkpoint yet (train it first, or wait for its first save)")
-    return steps[-1]
 
 
 def load_run_config(run_dir: Path) -> Config:

@@ -1,5 +1,5 @@
-"""Sentence pairs: clean what readers.py read (CSV/TSV or line-aligned text), split by English
-sentence, encode.
+"""Sentence pairs: clean what readers.py read (CSV/TSV or line-aligned text), split into train /
+valid / test by groups of pairs that share a sentence, encode.
 
 Everything stays a memory-mapped `datasets.Dataset`, cached on disk by fingerprint, so a second
 run starts fast and corpora larger than memory work: nothing here holds a Python object per pair.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,87 +182,103 @@ def load_pairs(config: DataConfig, cache_dir: str | Path | None = None) -> tuple
 
 @dataclass(frozen=True)
 class Splits:
-    """Train, validation and test pairs; no English sentence is in two of them."""
+    """Train, validation and test pairs; no source sentence and no target sentence is in two of them."""
 
     train: datasets.Dataset
     valid: datasets.Dataset
     test: datasets.Dataset
+    fingerprint: str  # of the set of pairs, whatever their order (checkpoints record it)
 
 
-def _split_rank(seed: int, source: str) -> bytes:
-    return hashlib.blake2b(f"{seed}\0{source}".encode(), digest_size=16).digest()
+_MASK64 = (1 << 64) - 1
 
 
-def _rank_prefixes(pairs: datasets.Dataset, seed: int) -> np.ndarray:
-    """(N,) uint64: the first 8 bytes of each row's split rank, read big-endian, so that comparing
-    two prefixes compares the ranks' leading bytes. 8 bytes a row; the sentences are streamed."""
-    prefixes = np.empty(len(pairs), dtype=np.uint64)
+def _sentence_hashes(pairs: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(N,) uint64 each: a 64-bit hash of every row's source and target sentence, streamed in Arrow
+    batches: 16 bytes a row, not a Python string."""
+    hashes = np.empty((2, len(pairs)), dtype=np.uint64)
     start = 0
-    for batch in arrow_batches(pairs, [SOURCE]):
-        ranks = b"".join(_split_rank(seed, source)[:8] for source in batch.column(0).to_pylist())
-        prefixes[start: start + batch.num_rows] = np.frombuffer(ranks, dtype=">u8")
+    for batch in arrow_batches(pairs, [SOURCE, TARGET]):
+        for side in (0, 1):
+            digests = b"".join(hashlib.blake2b(text.encode(), digest_size=8).digest()
+                               for text in batch.column(side).to_pylist())
+            hashes[side, start: start + batch.num_rows] = np.frombuffer(digests, dtype=">u8")
         start += batch.num_rows
-    return prefixes
+    return hashes[0], hashes[1]
 
 
-def _leading_rows(prefixes: np.ndarray, groups: int) -> np.ndarray:
-    """Rows whose rank prefix is among the smallest, spanning at least `groups` distinct prefixes
-    (or all rows): every row of the first `groups` English sentences in rank order, and every row
-    of any sentence whose rank starts like theirs. O(N) partitions rather than a sort of all N."""
-    n = len(prefixes)
-    k = min(groups, n)
-    while k:
-        threshold = np.partition(prefixes, k - 1)[k - 1]
-        rows = np.flatnonzero(prefixes <= threshold)
-        if k == n or len(np.unique(prefixes[rows])) >= groups:
-            return rows
-        k = min(2 * k, n)  # sentences with several rows took some of the k places: widen
-    return np.zeros(0, dtype=np.int64)
+def _mix(values: np.ndarray, seed: int) -> np.ndarray:
+    """A seeded permutation of 64-bit values (splitmix64's finaliser): the split's random order."""
+    with np.errstate(over="ignore"):
+        z = values ^ np.uint64((seed * 0x9E3779B97F4A7C15) & _MASK64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _groups(source_hashes: np.ndarray, target_hashes: np.ndarray) -> np.ndarray:
+    """(N,) a group id per row: rows sharing a source or a target sentence, directly or through other
+    rows, share a group (the connected components of the graph whose nodes are the distinct
+    sentences of each side and whose edges are the pairs). Union-find by label propagation in numpy:
+    each round hooks every root onto the smallest root it is paired with, then compresses paths."""
+    _, source_node = np.unique(source_hashes, return_inverse=True)
+    _, target_node = np.unique(target_hashes, return_inverse=True)
+    target_node = target_node + (int(source_node.max()) + 1 if len(source_node) else 0)
+    parent = np.arange(int(target_node.max()) + 1 if len(target_node) else 0)
+    while True:
+        source_root, target_root = parent[source_node], parent[target_node]
+        if np.array_equal(source_root, target_root):
+            return source_root
+        low = np.minimum(source_root, target_root)
+        np.minimum.at(parent, source_root, low)
+        np.minimum.at(parent, target_root, low)
+        while not np.array_equal(parent[parent], parent):
+            parent = parent[parent]
 
 
 def split_pairs(pairs: datasets.Dataset, config: DataConfig) -> Splits:
-    """Hold out whole English-sentence groups: >= `valid_pairs` rows for valid, >= `test_pairs` for test.
+    """Hold out whole groups of pairs: >= `valid_pairs` rows for valid, >= `test_pairs` for test.
 
-    The same English sentence often has several French translations; splitting by row would
-    leak them into valid/test. Groups are taken in the order of a seeded hash of the English
-    sentence, so the split depends only on the seed and the set of pairs, not on row order.
+    Tatoeba gives one source sentence several translations, and one translation to several source
+    sentences (paraphrases). A group is every pair connected to another through a shared source or
+    target sentence; groups are assigned whole, so no held-out source sentence occurs on the source
+    side of train and no held-out target sentence on its target side. Groups are taken in a seeded
+    random order (a hash), so the split depends only on the seed and the set of pairs, not on row
+    order; a group larger than a split's size stays in train. Memory: a few 8-byte numbers a row.
     """
-    # Held-out splits take at most valid_pairs + test_pairs groups (each has >= 1 row), so only the
-    # first that many sentences in rank order matter. They are found from an 8-byte rank prefix per
-    # row; only their rows are read back as text, where the full rank (ties broken by the sentence,
-    # as ever) orders them. A sentence outside those rows has a larger prefix, hence a larger rank,
-    # so the split is exactly that of ranking every distinct sentence, without a Python object per row.
-    prefixes = _rank_prefixes(pairs, config.split_seed)
-    leading = _leading_rows(prefixes, config.valid_pairs + config.test_pairs)
-    # numpy indices: datasets fingerprints a Python list element by element. Few rows: select is fine.
-    sources = list(iter_texts(pairs.select(leading), SOURCE))
-    counts = Counter(sources)
-    ranked = sorted(counts, key=lambda source: (_split_rank(config.split_seed, source), source))
+    source_hashes, target_hashes = _sentence_hashes(pairs)
+    group = _groups(source_hashes, target_hashes)
+    # A group's place in the order: the smallest seeded hash of its source sentences.
+    rank = np.full(int(group.max()) + 1 if len(group) else 0, np.iinfo(np.uint64).max, dtype=np.uint64)
+    np.minimum.at(rank, group, _mix(source_hashes, config.split_seed))
+    sizes = np.bincount(group, minlength=len(rank))
+    present = np.flatnonzero(sizes)
+    order = present[np.lexsort((present, rank[present]))]
 
-    side: dict[str, int] = {}  # source sentence -> 1 (valid) or 2 (test); absent = train
-    groups = iter(ranked)
+    side = np.zeros(len(rank), dtype=np.int8)  # group -> 0 train, 1 valid, 2 test
+    position = 0
     for split_id, wanted in ((1, config.valid_pairs), (2, config.test_pairs)):
         taken = 0
-        while taken < wanted:
-            source = next(groups, None)
-            if source is None:
-                break
-            side[source] = split_id
-            taken += counts[source]
-
-    row_side = np.zeros(len(pairs), dtype=np.int8)
-    row_side[leading] = np.fromiter((side.get(source, 0) for source in sources), dtype=np.int8, count=len(sources))
+        while taken < wanted and position < len(order):
+            candidate = order[position]
+            position += 1
+            if sizes[candidate] <= wanted:
+                side[candidate] = split_id
+                taken += int(sizes[candidate])
+    row_side = side[group]
     train, valid, test = (int(np.count_nonzero(row_side == split_id)) for split_id in (0, 1, 2))
     if not train or valid < config.valid_pairs or test < config.test_pairs:
-        distinct = len(np.unique(prefixes))  # distinct sentences, but for 64-bit collisions: a message only
         raise DataError(
-            f"{len(pairs)} pairs ({distinct} distinct English sentences) are too few for "
+            f"{len(pairs)} pairs ({len(present)} groups of pairs that share a sentence) are too few for "
             f"data.valid_pairs={config.valid_pairs} and data.test_pairs={config.test_pairs} "
             "with pairs left for training; lower them"
         )
-    logger.info("split by English sentence: %d train, %d valid, %d test pairs", train, valid, test)
+    logger.info("split by groups of pairs that share a sentence: %d train, %d valid, %d test pairs",
+                train, valid, test)
+    both = np.stack([source_hashes, target_hashes])
+    fingerprint = hashlib.sha256(both[:, np.lexsort(both[::-1])].tobytes()).hexdigest()
     return Splits(*(_subset(pairs, row_side, split_id, f"taking the {name} split")
-                    for split_id, name in enumerate(("train", "valid", "test"))))
+                    for split_id, name in enumerate(("train", "valid", "test"))), fingerprint=fingerprint)
 
 
 def _take(chunks: list[pa.RecordBatch], starts: np.ndarray, rows: np.ndarray) -> pa.Table:

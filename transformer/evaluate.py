@@ -7,13 +7,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .batching import PairCorpus
 from .config import Config
 from .decode import translate
 from .loss import batch_loss
-from .metrics import Scores, group_references, score
+from .metrics import Scores, score
 from .model import Transformer
 from .runtime import autocast
 from .tokenizer import Tokenizers
@@ -21,20 +22,35 @@ from .tokenizer import Tokenizers
 
 @dataclass
 class EvaluationSet:
-    """A held-out split: its tokenized pairs (for the loss) and, grouped by source sentence,
-    the sentences to translate with all their references (for BLEU/chrF)."""
+    """A held-out split: its tokenized pairs (for the loss) and the source sentences translated for
+    BLEU/chrF with all their references, shortest first (see `sample_over_lengths`)."""
 
     corpus: PairCorpus
     sources: list[str]
     references: list[list[str]]
 
-    @classmethod
-    def from_pairs(cls, corpus: PairCorpus, sources: list[str], targets: list[str],
-                   max_sentences: int = 0) -> "EvaluationSet":
-        unique_sources, references = group_references(sources, targets)
-        if max_sentences:
-            unique_sources, references = unique_sources[:max_sentences], references[:max_sentences]
-        return cls(corpus, unique_sources, references)
+
+def sample_over_lengths(sources: list[str], references: list[list[str]], size: int,
+                        seed: int) -> tuple[list[str], list[list[str]]]:
+    """`size` of the sentences (all if `size` is 0 or more than there are), spread over the length
+    range, shortest first: ordered by length, cut into `size` equal strata, one drawn from each.
+
+    The first N of a split would be whatever its file order favours (the shipped CSV is sorted by
+    length, so its first 500 were the 500 shortest); a plain random sample also drifts. Ties in
+    length are ordered by the text, so the sample depends only on the sentences and the seed.
+    """
+    order = sorted(range(len(sources)), key=lambda i: (len(sources[i]), sources[i]))
+    if size and size < len(order):
+        rng = np.random.default_rng(seed)
+        bounds = np.linspace(0, len(order), size + 1).round().astype(int)
+        order = [order[rng.integers(low, high)] for low, high in zip(bounds[:-1], bounds[1:])]
+    return [sources[i] for i in order], [references[i] for i in order]
+
+
+def spread_indices(n: int, count: int) -> list[int]:
+    """`count` positions spread over range(n) at its inner quantiles (e.g. 3 of 100: 25, 50, 75)."""
+    count = min(count, n)
+    return sorted({round((k + 1) * n / (count + 1)) - 1 for k in range(count)}) if count else []
 
 
 @dataclass
@@ -68,7 +84,8 @@ def evaluate(model: Transformer, valid: EvaluationSet, tokenizers: Tokenizers, c
     greedy = dataclasses.replace(config.decode, beam_size=1)
     hypotheses = translate(valid.sources, model, tokenizers, greedy, device)
     scores = score(hypotheses, valid.references)
-    n = config.train.n_valid_samples
-    samples = list(zip(valid.sources[:n], hypotheses[:n], valid.references[:n]))
+    # Short, middling and long sentences alike: the sample is ordered by length.
+    picked = spread_indices(len(valid.sources), config.train.n_valid_samples)
+    samples = [(valid.sources[i], hypotheses[i], valid.references[i]) for i in picked]
     model.train()
     return EvaluationResult(loss, math.exp(min(loss, 50.0)), scores, hypotheses, samples)

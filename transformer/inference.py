@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint
+from .checkpoint_manager import find_checkpoint
 from .config import DecodeConfig
 from .decode import translate_n_best
 from .errors import CheckpointError
@@ -65,7 +66,7 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     `int8` quantizes the linear layers for faster CPU translation (see quantize.py).
     `decode_overrides` replace fields of the run's decode config (beam_size, batch_size, ...).
     """
-    found = checkpoint.find_checkpoint(run, checkpoint_dir, runs_root)
+    found = find_checkpoint(run, checkpoint_dir, runs_root)
     model, meta = checkpoint.load_model(found, device)
     model.eval()
     run_dir = run_dir_of(found)

@@ -1,6 +1,6 @@
 """Adam and the learning-rate schedule. The rate is a pure function of the step (and, for
-`linear`, of the share of the budget used), so resuming needs only the trainer's counters,
-never a scheduler's pickled state."""
+`linear`, of the budget's plan recorded in the training state: budget.py), so resuming needs only
+the trainer's counters, never a scheduler's pickled state."""
 
 from __future__ import annotations
 
@@ -9,24 +9,24 @@ import math
 import torch
 from torch import nn
 
+from .budget import Plan, linear_rate
 from .config import ModelConfig, TrainConfig
 
 
-def learning_rate(step: int, train: TrainConfig, model: ModelConfig, progress: float = 0.0) -> float:
-    """The rate for optimiser step `step` (1-based); `progress` in [0, 1] is the share of the
-    training budget used before this step (only `linear` reads it).
+def learning_rate(step: int, train: TrainConfig, model: ModelConfig, plan: Plan | None = None) -> float:
+    """The rate for optimiser step `step` (1-based).
 
     noam (Section 5.3): lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
     a linear warm-up then decay with the inverse square root of the step.
     inverse_sqrt: the same shape, but its peak (at step == warmup) is `peak_lr` itself.
-    linear: peak_lr * min(step / warmup, 1 - progress), a linear warm-up, then a straight line to
-    zero at the end of the budget. For a fixed budget (steps or minutes) this beats the open-ended
-    shapes above, which never anneal (Li, Yumer & Ramanan, "Budgeted Training", ICLR 2020).
+    linear: warm-up to `peak_lr`, then a straight line to zero at the end of the budget (`plan`,
+    see budget.linear_rate). For a fixed budget this beats the open-ended shapes above, which
+    never anneal (Li, Yumer & Ramanan, "Budgeted Training", ICLR 2020).
     """
     step = max(step, 1)
     warmup = train.warmup_steps
     if train.schedule == "linear":
-        return train.peak_lr * max(0.0, min(step / warmup, 1.0 - progress))
+        return linear_rate(step, train.peak_lr, warmup, plan or Plan(0, 0, 0))
     shape = min(step ** -0.5, step * warmup ** -1.5)  # peaks at warmup^-0.5
     if train.schedule == "noam":
         return train.lr_factor * model.d_model ** -0.5 * shape

@@ -1,9 +1,10 @@
 """Build a training run from a config: run directory, data, tokenizers, model, optimizer, and the
 state of an earlier session to resume. Then hand over to the Trainer. train.py calls `train`.
+Process-wide settings (threads, the allocator, logging) are train.py's, not this module's.
 
 Run directory (one self-contained artifact: translate.py needs nothing else):
-    config.yaml  tokenizer/  checkpoints/step_*/  checkpoints/best/  heldout/  tensorboard/  train.log
-    .lock (held while a process trains the run)
+    config.yaml  state.json  tokenizer/  checkpoints/step_*/  checkpoints/best -> step_*/  heldout/
+    tensorboard/  train.log  .lock (held while a process trains the run)
 
 Under torchrun, rank 0 alone writes the run directory; the other ranks read what it wrote (so the
 run directory must be on a filesystem every node sees at the same path).
@@ -15,6 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -23,32 +25,35 @@ import numpy as np
 import torch
 
 from . import checkpoint, distributed
-from .allocator import reuse_freed_memory
 from .average import average_checkpoints
 from .batching import PairCorpus
+from .checkpoint_manager import STATE_FILE, Best, CheckpointManager
 from .config import Config, config_to_dict, config_to_yaml
 from .data import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs, token_lengths
 from .errors import CheckpointError, ConfigError
-from .evaluate import EvaluationSet, evaluate
+from .evaluate import EvaluationSet, evaluate, sample_over_lengths
 from .logs import TensorBoard
 from .metrics import group_references
 from .model import Transformer, count_parameters
 from .optim import build_optimizer
-from .runtime import (build_grad_scaler, resolve_precision, seed_everything, select_device, set_rng_state,
-                      set_threads)
+from .runtime import build_grad_scaler, resolve_precision, seed_everything, select_device, set_rng_state
+from .text import read_lines
 from .tokenizer import Tokenizers, load_tokenizers, save_tokenizers, tokenizer_fingerprint, train_tokenizers
 from .trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
 
 HELDOUT_DIR = "heldout"
+VALID_SAMPLE = "valid_sample"  # heldout/valid_sample.en, .fr.1..K: the sentences every validation scores
 LOCK_FILE = ".lock"
 
-# Keys that may change between sessions of one run: they steer the loop, not what is learned.
+# Keys that may change between sessions of one run: they steer the loop, not what is learned or how
+# it is scored (train.valid_max_pairs sets the validation sample, so it stays). Budgets may change
+# as budget.py allows.
 RESUMABLE_KEYS = {
     "name",
     "train.max_steps", "train.max_epochs", "train.max_minutes", "train.log_every", "train.valid_every",
-    "train.valid_max_pairs", "train.checkpoint_every", "train.keep_checkpoints", "train.n_valid_samples",
+    "train.checkpoint_every", "train.keep_checkpoints", "train.n_valid_samples",
     "train.device", "train.threads", "train.average_last", "train.compile",
 }
 
@@ -57,6 +62,7 @@ RESUMABLE_KEYS = {
 class TrainOutcome:
     run_dir: Path
     state: TrainState
+    best: Best | None  # the best checkpoint of the run so far (rank 0; None elsewhere)
     resumed_from: Path | None
     already_finished: bool  # the budget was used up before this session started
 
@@ -125,7 +131,7 @@ def prepare_run_dir(config: Config, run_dir: Path) -> None:
     """Create the run directory, or check that an existing one was started with a compatible config."""
     run_dir.mkdir(parents=True, exist_ok=True)
     saved = run_dir / checkpoint.RUN_CONFIG
-    if saved.is_file() and checkpoint.list_checkpoints(run_dir):
+    if saved.is_file() and ((run_dir / STATE_FILE).is_file() or checkpoint.list_checkpoints(run_dir)):
         changes = config_changes(checkpoint.load_run_config(run_dir), config)
         if changes:
             raise ConfigError(
@@ -136,17 +142,32 @@ def prepare_run_dir(config: Config, run_dir: Path) -> None:
     _write_text_atomic(saved, config_to_yaml(config))
 
 
-def _write_heldout(run_dir: Path, name: str, sources: list[str], targets: list[str]) -> None:
+def _write_heldout(run_dir: Path, name: str, sources: list[str], references: list[list[str]]) -> None:
     """Held-out sentences for later scoring: `<name>.en` (distinct sources) and `<name>.fr.1..K`,
-    line-aligned references, blank where a sentence has fewer than K translations."""
+    line-aligned references, blank where a sentence has fewer than K translations. (The suffixes
+    name the shipped language pair; the files hold whatever source and target the data has.)"""
     directory = run_dir / HELDOUT_DIR
     directory.mkdir(exist_ok=True)
-    unique, references = group_references(sources, targets)
-    _write_text_atomic(directory / f"{name}.en", "".join(s + "\n" for s in unique))
+    for stale in directory.glob(f"{name}.fr.*"):  # a rewrite with fewer references leaves none behind
+        stale.unlink()
+    _write_text_atomic(directory / f"{name}.en", "".join(s + "\n" for s in sources))
     width = max((len(r) for r in references), default=0)
     for k in range(width):
         lines = "".join((refs[k] if k < len(refs) else "") + "\n" for refs in references)
         _write_text_atomic(directory / f"{name}.fr.{k + 1}", lines)
+
+
+def _read_heldout(run_dir: Path, name: str) -> tuple[list[str], list[list[str]]] | None:
+    """What `_write_heldout` wrote, or None if it is not there."""
+    directory = run_dir / HELDOUT_DIR
+    if not (directory / f"{name}.en").is_file():
+        return None
+    sources = read_lines(directory / f"{name}.en", "held-out file")
+    streams = [read_lines(directory / f"{name}.fr.{k}", "held-out file")
+               for k in range(1, len(list(directory.glob(f"{name}.fr.*"))) + 1)]
+    if any(len(stream) != len(sources) for stream in streams):
+        raise CheckpointError(f"{directory}: the {name} files differ in length; they were edited by hand")
+    return sources, [[stream[i] for stream in streams if stream[i]] for i in range(len(sources))]
 
 
 def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambda: False,
@@ -171,12 +192,15 @@ def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambd
 def _train(config: Config, run_dir: Path, device: torch.device, precision: str, should_stop: Callable[[], bool],
            show_progress: bool, data_cache_dir: Path | None) -> TrainOutcome:
     main = distributed.is_main()
+    manager = None
     if main:
         with _writing(run_dir):
             prepare_run_dir(config, run_dir)
-            checkpoint.remove_temporaries(run_dir)  # safe: we hold the lock, so no save is under way
+            manager = CheckpointManager(run_dir, config.train.keep_checkpoints)
+            resume_point = manager.resume_point()  # safe: we hold the lock, so no save is under way
+    # rank 0 picks the checkpoint (and moves damaged ones aside); every rank loads it
+    resumed_from = distributed.broadcast_object(resume_point if main else None)
     train_config = config.train
-    set_threads(train_config.threads)
     # The saved config keeps `auto`; this session trains at what it resolves to on this machine.
     train_config = dataclasses.replace(train_config, precision=precision)
     config = dataclasses.replace(config, train=train_config)
@@ -187,11 +211,8 @@ def _train(config: Config, run_dir: Path, device: torch.device, precision: str, 
     # ---- data and tokenizers: rank 0 first, which fills the datasets cache and writes the tokenizer
     # and held-out files; the other ranks then read them instead of racing it to write them.
     with distributed.main_first():
-        corpus, valid, tokenizers, fingerprint = _prepare_data(config, run_dir, data_cache_dir, write=main)
-
-    # Each step frees and reallocates the same large tensors: keep that memory (see allocator.py).
-    if device.type == "cpu":
-        reuse_freed_memory()
+        corpus, valid, tokenizers, fingerprints = _prepare_data(config, run_dir, data_cache_dir, write=main,
+                                                                resuming=resumed_from is not None)
 
     # ---- model and optimizer (seeded: the same config gives the same initial weights)
     seed_everything(train_config.seed)
@@ -206,35 +227,9 @@ def _train(config: Config, run_dir: Path, device: torch.device, precision: str, 
              config.model.d_model, device, train_config.precision, torch.get_num_threads(),
              f", {world_size} processes" if world_size > 1 else "")
 
-    # ---- resume: rank 0 picks the checkpoint (and moves damaged ones aside); every rank loads it
     state = TrainState(world_size=world_size)
-    resumed_from = distributed.broadcast_object(_resume_point(run_dir) if main else None)
     if resumed_from is not None:
-        meta = checkpoint.read_meta(resumed_from, verify=False)
-        checkpoint.check_model_fits(resumed_from, meta, model)
-        if meta.get("tokenizer_fingerprint") != fingerprint:
-            raise CheckpointError(f"{resumed_from}: was trained with other tokenizer files than "
-                                  f"{run_dir / checkpoint.TOKENIZER_DIR}")
-        if not isinstance(meta.get("state"), dict):
-            raise CheckpointError(f"{resumed_from / checkpoint.META_FILE}: has no training state to resume from")
-        checkpoint.load_weights(model, resumed_from / checkpoint.MODEL_FILE)
-        training = checkpoint.load_training_state(resumed_from)
-        state = TrainState(**{k: v for k, v in meta["state"].items()
-                              if k in {f.name for f in dataclasses.fields(TrainState)}})
-        state.finished = False
-        try:
-            optimizer.load_state_dict(training["optimizer"])
-            _restore_rng(training, train_config.seed, state.step)
-            if grad_scaler is not None and "grad_scaler" in training:
-                grad_scaler.load_state_dict(training["grad_scaler"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as error:
-            raise CheckpointError(f"{resumed_from / checkpoint.TRAINING_FILE}: its optimizer or RNG state does "
-                                  f"not fit this run ({type(error).__name__}: {error})") from None
-        if main:
-            with _writing(run_dir):
-                checkpoint.restore_best(run_dir, state.best_step)
-        log.info("resuming from %s (step %d, epoch %d, batch %d of it)", resumed_from, state.step, state.epoch + 1,
-                 state.batch_in_epoch)
+        state = _resume(resumed_from, model, optimizer, grad_scaler, fingerprints, run_dir, train_config.seed)
     distributed.broadcast_parameters(model)
 
     with _writing(run_dir):
@@ -242,8 +237,8 @@ def _train(config: Config, run_dir: Path, device: torch.device, precision: str, 
         if resumed_from is None:
             tensorboard.text(0, "config", "```\n" + config_to_yaml(config) + "\n```")
     trainer = Trainer(config, model, optimizer, corpus, valid, tokenizers, run_dir, tensorboard, device, state,
-                      fingerprint, show_progress=show_progress, grad_scaler=grad_scaler)
-    already_finished = trainer.budget_reached() is not None
+                      manager, fingerprints, show_progress=show_progress, grad_scaler=grad_scaler)
+    already_finished = trainer.finished()
     # Checkpoint saves raise their own CheckpointError; this catches the other writers (TensorBoard
     # re-raises its writer thread's OSError on a later call). The last checkpoint stays the resume point.
     with _writing(run_dir):
@@ -253,38 +248,76 @@ def _train(config: Config, run_dir: Path, device: torch.device, precision: str, 
             with contextlib.suppress(OSError):  # the first error is the one to report
                 tensorboard.close()
             raise
-        if state.finished and config.train.average_last and main:
-            _average_newest(config, run_dir, trainer, device)
+        if trainer.finished() and config.train.average_last and main:
+            _average_newest(config, trainer)
         tensorboard.close()
-    return TrainOutcome(run_dir, state, resumed_from, already_finished)
+    return TrainOutcome(run_dir, state, manager.best if manager else None, resumed_from, already_finished)
 
 
-def _prepare_data(config: Config, run_dir: Path, data_cache_dir: Path | None,
-                  write: bool) -> tuple[PairCorpus, EvaluationSet, Tokenizers, str]:
-    """Load and split the pairs, train the tokenizers (or reuse the run's), encode; with `write`,
-    save the tokenizers and the held-out files. Returns the training corpus, the valid set, the
-    tokenizers and their fingerprint."""
+def _resume(resumed_from: Path, model: Transformer, optimizer: torch.optim.Optimizer,
+            grad_scaler: torch.amp.GradScaler | None, fingerprints: dict[str, str], run_dir: Path,
+            seed: int) -> TrainState:
+    """Load the checkpoint's weights, optimizer, RNG and training state, after checking that it was
+    trained on these pairs with these tokenizer files."""
+    meta = checkpoint.read_meta(resumed_from, verify=False)
+    checkpoint.check_model_fits(resumed_from, meta, model)
+    if meta.get("tokenizer_fingerprint") != fingerprints["tokenizer_fingerprint"]:
+        raise CheckpointError(f"{resumed_from}: was trained with other tokenizer files than "
+                              f"{run_dir / checkpoint.TOKENIZER_DIR}")
+    if meta.get("data_fingerprint") != fingerprints["data_fingerprint"]:
+        raise CheckpointError(f"{resumed_from}: was trained on other sentence pairs: the data file changed since "
+                              "this run started. Train on the new data in a new --run-dir")
+    if not isinstance(meta.get("state"), dict):
+        raise CheckpointError(f"{resumed_from / checkpoint.META_FILE}: has no training state to resume from")
+    checkpoint.load_weights(model, resumed_from / checkpoint.MODEL_FILE)
+    training = checkpoint.load_training_state(resumed_from)
+    state = TrainState.from_meta(meta["state"])
+    try:
+        optimizer.load_state_dict(training["optimizer"])
+        _restore_rng(training, seed, state.step)
+        if grad_scaler is not None and "grad_scaler" in training:
+            grad_scaler.load_state_dict(training["grad_scaler"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{resumed_from / checkpoint.TRAINING_FILE}: its optimizer or RNG state does "
+                              f"not fit this run ({type(error).__name__}: {error})") from None
+    log.info("resuming from %s (step %d, epoch %d, batch %d of it)", resumed_from, state.step, state.epoch + 1,
+             state.batch_in_epoch)
+    return state
+
+
+def _prepare_data(config: Config, run_dir: Path, data_cache_dir: Path | None, write: bool,
+                  resuming: bool) -> tuple[PairCorpus, EvaluationSet, Tokenizers, dict[str, str]]:
+    """Load and split the pairs, train the tokenizers (or, `resuming`, reuse the run's), encode; with
+    `write`, save the tokenizers and the held-out files. Returns the training corpus, the valid set,
+    the tokenizers and the fingerprints of tokenizer files and data that checkpoints record."""
     pairs, _ = load_pairs(config.data, cache_dir=data_cache_dir)
     splits = split_pairs(pairs, config.data)
     tokenizer_dir = run_dir / checkpoint.TOKENIZER_DIR
-    if tokenizer_dir.is_dir() and any(tokenizer_dir.iterdir()):
+    if not write:  # a rank > 0, after rank 0 saved them: they must be visible here too
+        if not tokenizer_dir.is_dir():
+            raise CheckpointError(f"rank {distributed.rank()} cannot see {tokenizer_dir}, which rank 0 has "
+                                  "written: every node must see the run directory at the same path (a shared "
+                                  "filesystem)")
+        tokenizers = load_tokenizers(tokenizer_dir)
+    elif resuming:  # the checkpoint's fingerprint check (_resume) makes sure they are the ones it used
         tokenizers = load_tokenizers(tokenizer_dir)
         log.info("tokenizers: reusing %s", tokenizer_dir)
-    elif not write:  # a rank > 0, after rank 0 saved them: they must be visible here too
-        raise CheckpointError(f"rank {distributed.rank()} cannot see {tokenizer_dir}, which rank 0 has written: "
-                              "every node must see the run directory at the same path (a shared filesystem)")
     else:
+        # Trained afresh whenever there is no checkpoint to resume, even if a killed earlier session
+        # left tokenizer files: their settings or data may since have changed.
         log.info("training BPE tokenizers (vocabulary %d, %s) on %d training pairs", config.tokenizer.vocab_size,
                  "joint" if config.tokenizer.joint else "separate", len(splits.train))
         tokenizers = train_tokenizers(iter_texts(splits.train, SOURCE), iter_texts(splits.train, TARGET),
                                       config.tokenizer)
         with _writing(run_dir):
+            if tokenizer_dir.is_dir():
+                shutil.rmtree(tokenizer_dir)
             save_tokenizers(tokenizers, tokenizer_dir)
-    fingerprint = tokenizer_fingerprint(tokenizer_dir)
+    fingerprints = {"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer_dir),
+                    "data_fingerprint": splits.fingerprint}
     log.info("encoding %d pairs into subword ids", len(splits.train) + len(splits.valid) + len(splits.test))
     encoded = encode_splits(splits, tokenizers, config.data.max_length)
     corpus = PairCorpus.from_dataset(encoded.train)
-    valid_sources, valid_targets = list(iter_texts(splits.valid, SOURCE)), list(iter_texts(splits.valid, TARGET))
     # The valid loss feeds whole pairs to the model, so each side (+ BOS/EOS) must fit its position
     # table; a longer pair still counts in BLEU, where translate() truncates its source.
     src_len, tgt_len = token_lengths(encoded.valid)
@@ -292,35 +325,35 @@ def _prepare_data(config: Config, run_dir: Path, data_cache_dir: Path | None,
     if len(fits) < len(encoded.valid):
         log.warning("valid: %d of %d pairs are longer than model.max_len=%d tokens; they count in BLEU but not "
                     "in the valid loss", len(encoded.valid) - len(fits), len(encoded.valid), config.model.max_len)
-    valid = EvaluationSet.from_pairs(PairCorpus.from_dataset(encoded.valid.select(fits)), valid_sources,
-                                     valid_targets, max_sentences=config.train.valid_max_pairs)
+    valid_sources, valid_references = group_references(list(iter_texts(splits.valid, SOURCE)),
+                                                       list(iter_texts(splits.valid, TARGET)))
+    sample = _validation_sample(config, run_dir, valid_sources, valid_references, write, resuming)
+    valid = EvaluationSet(PairCorpus.from_dataset(encoded.valid.select(fits)), *sample)
     if write:
         with _writing(run_dir):
-            _write_heldout(run_dir, "valid", valid_sources, valid_targets)
+            _write_heldout(run_dir, "valid", valid_sources, valid_references)
             if len(splits.test):
-                _write_heldout(run_dir, "test", list(iter_texts(splits.test, SOURCE)),
-                               list(iter_texts(splits.test, TARGET)))
-    return corpus, valid, tokenizers, fingerprint
+                _write_heldout(run_dir, "test", *group_references(list(iter_texts(splits.test, SOURCE)),
+                                                                  list(iter_texts(splits.test, TARGET))))
+    return corpus, valid, tokenizers, fingerprints
 
 
-def _resume_point(run_dir: Path) -> Path | None:
-    """The newest intact checkpoint to resume from, or None for a new run. Newer, damaged ones are
-    moved aside; a run whose checkpoints are all damaged is refused."""
-    resumed_from, saved = checkpoint.latest_good_checkpoint(run_dir), checkpoint.list_checkpoints(run_dir)
-    if resumed_from is None and saved:
-        # Starting over would bury the run's history under new checkpoints: the user decides.
-        raise CheckpointError(f"{run_dir}: none of its {len(saved)} checkpoints is intact (see the warnings "
-                              f"above), so it cannot be resumed; move {run_dir / checkpoint.CHECKPOINTS} "
-                              "away to start over, or train in another --run-dir")
-    if resumed_from is not None:
-        # Newer checkpoints failed verification. Out of the list they go (kept for inspection), or
-        # pruning, which keeps the newest by step, would delete the good ones this session saves.
-        for newer in saved[saved.index(resumed_from) + 1:]:
-            aside = newer.with_name(f"corrupt-{newer.name}-{os.getpid()}")
-            log.warning("moving the damaged %s aside to %s", newer, aside)
-            with _writing(run_dir):
-                os.replace(newer, aside)
-    return resumed_from
+def _validation_sample(config: Config, run_dir: Path, sources: list[str], references: list[list[str]],
+                       write: bool, resuming: bool) -> tuple[list[str], list[list[str]]]:
+    """The valid sentences every validation of the run translates for BLEU/chrF: drawn once over the
+    length range (evaluate.sample_over_lengths), written to heldout/valid_sample.*, and read back
+    from there whenever the run resumes."""
+    if resuming or not write:
+        saved = _read_heldout(run_dir, VALID_SAMPLE)
+        if saved is not None:
+            return saved
+    sample = sample_over_lengths(sources, references, config.train.valid_max_pairs, config.data.split_seed)
+    if write:
+        with _writing(run_dir):
+            _write_heldout(run_dir, VALID_SAMPLE, *sample)
+        log.info("validation: BLEU and chrF on %d of the %d valid sentences, spread over their lengths (%s)",
+                 len(sample[0]), len(sources), run_dir / HELDOUT_DIR / f"{VALID_SAMPLE}.en")
+    return sample
 
 
 def _restore_rng(training: dict, seed: int, step: int) -> None:
@@ -338,38 +371,36 @@ def _restore_rng(training: dict, seed: int, step: int) -> None:
         torch.manual_seed(distributed.seed_for_rank(seed, rank, step))
 
 
-def _average_newest(config: Config, run_dir: Path, trainer: Trainer, device: torch.device) -> None:
+def _average_newest(config: Config, trainer: Trainer) -> None:
     """Average the newest `train.average_last` step checkpoints into `checkpoints/averaged`, score it on
-    the valid split, and make it the best checkpoint if its BLEU beats the best single one."""
-    state, paths = trainer.state, checkpoint.list_checkpoints(run_dir)[-config.train.average_last:]
+    the valid sample, and make it the best checkpoint if its BLEU beats the best single one."""
+    manager, state = trainer.manager, trainer.state
+    paths = manager.list_kept()[-config.train.average_last:]
     if len(paths) < 2:
         log.warning("train.average_last=%d: only %d step checkpoint(s) kept; nothing to average",
                     config.train.average_last, len(paths))
         return
     steps = [checkpoint.read_meta(path, verify=False)["step"] for path in paths]
-    target = run_dir / checkpoint.CHECKPOINTS / checkpoint.AVERAGED
     try:
-        previous = checkpoint.read_meta(target)
+        previous = checkpoint.read_meta(manager.directory / checkpoint.AVERAGED)
     except checkpoint.CheckpointError:
         previous = {}
     if previous.get("averaged_steps") == steps:  # a rerun of a finished run: already done
-        bleu = previous.get("metrics", {}).get("valid_bleu", -1.0)
-    else:
-        model, steps = average_checkpoints(paths, device)
-        result = evaluate(model, trainer.valid, trainer.tokenizers, config, device)
-        bleu = result.scores.bleu
-        log.info("average of steps %s: valid loss %.3f  ppl %.2f  %s", ", ".join(map(str, steps)), result.loss,
-                 result.perplexity, result.scores)
-        trainer.tensorboard.scalars(state.step, {"valid_averaged/loss": result.loss,
-                                                 "valid_averaged/bleu": bleu, "valid_averaged/chrf": result.scores.chrf})
-        meta = {"step": state.step, "averaged_steps": steps, "tokenizer_fingerprint": trainer.tokenizer_fingerprint,
-                "config_name": config.name,
-                "metrics": {"valid_loss": result.loss, "valid_bleu": bleu, "valid_chrf": result.scores.chrf}}
-        checkpoint.save_weights(run_dir, checkpoint.AVERAGED, model, meta)
-    if bleu > state.best_bleu:
-        checkpoint.save_best(run_dir, target)
-        log.info("  the averaged weights are the new best (BLEU %.2f > %.2f at step %d): %s", bleu, state.best_bleu,
-                 state.best_step, target)
+        return
+    model, steps = average_checkpoints(paths, trainer.device)
+    result = evaluate(model, trainer.valid, trainer.tokenizers, config, trainer.device)
+    log.info("average of steps %s: valid nll %.3f  ppl %.2f  %s", ", ".join(map(str, steps)), result.loss,
+             result.perplexity, result.scores)
+    metrics = {"valid_nll": result.loss, "valid_perplexity": result.perplexity,
+               "valid_bleu": result.scores.bleu, "valid_chrf": result.scores.chrf}
+    trainer.tensorboard.scalars(state.step, {"valid_averaged/nll": result.loss, "valid_averaged/bleu":
+                                             result.scores.bleu, "valid_averaged/chrf": result.scores.chrf})
+    before = manager.best
+    meta = {"step": state.step, "averaged_steps": steps, "config_name": config.name, **trainer.fingerprints}
+    manager.save_weights(checkpoint.AVERAGED, model, meta, metrics)
+    if manager.best is not before:
+        log.info("  the averaged weights are the new best (BLEU %.2f, best single step %s)", result.scores.bleu,
+                 f"{before.score:.2f} at step {before.step}" if before else "none")
     else:
         log.info("  the best single checkpoint stays the best (BLEU %.2f at step %d >= %.2f averaged)",
-                 state.best_bleu, state.best_step, bleu)
+                 before.score, before.step, result.scores.bleu)

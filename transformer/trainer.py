@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +22,9 @@ from tqdm import tqdm
 
 from . import checkpoint, distributed
 from .batching import PairCorpus, shard_batch
+from .budget import (MEASURE_UNTIL_STEP, MIN_TIMED_STEPS, UNTIMED_STEPS, Plan, budget_values, decay_start, reconcile,
+                     steps_for_epochs, steps_for_minutes)
+from .checkpoint_manager import CheckpointManager
 from .config import Config
 from .errors import UserError
 from .evaluate import EvaluationResult, EvaluationSet, evaluate
@@ -43,40 +47,61 @@ class TrainingDiverged(UserError):
 
 @dataclass
 class TrainState:
-    """Where training is. Saved in every checkpoint's meta.json; enough to resume exactly."""
+    """Where training is. Saved in every checkpoint's meta.json; enough to resume exactly. Which
+    checkpoint is best is the run state's business (checkpoint_manager.py), not this."""
 
     step: int = 0  # optimiser steps done
     epoch: int = 0  # current epoch, from 0
     batch_in_epoch: int = 0  # batches of the current epoch already consumed
-    elapsed_seconds: float = 0.0  # training wall time over all sessions (the max_minutes budget)
     target_tokens: int = 0  # real target tokens trained on
-    best_bleu: float = -1.0
-    best_step: int = 0
+    train_seconds: float = 0.0  # time in training steps over all sessions (what max_minutes counts)
+    elapsed_seconds: float = 0.0  # wall time over all sessions, validation and saving included
     nonfinite_steps: int = 0  # updates skipped for a non-finite loss or gradient, in total
     nonfinite_in_a_row: int = 0  # ... of which the latest in a row (kept here so a resume counts on)
-    finished: bool = False  # a budget was reached
     # Processes that trained: a global batch holds world_size x batch_tokens tokens, so the data
     # position above counts batches of that size.
     world_size: int = 1
+    # The budget as steps (budget.py): the last step, the linear schedule's current segment, the
+    # budget settings they were computed from, and the time budget's one measurement.
+    end_step: int = 0  # 0 while a time budget is still being measured
+    segment_start: int = 0
+    decay_start: int = 0
+    budget: dict = field(default_factory=dict)
+    seconds_per_step: float = 0.0
+    measured_at_step: int = 0
+    measured_train_seconds: float = 0.0
+
+    @property
+    def plan(self) -> Plan:
+        return Plan(self.end_step, self.segment_start, self.decay_start)
+
+    @plan.setter
+    def plan(self, plan: Plan) -> None:
+        self.end_step, self.segment_start, self.decay_start = plan.end_step, plan.segment_start, plan.decay_start
+
+    @classmethod
+    def from_meta(cls, state: dict) -> "TrainState":
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in state.items() if key in names})
 
 
 class Trainer:
-    """Runs optimiser steps over token-budget batches until a budget is reached or asked to stop."""
+    """Runs optimiser steps over token-budget batches until the budget's end step or a stop request."""
 
     def __init__(self, config: Config, model: Transformer, optimizer: torch.optim.Optimizer,
                  corpus: PairCorpus, valid: EvaluationSet, tokenizers: Tokenizers, run_dir: Path,
                  tensorboard: TensorBoard, device: torch.device, state: TrainState,
-                 tokenizer_fingerprint: str, show_progress: bool = True,
+                 manager: CheckpointManager | None, fingerprints: dict[str, str], show_progress: bool = True,
                  grad_scaler: torch.amp.GradScaler | None = None) -> None:
         self.config, self.train_config = config, config.train
         self.model, self.optimizer, self.corpus, self.valid = model, optimizer, corpus, valid
         self.tokenizers, self.run_dir, self.tensorboard = tokenizers, Path(run_dir), tensorboard
         self.device, self.state, self.grad_scaler = device, state, grad_scaler
-        self.tokenizer_fingerprint = tokenizer_fingerprint
+        self.manager, self.fingerprints = manager, fingerprints  # manager: rank 0 only
         self.show_progress = show_progress and distributed.is_main()
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
-        self._last_saved_step = -1
-        self._epoch_batches = 0  # batches in the current epoch, once the loop has built them
+        self._batch_lists: dict[int, list] = {}
+        self._timed_steps: list[float] = []  # this session's step times, for a time budget's measurement
         # The function is compiled, not the module: checkpoints keep the plain module's parameter
         # names (torch.compile(model) would prefix them with `_orig_mod.`), and validation and
         # translation, whose shapes change every step, stay eager.
@@ -84,6 +109,15 @@ class Trainer:
             else None
         if state.world_size != self.world_size:
             self._adapt_data_position()
+        self._plan_budget()
+
+    def _batches(self, epoch: int) -> list:
+        """The global batches of `epoch`: every rank builds the same ones, world_size times the
+        per-rank budget (with one process: exactly the batches of a plain run)."""
+        if epoch not in self._batch_lists:
+            self._batch_lists = {epoch: self.corpus.batches(self.train_config.batch_tokens * self.world_size,
+                                                            self.train_config.seed, epoch)}
+        return self._batch_lists[epoch]
 
     def _adapt_data_position(self) -> None:
         """Map a data position saved by a run with another number of processes onto this one's.
@@ -94,7 +128,7 @@ class Trainer:
         """
         train, state = self.train_config, self.state
         old = len(self.corpus.batches(train.batch_tokens * state.world_size, train.seed, state.epoch))
-        new = len(self.corpus.batches(train.batch_tokens * self.world_size, train.seed, state.epoch))
+        new = len(self._batches(state.epoch))
         position = min(new, round(state.batch_in_epoch * new / max(old, 1)))
         log.warning("resuming a run trained by %d process(es) with %d: batch %d of %d in epoch %d becomes batch %d "
                     "of %d; the data order of this epoch is approximate (pairs may be seen twice or not at all)",
@@ -103,29 +137,70 @@ class Trainer:
 
     # ------------------------------------------------------------------ budgets
 
-    def budget_reached(self) -> str | None:
-        """The name of the budget that is used up, or None."""
-        train, state = self.train_config, self.state
-        if train.max_steps and state.step >= train.max_steps:
-            return f"max_steps={train.max_steps}"
-        if train.max_epochs and state.epoch >= train.max_epochs:
-            return f"max_epochs={train.max_epochs}"
-        if train.max_minutes and state.elapsed_seconds >= train.max_minutes * 60:
-            return f"max_minutes={train.max_minutes:g}"
-        return None
+    def finished(self) -> bool:
+        return bool(self.state.end_step) and self.state.step >= self.state.end_step
 
-    def budget_progress(self) -> float:
-        """The share of the training budget used so far, in [0, 1]: the largest over the budgets
-        that are set, since the first one reached ends training. The `linear` schedule reads it."""
+    def _end_without_time(self) -> int:
+        """The end step of the step and epoch budgets, from the current position (0 = neither is set)."""
         train, state = self.train_config, self.state
-        shares = [0.0]
-        if train.max_steps:
-            shares.append(state.step / train.max_steps)
-        if train.max_epochs and self._epoch_batches:
-            shares.append((state.epoch + state.batch_in_epoch / self._epoch_batches) / train.max_epochs)
-        if train.max_minutes:
-            shares.append(state.elapsed_seconds / (train.max_minutes * 60))
-        return min(1.0, max(shares))
+        ends = [train.max_steps] if train.max_steps else []
+        if train.max_epochs:
+            ends.append(steps_for_epochs(train.max_epochs, state.epoch, state.batch_in_epoch, state.step,
+                                         lambda epoch: len(self._batches(epoch)), train.accumulate_batches))
+        return min(ends, default=0)
+
+    def _plan_budget(self) -> None:
+        """Turn the budget settings into the end step: at a run's start, or when a resume changed them."""
+        train, state = self.train_config, self.state
+        values = budget_values(train)
+        # While a time budget is unmeasured, a step or epoch budget may still end training first.
+        self._end_before_measuring = self._end_without_time() if train.max_minutes and not state.seconds_per_step \
+            else 0
+        if state.budget == values:
+            return
+        end = self._end_without_time()
+        if train.max_minutes and state.seconds_per_step:
+            end = min(e for e in (end, steps_for_minutes(train.max_minutes, state.measured_at_step,
+                                                         state.measured_train_seconds, state.seconds_per_step)) if e)
+        elif train.max_minutes:
+            end = 0  # measured in this session's first steps (_measure_time_budget)
+        if not state.budget or not state.end_step:  # a new run, or one whose time budget is still unmeasured
+            state.plan = Plan(end, state.segment_start, decay_start(state.segment_start, train.warmup_steps, end,
+                                                                    state.measured_at_step or state.step))
+        else:
+            changed = ", ".join(f"train.{key}: {state.budget.get(key)} -> {value}" for key, value in values.items()
+                                if state.budget.get(key) != value)
+            plan = reconcile(train, state.step, state.plan, end, changed)
+            if plan is not None and plan != state.plan:
+                if plan.segment_start != state.segment_start:
+                    log.info("%s: the finished linear schedule starts a new segment at step %d: warm-up over %d "
+                             "steps to peak_lr %g, then down to zero at step %d", changed, plan.segment_start,
+                             train.warmup_steps, train.peak_lr, plan.end_step)
+                else:
+                    log.info("%s: training now ends at step %d", changed, plan.end_step)
+                state.plan = plan
+        state.budget = values
+
+    def _measure_time_budget(self, step_seconds: float) -> None:
+        """Once, early in the first session: max_minutes of training at the measured seconds per step
+        becomes the end step (budget.py). Every rank computes the same: it reads rank 0's times."""
+        train, state = self.train_config, self.state
+        if not train.max_minutes or state.seconds_per_step:
+            return
+        self._timed_steps.append(step_seconds)
+        timed = self._timed_steps[UNTIMED_STEPS:]
+        must_end = state.train_seconds >= train.max_minutes * 60 or state.step == self._end_before_measuring
+        if not must_end and (state.step < MEASURE_UNTIL_STEP or len(timed) < MIN_TIMED_STEPS):
+            return
+        state.seconds_per_step = statistics.fmean(timed or self._timed_steps)
+        state.measured_at_step, state.measured_train_seconds = state.step, state.train_seconds
+        by_time = steps_for_minutes(train.max_minutes, state.step, state.train_seconds, state.seconds_per_step)
+        end = min(e for e in (by_time, self._end_without_time()) if e)
+        state.plan = Plan(end, state.segment_start,
+                          decay_start(state.segment_start, train.warmup_steps, end, measured_at=state.step))
+        log.info("time budget: %g minutes of training at %.3f s a step (measured over %d steps) end at step %d%s",
+                 train.max_minutes, state.seconds_per_step, len(timed) or len(self._timed_steps), by_time,
+                 "" if end == by_time else f"; another budget ends training first, at step {end}")
 
     # ------------------------------------------------------------------ one step
 
@@ -142,22 +217,21 @@ class Trainer:
         n_tokens, n_src_tokens = map(int, distributed.all_reduce_sum(
             [sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)]))
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
+        loss_sum, nll_sum = 0.0, 0.0
         for batch in batches:
             batch = batch.to(self.device)
             with autocast(self.device, train.precision):
-                if self._compiled_loss is not None:
-                    loss, _ = self._compiled_loss(model, batch, train.label_smoothing)
-                else:
-                    loss, _ = batch_loss(model, batch, train.label_smoothing)
+                compute = self._compiled_loss if self._compiled_loss is not None else batch_loss
+                loss, nll = compute(model, batch, train.label_smoothing)
             scaled = loss / n_tokens
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
             loss_sum += float(loss.detach())
+            nll_sum += float(nll)
         # Summed by hand rather than by DistributedDataParallel: one collective per optimiser step
         # whatever accumulate_batches is (DDP syncs every backward unless told no_sync), and a rank
         # whose shard is empty simply contributes zeros (DDP expects a forward pass on every rank).
         distributed.all_reduce_gradients(model)
-        lr = learning_rate(self.state.step + 1, train, self.config.model, self.budget_progress())
+        lr = learning_rate(self.state.step + 1, train, self.config.model, self.state.plan)
         set_learning_rate(self.optimizer, lr)
         if scaler is not None:
             scaler.unscale_(self.optimizer)  # the scale is the same on every rank: so are the sums
@@ -165,7 +239,8 @@ class Trainer:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
         # Every rank holds the same summed gradients, so each finds the same norm; the sum of the
         # flags makes sure all ranks take the same branch below (or their weights would part ways).
-        loss_sum, ranks_nonfinite = distributed.all_reduce_sum([loss_sum, float(not math.isfinite(grad_norm))])
+        loss_sum, nll_sum, ranks_nonfinite = distributed.all_reduce_sum(
+            [loss_sum, nll_sum, float(not math.isfinite(grad_norm))])
         loss_finite, grads_finite = math.isfinite(loss_sum), ranks_nonfinite == 0
         if scaler is not None and loss_finite:
             # fp16: overflowing gradients are routine, not divergence. The scaler skips this update
@@ -190,120 +265,114 @@ class Trainer:
             log.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); update skipped",
                         self.state.step + 1, loss_sum, grad_norm)
             finite = False
-        return {"loss": loss_sum / max(n_tokens, 1), "lr": lr, "grad_norm": grad_norm,
-                "target_tokens": n_tokens, "source_tokens": n_src_tokens, "finite": finite}
+        return {"loss": loss_sum / max(n_tokens, 1), "nll": nll_sum / max(n_tokens, 1), "lr": lr,
+                "grad_norm": grad_norm, "target_tokens": n_tokens, "source_tokens": n_src_tokens, "finite": finite}
 
     # ------------------------------------------------------------------ the loop
 
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> TrainState:
+        """Train until the budget's end step or until `should_stop()`; every step, the last and a
+        stopped one included, ends in `_end_step`."""
         train, state = self.train_config, self.state
-        reason = self.budget_reached()
-        if reason:
-            state.finished = True
+        if self.finished():
             return state
-        progress = tqdm(total=train.max_steps or None, initial=state.step, unit="step", dynamic_ncols=True,
+        self._window = _Window()
+        self._session_start = time.monotonic() - state.elapsed_seconds
+        progress = tqdm(total=state.end_step or None, initial=state.step, unit="step", dynamic_ncols=True,
                         disable=not self.show_progress, desc=self.config.name)
-        session_start = time.monotonic() - state.elapsed_seconds
-        window_tokens, window_src_tokens, window_start = 0, 0, time.monotonic()
-        window_loss, window_steps = 0.0, 0
-        stopped = False
         try:
-            while not stopped and not self.budget_reached():
-                # Every rank builds the same global batches, world_size times the per-rank budget
-                # (with one process: exactly the batches of a plain run), and trains on its shard.
-                batches = self.corpus.batches(train.batch_tokens * self.world_size, train.seed, state.epoch)
-                self._epoch_batches = len(batches)
-                while state.batch_in_epoch < len(batches):
-                    indices = batches[state.batch_in_epoch: state.batch_in_epoch + train.accumulate_batches]
-                    shards = [shard_batch(i, self.rank, self.world_size) for i in indices]
-                    metrics = self.train_step([self.corpus.batch(s) for s in shards if len(s)])
-                    state.batch_in_epoch += len(indices)
-                    state.step += 1
-                    # Ranks agree once per step: any rank asked to stop (torchrun forwards SIGTERM to
-                    # all, but not at the same instant) stops them all, and the time budget follows
-                    # rank 0's clock (the others send 0 to the maximum).
-                    elapsed = time.monotonic() - session_start
-                    stop_requested, state.elapsed_seconds = distributed.all_reduce_max(
-                        [float(should_stop()), elapsed if self.rank == 0 else 0.0])
-                    state.target_tokens += int(metrics["target_tokens"])
-                    if state.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
-                        # No save here: skipped steps left the weights as they were, and the newest
-                        # checkpoint (possibly from inside this streak) holds exactly those.
-                        saved = checkpoint.list_checkpoints(self.run_dir)
-                        kept = (f"the last checkpoint, {saved[-1]}, is intact" if saved
-                                else "no checkpoint was saved yet")
-                        raise TrainingDiverged(
-                            f"step {state.step}: the loss or gradient was not finite for "
-                            f"{MAX_NONFINITE_IN_A_ROW} steps in a row ({state.nonfinite_steps} skipped in all), so "
-                            f"training stopped; {kept}. Start a new run (--run-dir) with a lower learning rate "
-                            "(train.lr_factor / train.peak_lr), a longer train.warmup_steps, or train.precision: fp32."
-                        )
-                    if metrics["finite"]:
-                        window_loss += metrics["loss"]
-                        window_steps += 1
-                    window_tokens += int(metrics["target_tokens"])
-                    window_src_tokens += int(metrics["source_tokens"])
-                    progress.update(1)
-                    if state.step % train.log_every == 0:
-                        seconds = max(time.monotonic() - window_start, 1e-9)
-                        tokens_per_second = window_tokens / seconds
-                        mean_loss = window_loss / max(window_steps, 1)
-                        progress.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{metrics['lr']:.2e}",
-                                             tok_s=f"{tokens_per_second:.0f}", epoch=state.epoch + 1)
-                        self.tensorboard.scalars(state.step, {
-                            "train/loss": mean_loss, "train/lr": metrics["lr"],
-                            "train/grad_norm": metrics["grad_norm"],
-                            "train/target_tokens_per_second": tokens_per_second,
-                            "train/source_target_tokens_per_second": (window_tokens + window_src_tokens) / seconds,
-                            "train/epoch": state.epoch + state.batch_in_epoch / len(batches),
-                        })
-                        window_tokens, window_src_tokens, window_start = 0, 0, time.monotonic()
-                        window_loss, window_steps = 0.0, 0
-                    stop_now = bool(stop_requested) or self.budget_reached() is not None
-                    if state.step % train.valid_every == 0:
-                        self.validate()
-                    if state.step % train.checkpoint_every == 0 or stop_now:
-                        self.save()
-                    if stop_now:
-                        stopped = True
-                        break
-                else:  # the epoch ran to its end
-                    state.epoch += 1
-                    state.batch_in_epoch = 0
-            state.finished = self.budget_reached() is not None
-            if state.finished:
-                if self.state.step % train.valid_every != 0:
-                    self.validate()
-                self.save()
+            stop = False
+            while not stop:
+                batches = self._batches(state.epoch)
+                indices = batches[state.batch_in_epoch: state.batch_in_epoch + train.accumulate_batches]
+                started = time.monotonic()
+                shards = [shard_batch(i, self.rank, self.world_size) for i in indices]
+                metrics = self.train_step([self.corpus.batch(s) for s in shards if len(s)])
+                state.step += 1
+                state.batch_in_epoch += len(indices)
+                if state.batch_in_epoch >= len(batches):  # the epoch ran to its end
+                    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+                stop = self._end_step(metrics, time.monotonic() - started, should_stop, progress)
         finally:
             progress.close()
             self.tensorboard.flush()
         return state
 
+    def _end_step(self, metrics: dict[str, float], step_seconds: float, should_stop: Callable[[], bool],
+                  progress: tqdm) -> bool:
+        """What follows every step, in this order: count, check, log, validate, save (with this step's
+        validation), stop. Returns whether training stops after this step."""
+        state, train = self.state, self.train_config
+        # Ranks agree once per step: any rank asked to stop (torchrun forwards SIGTERM to all, but not
+        # at the same instant) stops them all, and time follows rank 0's clock (the others send 0).
+        stop_requested, step_seconds = distributed.all_reduce_max(
+            [float(should_stop()), step_seconds if self.rank == 0 else 0.0])
+        state.train_seconds += step_seconds
+        state.elapsed_seconds = time.monotonic() - self._session_start
+        state.target_tokens += int(metrics["target_tokens"])
+        self._measure_time_budget(step_seconds)
+        if state.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
+            self._diverged()
+        if state.end_step and not progress.total:
+            progress.total = state.end_step
+        last = self.finished()
+        self._window.add(metrics, step_seconds)
+        progress.update(1)
+        if state.step % train.log_every == 0 or last or stop_requested:
+            self._log(metrics, progress)
+        validated = self.validate() if state.step % train.valid_every == 0 or last else None
+        if validated is not None or state.step % train.checkpoint_every == 0 or last or stop_requested:
+            self.save(validated)
+        return last or bool(stop_requested)
+
+    def _log(self, metrics: dict[str, float], progress: tqdm) -> None:
+        state, window = self.state, self._window
+        if not window.steps:
+            return
+        tokens_per_second = window.target_tokens / max(window.seconds, 1e-9)
+        progress.set_postfix(loss=f"{window.loss:.3f}", nll=f"{window.nll:.3f}", lr=f"{metrics['lr']:.2e}",
+                             tok_s=f"{tokens_per_second:.0f}", epoch=state.epoch + 1)
+        self.tensorboard.scalars(state.step, {
+            "train/smoothed_loss": window.loss, "train/nll": window.nll,
+            "train/perplexity": math.exp(min(window.nll, 50.0)), "train/lr": metrics["lr"],
+            "train/grad_norm": metrics["grad_norm"], "train/target_tokens_per_second": tokens_per_second,
+            "train/source_target_tokens_per_second": window.all_tokens / max(window.seconds, 1e-9),
+            "train/epoch": state.epoch + state.batch_in_epoch / len(self._batches(state.epoch)),
+        })
+        self._window = _Window()
+
+    def _diverged(self) -> None:
+        # No save here: skipped steps left the weights as they were, and the newest checkpoint
+        # (possibly from inside this streak) holds exactly those.
+        state = self.state
+        saved = checkpoint.list_checkpoints(self.run_dir)
+        kept = f"the last checkpoint, {saved[-1]}, is intact" if saved else "no checkpoint was saved yet"
+        raise TrainingDiverged(
+            f"step {state.step}: the loss or gradient was not finite for {MAX_NONFINITE_IN_A_ROW} steps in a row "
+            f"({state.nonfinite_steps} skipped in all), so training stopped; {kept}. Start a new run (--run-dir) "
+            "with a lower learning rate (train.lr_factor / train.peak_lr), a longer train.warmup_steps, or "
+            "train.precision: fp32.")
+
     # ------------------------------------------------------------------ validation and saving
 
-    def validate(self) -> None:
-        """Score the valid split (rank 0 only; the others wait in the broadcast of the outcome) and
-        save a checkpoint and `best` when BLEU improved. Every rank calls this at the same steps."""
-        state = self.state
+    def validate(self) -> dict[str, float]:
+        """Score the valid split (rank 0 scores; the others wait in the broadcast of the outcome)
+        and return the metrics every rank then saves with. Every rank calls this at the same steps."""
         metrics = None
         if distributed.is_main():
             result = self._evaluate()
-            metrics = {"valid_loss": result.loss, "valid_bleu": result.scores.bleu, "valid_chrf": result.scores.chrf}
-        metrics = distributed.broadcast_object(metrics)
-        if metrics["valid_bleu"] > state.best_bleu:  # the best-BLEU bookkeeping stays the same on every rank
-            state.best_bleu, state.best_step = metrics["valid_bleu"], state.step
-            path = self.save(metrics=metrics)
-            if path is not None:
-                checkpoint.save_best(self.run_dir, path)
-            log.info("  new best BLEU %.2f at step %d", state.best_bleu, state.step)
+            metrics = {"valid_nll": result.loss, "valid_perplexity": result.perplexity,
+                       "valid_bleu": result.scores.bleu, "valid_chrf": result.scores.chrf}
+            if self.manager.improves(metrics):
+                log.info("  new best BLEU %.2f at step %d", result.scores.bleu, self.state.step)
+        return distributed.broadcast_object(metrics)
 
     def _evaluate(self) -> EvaluationResult:
         result = evaluate(self.model, self.valid, self.tokenizers, self.config, self.device)
         state = self.state
-        log.info("step %d  valid loss %.3f  ppl %.2f  %s", state.step, result.loss, result.perplexity, result.scores)
+        log.info("step %d  valid nll %.3f  ppl %.2f  %s", state.step, result.loss, result.perplexity, result.scores)
         self.tensorboard.scalars(state.step, {
-            "valid/loss": result.loss, "valid/perplexity": result.perplexity,
+            "valid/nll": result.loss, "valid/perplexity": result.perplexity,
             "valid/bleu": result.scores.bleu, "valid/chrf": result.scores.chrf,
         })
         samples = "\n\n".join(
@@ -313,33 +382,43 @@ class Trainer:
             self.tensorboard.text(state.step, "valid/samples", samples)
             for source, hypothesis, _ in result.samples:
                 log.info("  %s  ->  %s", source, hypothesis)
-        self._last_validation = result
         return result
 
-    def save(self, metrics: dict[str, float] | None = None) -> Path | None:
-        """Checkpoint the current step (once per step) and keep the newest `keep_checkpoints`.
-
-        Every rank calls this at the same steps: each sends its RNG state, rank 0 writes them all
-        and returns the checkpoint's path; the other ranks return None.
-        """
+    def save(self, metrics: dict[str, float] | None = None) -> None:
+        """Checkpoint this step, with its validation `metrics` if it was validated. Every rank calls
+        this at the same steps: each sends its RNG state, and rank 0 writes them all."""
         rng_states = distributed.gather_objects(rng_state())
         if not distributed.is_main():
-            return None
-        final = self.run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(self.state.step)
-        if self._last_saved_step == self.state.step and final.is_dir():
-            return final
-        meta = {
-            "step": self.state.step,
-            "state": asdict(self.state),
-            "metrics": metrics or {},
-            "tokenizer_fingerprint": self.tokenizer_fingerprint,
-            "config_name": self.config.name,
-        }
+            return
+        meta = {"step": self.state.step, "state": asdict(self.state), "config_name": self.config.name,
+                **self.fingerprints}
         scaler = self.grad_scaler
-        path = checkpoint.save_checkpoint(
-            self.run_dir, self.model, self.optimizer, meta, rng_states[0],
-            grad_scaler_state=scaler.state_dict() if scaler is not None else None,
-            rank_rng_states=rng_states if len(rng_states) > 1 else None)
-        self._last_saved_step = self.state.step
-        checkpoint.prune_checkpoints(self.run_dir, self.train_config.keep_checkpoints)
-        return path
+        self.manager.save(self.model, self.optimizer, meta, rng_states[0], metrics=metrics,
+                          grad_scaler_state=scaler.state_dict() if scaler is not None else None,
+                          rank_rng_states=rng_states if len(rng_states) > 1 else None)
+
+
+class _Window:
+    """What the steps since the last log line add up to (the progress bar and TensorBoard show means)."""
+
+    def __init__(self) -> None:
+        self.steps = self.finite_steps = self.target_tokens = self.all_tokens = 0
+        self.seconds = self._loss = self._nll = 0.0
+
+    def add(self, metrics: dict[str, float], seconds: float) -> None:
+        self.steps += 1
+        self.seconds += seconds
+        self.target_tokens += int(metrics["target_tokens"])
+        self.all_tokens += int(metrics["target_tokens"] + metrics["source_tokens"])
+        if metrics["finite"]:
+            self.finite_steps += 1
+            self._loss += metrics["loss"]
+            self._nll += metrics["nll"]
+
+    @property
+    def loss(self) -> float:
+        return self._loss / max(self.finite_steps, 1)
+
+    @property
+    def nll(self) -> float:
+        return self._nll / max(self.finite_steps, 1)

@@ -250,6 +250,38 @@ def test_resuming_with_a_changed_config_lists_the_changes(tmp_path: Path, capsys
     assert "model.d_ff: 64 -> 128" in message
 
 
+def test_resuming_after_the_data_file_changed_is_refused(tmp_path: Path, capsys):
+    data = write_csv(tmp_path / "pairs.csv", TINY_PAIRS)
+    assert run_train(tmp_path, data) == 0
+    write_csv(data, TINY_PAIRS + [("A new row.", "Une nouvelle ligne.")])
+    assert run_train(tmp_path, data, max_steps=4) == 2
+    assert user_error(capsys).endswith("was trained on other sentence pairs: the data file changed since this run "
+                                       "started. Train on the new data in a new --run-dir")
+
+
+def test_a_tokenizer_left_by_a_run_killed_before_its_first_checkpoint_is_retrained(tmp_path: Path, tiny_csv: Path,
+                                                                                   tiny_tokenizers):
+    from transformer.tokenizer import load_tokenizers, save_tokenizers
+
+    save_tokenizers(tiny_tokenizers, tmp_path / "run" / "tokenizer")  # 200 subwords, no checkpoint beside it
+    assert tiny_tokenizers.source_vocab_size == 200
+    assert run_train(tmp_path, tiny_csv, "--set", "tokenizer.vocab_size=150") == 0
+    assert load_tokenizers(tmp_path / "run" / "tokenizer").source_vocab_size == 150
+
+
+def test_the_malloc_setting_is_the_cli_s_and_can_be_switched_off(tmp_path: Path, tiny_csv: Path, monkeypatch,
+                                                                 caplog):
+    calls = []
+    monkeypatch.setattr(train_cli, "reuse_freed_memory", lambda: calls.append(True) or True)
+    caplog.set_level("INFO")
+    assert run_train(tmp_path, tiny_csv, "--no-reuse-freed-memory") == 0
+    assert calls == [] and "malloc:" not in caplog.text
+    assert run_train(tmp_path, tiny_csv, "--set", "train.max_steps=4") == 0
+    assert calls == [True] and "malloc: freed memory is kept for the next step" in caplog.text
+    import transformer.run
+    assert "allocator" not in transformer.run.__dict__ and "reuse_freed_memory" not in vars(transformer.run)
+
+
 # --------------------------------------------------------------------------- translate battery
 
 

@@ -181,6 +181,31 @@ def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_
     assert_same_training(uninterrupted, run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(MAX_STEPS))
 
 
+def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_step_budget(
+        tmp_path: Path, tiny_csv: Path, capsys):
+    """max_minutes becomes a step budget once, measured over the first steps; the kill comes after
+    that. The resumed run and a run given that step budget as max_steps take the same steps, at the
+    same learning rates (the warm-up, 30 steps, covers the measurement), to the same weights."""
+    linear = {"schedule": "linear", "peak_lr": 1e-3, "warmup_steps": 30}
+    timed = write_config(tmp_path / "timed.yaml", tiny_csv, max_steps=0, max_minutes=0.1, **linear)
+    run_dir, log = tmp_path / "timed", tmp_path / "timed.log"
+    process = start_slow_run(timed, run_dir, log)  # 0.1 s a step: the budget comes to about 55 steps
+    wait_for_checkpoint(process, run_dir, 35, log)
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    latest = run_dir / checkpoint.CHECKPOINTS / read_run_state(run_dir).latest
+    recorded = checkpoint.read_meta(latest)["state"]
+    end_step = recorded["end_step"]
+    assert recorded["measured_at_step"] == 30 and end_step > recorded["step"]
+
+    assert train_cli.main(cli_args(timed, run_dir)) == 0
+    assert f"done: {end_step} steps" in capsys.readouterr().err
+    steps = write_config(tmp_path / "steps.yaml", tiny_csv, max_steps=end_step, **linear)
+    assert train_cli.main(cli_args(steps, tmp_path / "steps")) == 0
+    final = checkpoint.CHECKPOINTS + "/" + checkpoint.step_dir_name(end_step)
+    assert_same_training(tmp_path / "steps" / final, run_dir / final)
+
+
 def test_resume_skips_a_truncated_newest_checkpoint_and_still_matches(
         tmp_path: Path, config_file: Path, uninterrupted: Path, capsys):
     run_dir = tmp_path / "truncated"

@@ -14,6 +14,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer import checkpoint
+from transformer import trainer as trainer_module
+from transformer.evaluate import sample_over_lengths, spread_indices
 from transformer.batching import make_batch
 from transformer.config import DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer.text import clean_text
@@ -208,3 +210,43 @@ def test_average_last_must_fit_the_kept_checkpoints():
         TrainConfig(max_steps=10, keep_checkpoints=3, average_last=5)
     with pytest.raises(ConfigError, match="train.average_last"):
         TrainConfig(max_steps=10, average_last=1)
+
+
+# --------------------------------------------------------------------------- the validation sample
+
+
+def test_the_validation_sample_spreads_over_the_length_range():
+    sources = [" ".join(["w"] * n) for n in range(1, 101)]  # word counts 1..100, shuffled below
+    random = __import__("random").Random(0)
+    random.shuffle(sources)
+    references = [[s.upper()] for s in sources]
+    picked, refs = sample_over_lengths(sources, references, 10, seed=3)
+    words = [len(s.split()) for s in picked]
+    assert [(w - 1) // 10 for w in words] == list(range(10))  # one from each tenth, shortest first
+    assert refs == [[s.upper()] for s in picked]  # references follow their sentences
+    assert sample_over_lengths(sources, references, 10, seed=3) == (picked, refs)
+    assert sample_over_lengths(sources, references, 10, seed=4) != (picked, refs)
+    everything, _ = sample_over_lengths(sources, references, 0, seed=3)
+    assert [len(s.split()) for s in everything] == list(range(1, 101))
+    assert spread_indices(100, 3) == [24, 49, 74] and spread_indices(2, 5) == [0, 1]
+
+
+def test_every_validation_of_a_run_scores_the_same_sampled_sentences(tiny_config, tmp_path, datasets_cache,
+                                                                       monkeypatch):
+    scored: list[list[str]] = []
+    real_evaluate = trainer_module.evaluate
+
+    def evaluate(model, valid, tokenizers, config, device):
+        scored.append(list(valid.sources))
+        return real_evaluate(model, valid, tokenizers, config, device)
+
+    monkeypatch.setattr(trainer_module, "evaluate", evaluate)
+    config = dataclasses.replace(tiny_config, train=dataclasses.replace(tiny_config.train, valid_max_pairs=2))
+    run_dir = tmp_path / "run"
+    train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    longer = dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=40))
+    train(longer, run_dir, show_progress=False, data_cache_dir=datasets_cache)  # resumed: reads the file back
+    sample = (run_dir / "heldout" / "valid_sample.en").read_text(encoding="utf-8").splitlines()
+    assert len(scored) == 4 and all(sources == sample for sources in scored) and len(sample) == 2
+    everything = (run_dir / "heldout" / "valid.en").read_text(encoding="utf-8").splitlines()
+    assert set(sample) < set(everything)

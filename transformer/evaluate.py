@@ -49,8 +49,9 @@ def sample_over_lengths(sources: list[str], references: list[list[str]], size: i
 
 def spread_indices(n: int, count: int) -> list[int]:
     """`count` positions spread over range(n) at its inner quantiles (e.g. 3 of 100: 25, 50, 75)."""
-    count = min(count, n)
-    return sorted({round((k + 1) * n / (count + 1)) - 1 for k in range(count)}) if count else []
+    if count >= n:
+        return list(range(n))
+    return [round((k + 1) * n / (count + 1)) - 1 for k in range(count)]  # steps of n / (count + 1) > 1
 
 
 @dataclass

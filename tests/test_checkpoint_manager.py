@@ -1,0 +1,200 @@
+"""The run state (checkpoint_manager.py): `best` names the checkpoint of the best validation and moves
+only when a validation beats it; a run that ends off the validation cycle validates and records its
+last step; a rerun of a finished command changes nothing; pruning never removes the best; a save killed
+before the run state recorded it is undone; runs of earlier versions are refused for training only.
+
+Validation scores are scripted (the tiny model's BLEU is noise), so each test knows which step is best.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from transformer import checkpoint, trainer
+from transformer.checkpoint_manager import STATE_FILE, CheckpointManager, find_checkpoint, read_run_state
+from transformer.evaluate import EvaluationResult
+from transformer.metrics import Scores
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import train as train_cli  # noqa: E402  (the CLI script at the repository root)
+
+
+def write_config(path: Path, csv_path: Path, **train: object) -> Path:
+    config = {
+        "data": {"path": str(csv_path), "valid_pairs": 4, "test_pairs": 4},
+        "tokenizer": {"vocab_size": 200, "min_frequency": 1},
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+        "train": {"max_steps": 45, "batch_tokens": 256, "warmup_steps": 10, "log_every": 15, "valid_every": 30,
+                  "checkpoint_every": 30, "keep_checkpoints": 1, "device": "cpu", "threads": 1, **train},
+    }
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+class ScriptedValidation:
+    """Validation that returns, for the step being validated, the BLEU of `scores`, and notes the step."""
+
+    def __init__(self) -> None:
+        self.scores: dict[int, float] = {}
+        self.validated: list[int] = []
+        self.trainer: trainer.Trainer | None = None
+
+    def evaluate(self, model, valid, tokenizers, config, device) -> EvaluationResult:
+        step = self.trainer.state.step
+        self.validated.append(step)
+        return EvaluationResult(1.0, math.e, Scores(self.scores[step], self.scores[step] / 2, ""), [], [])
+
+
+@pytest.fixture
+def scripted(monkeypatch) -> ScriptedValidation:
+    script = ScriptedValidation()
+    real_init = trainer.Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        script.trainer = self
+
+    monkeypatch.setattr(trainer, "evaluate", script.evaluate)
+    monkeypatch.setattr(trainer.Trainer, "__init__", init)
+    return script
+
+
+def train_run(config: Path, run_dir: Path, *overrides: str) -> int:
+    words = [word for override in overrides for word in ("--set", override)]
+    return train_cli.main(["--config", str(config), "--run-dir", str(run_dir), "--no-progress", *words])
+
+
+def best_files(run_dir: Path) -> dict[str, bytes]:
+    """What a reader of checkpoints/best sees: the link's target and every file's bytes."""
+    best = run_dir / checkpoint.CHECKPOINTS / checkpoint.BEST
+    return {"->": os.readlink(best).encode(), **{p.name: p.read_bytes() for p in sorted(best.iterdir())}}
+
+
+def test_a_run_ending_off_the_validation_cycle_validates_and_records_its_last_step(
+        tmp_path: Path, tiny_csv: Path, scripted, capsys):
+    """The budget (45) ends between validations (every 30). The last step is validated, then saved
+    with its own metrics; it is the best, so best names it."""
+    scripted.scores.update({30: 10.0, 45: 20.0})
+    config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv), tmp_path / "run"
+    assert train_run(config, run_dir) == 0
+    assert scripted.validated == [30, 45]
+    state = read_run_state(run_dir)
+    assert (state.best.checkpoint, state.best.step, state.best.score) == ("step_00000045", 45, 20.0)
+    last = checkpoint.read_meta(run_dir / "checkpoints" / "step_00000045")
+    assert last["metrics"] == state.best.metrics == {"valid_nll": 1.0, "valid_perplexity": math.e,
+                                                     "valid_bleu": 20.0, "valid_chrf": 10.0}
+    assert checkpoint.read_meta(run_dir / "checkpoints" / checkpoint.BEST)["step"] == 45
+    assert "best valid BLEU 20.00 at step 45" in capsys.readouterr().err
+
+
+def test_rerunning_a_finished_run_changes_nothing_and_raising_its_budget_keeps_best_right(
+        tmp_path: Path, tiny_csv: Path, scripted, capsys):
+    """The run of the issue: best at step 30, then a worse last step (45). A rerun leaves best and
+    the run state byte-identical. Raising the budget validates at 60 (worse: best stays at 30, which
+    pruning keeps although keep_checkpoints is 1) and 75 (better: best moves)."""
+    scripted.scores.update({30: 33.1, 45: 32.3, 60: 30.0, 75: 40.0})
+    config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv), tmp_path / "run"
+    assert train_run(config, run_dir) == 0
+    assert read_run_state(run_dir).best.step == 30
+    before, state_bytes = best_files(run_dir), (run_dir / STATE_FILE).read_bytes()
+    mtimes = {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*") if p.is_file()}
+    capsys.readouterr()
+
+    assert train_run(config, run_dir) == 0  # the same command again
+    assert "already reached its budget at step 45; nothing to do" in capsys.readouterr().err
+    assert best_files(run_dir) == before and (run_dir / STATE_FILE).read_bytes() == state_bytes
+    assert {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*") if p.is_file()} == mtimes
+    assert scripted.validated == [30, 45]  # no validation either
+
+    assert train_run(config, run_dir, "train.max_steps=60") == 0
+    state = read_run_state(run_dir)
+    assert state.best.step == 30 and best_files(run_dir) == before
+    assert state.kept == ["step_00000030", "step_00000060"]  # the best, and the newest one
+    assert not (run_dir / "checkpoints" / "step_00000045").exists()
+
+    assert train_run(config, run_dir, "train.max_steps=75") == 0
+    state = read_run_state(run_dir)
+    assert (state.best.step, state.best.score) == (75, 40.0) and state.kept == ["step_00000075"]
+    assert os.readlink(run_dir / "checkpoints" / checkpoint.BEST) == "step_00000075"
+    assert find_checkpoint(run_dir) == run_dir / "checkpoints" / "step_00000075"
+    assert scripted.validated == [30, 45, 60, 75]
+
+
+def test_a_save_killed_before_the_run_state_recorded_it_is_undone(tmp_path: Path, tiny_csv: Path, scripted,
+                                                                  caplog):
+    scripted.scores.update({30: 5.0, 45: 6.0, 60: 7.0})
+    config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv), tmp_path / "run"
+    assert train_run(config, run_dir) == 0
+    state_bytes = (run_dir / STATE_FILE).read_bytes()
+    # What a kill between the checkpoint's rename and the run state's leaves behind: a complete
+    # step directory that state.json does not name.
+    orphan = run_dir / "checkpoints" / "step_00000050"
+    shutil.copytree(run_dir / "checkpoints" / "step_00000045", orphan)
+    assert CheckpointManager(run_dir, keep=1).resume_point() == run_dir / "checkpoints" / "step_00000045"
+    assert not orphan.exists() and (run_dir / STATE_FILE).read_bytes() == state_bytes
+    assert "its save was interrupted before the run state recorded it" in caplog.text
+
+
+def test_a_damaged_best_checkpoint_is_dropped_and_the_next_validation_sets_a_new_one(
+        tmp_path: Path, tiny_csv: Path, scripted, caplog):
+    scripted.scores.update({30: 5.0, 45: 9.0, 60: 1.0})
+    config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv, keep_checkpoints=2), tmp_path / "run"
+    assert train_run(config, run_dir) == 0
+    newest = run_dir / "checkpoints" / "step_00000045"  # the best and the newest
+    (newest / checkpoint.TRAINING_FILE).write_bytes(b"torn")
+    assert train_run(config, run_dir, "train.max_steps=60") == 0
+    assert "the best checkpoint step_00000045 is damaged or gone" in caplog.text
+    state = read_run_state(run_dir)
+    assert state.best.step == 60 and state.best.score == 1.0  # redone from step 30: 45 was not validated again
+
+
+def test_a_run_of_an_earlier_version_is_refused_for_training_but_still_translates(tmp_path: Path, tiny_csv: Path,
+                                                                                 scripted, capsys):
+    scripted.scores.update({30: 5.0, 45: 6.0})
+    config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv), tmp_path / "run"
+    assert train_run(config, run_dir) == 0
+    # Make it look like a run of an earlier version: no state.json, checkpoints without the
+    # manager's mark, a copy (not a link) in checkpoints/best.
+    (run_dir / STATE_FILE).unlink()
+    best = run_dir / "checkpoints" / checkpoint.BEST
+    target = best.resolve()
+    best.unlink()
+    shutil.copytree(target, best)
+    for meta_path in (run_dir / "checkpoints").glob("*/meta.json"):
+        meta = json.loads(meta_path.read_text())
+        meta.pop("manager_format")
+        meta_path.write_text(json.dumps(meta))
+    assert find_checkpoint(run_dir) == best  # translation still finds its best copy
+    assert train_run(config, run_dir, "train.max_steps=60") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {run_dir}: was trained by an earlier version of this project (it has no state.json), so it cannot "
+        "be resumed; translate.py still reads it. Train in a new --run-dir")
+
+
+def test_the_run_state_is_replaced_in_one_rename(tmp_path: Path, tiny_csv: Path, scripted, monkeypatch):
+    """A failed write of state.json leaves the previous one whole and stops training with one message."""
+    scripted.scores.update({30: 5.0, 45: 6.0})
+    config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv), tmp_path / "run"
+    assert train_run(config, run_dir, "train.max_steps=30") == 0
+    state_bytes = (run_dir / STATE_FILE).read_bytes()
+    real_replace = os.replace
+
+    def refuse_state(src, dst, *args, **kwargs):
+        if str(dst).endswith(STATE_FILE):
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", refuse_state)
+    assert train_run(config, run_dir) == 2
+    assert (run_dir / STATE_FILE).read_bytes() == state_bytes
+    assert not list(run_dir.glob(f".{STATE_FILE}.tmp-*"))

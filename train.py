@@ -1,4 +1,5 @@
-"""Train an English-to-French Transformer from a YAML config: `python train.py --config configs/base.yaml`.
+"""Train a Transformer translation model from a YAML config (English to French with the shipped data):
+`python train.py --config configs/base.yaml`.
 
 Re-running the same command resumes the run from its latest checkpoint. Ctrl-C (or SIGTERM)
 finishes the current step, saves a checkpoint and exits. Data-parallel on N GPUs or processes:

@@ -1,4 +1,4 @@
-"""Translate English to French with a trained run.
+"""Translate with a trained run (English to French with the shipped data and configs).
 
   python translate.py "I am cold." "Where is the station?"
   cat file.en | python translate.py > file.fr
@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--run", type=Path, help="run directory (default: the newest run under runs/)")
     where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
-    parser.add_argument("--input", type=Path, help="file with one English sentence per line")
+    parser.add_argument("--input", type=Path, help="file with one source sentence per line")
     parser.add_argument("--output", type=Path, help="write translations here instead of stdout")
     search = parser.add_mutually_exclusive_group()
     search.add_argument("--beam", type=int, metavar="K", help="beam size (default: the run's decode.beam_size)")
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"cannot write --output {args.output}: {error.strerror or error}") from None
 
         if args.interactive:
-            print("Type an English sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
+            print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
             translate_stream(translator, iter_lines(sys.stdin.buffer, "standard input"), out, args.n_best, 1)
             return 0
 

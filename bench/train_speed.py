@@ -35,7 +35,6 @@ from transformer.allocator import reuse_freed_memory  # noqa: E402
 from transformer.batching import PairCorpus  # noqa: E402
 from transformer.config import load_config  # noqa: E402
 from transformer.data import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs  # noqa: E402
-from transformer import loss as loss_module  # noqa: E402
 from transformer.batching import Batch  # noqa: E402
 from transformer.loss import batch_loss  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
@@ -132,11 +131,39 @@ def naive_attention(q, k, v, attn_mask=None, is_causal=False, **_):
     return torch.softmax(scores, dim=-1) @ v
 
 
-def autograd_loss(logits, targets, eps):
-    """Label smoothing with autograd's log_softmax + gather + mean (what the fused loss replaces)."""
-    log_probs = F.log_softmax(logits, dim=-1)
-    nll = -log_probs.gather(1, targets[:, None]).squeeze(1)
-    return ((1 - eps) * nll - eps * log_probs.mean(-1)).sum(), nll.detach().sum()
+class HandFusedCrossEntropy(torch.autograd.Function):
+    """The label-smoothed loss of earlier versions of transformer/loss.py: its own backward pass,
+    three passes over the (tokens x vocabulary) logits. Kept here to measure what F.cross_entropy
+    costs against it (the lever "hand-fused loss")."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, eps):
+        lse = torch.logsumexp(logits, dim=-1)
+        nll = lse - logits.gather(1, targets[:, None]).squeeze(1)
+        loss = nll if eps == 0.0 else (1.0 - eps) * nll + eps * (lse - logits.mean(dim=-1))
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.eps = eps
+        nll_sum = nll.sum()
+        ctx.mark_non_differentiable(nll_sum)
+        return loss.sum(), nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_nll):
+        logits, targets, lse = ctx.saved_tensors
+        eps, vocab = ctx.eps, logits.shape[-1]
+        grad = torch.sub(logits, lse[:, None]).exp_()
+        if eps:
+            grad.sub_(eps / vocab)
+        grad.scatter_add_(1, targets[:, None], grad.new_full((len(targets), 1), -(1.0 - eps)))
+        return grad.mul_(grad_loss), None, None
+
+
+def hand_fused_loss(model: Transformer, batch: Batch, label_smoothing: float = 0.0):
+    memory = model.encode(batch.src, batch.src_pad_mask)
+    states = model.decode(batch.tgt_in, memory, batch.src_pad_mask)
+    real = batch.tgt_out != PAD_ID
+    logits = model.project(states[real]).float()
+    return HandFusedCrossEntropy.apply(logits, batch.tgt_out[real], float(label_smoothing))
 
 
 def full_projection_loss(model: Transformer, batch: Batch, label_smoothing: float = 0.0):
@@ -156,12 +183,6 @@ def patched(owner, name: str, value) -> Iterator[None]:
         yield
     finally:
         setattr(owner, name, original)
-
-
-class FusedLossOff:
-    """Stands in for loss.SmoothedCrossEntropy: same call, autograd's arithmetic."""
-
-    apply = staticmethod(autograd_loss)
 
 
 # --------------------------------------------------------------------------- timing
@@ -233,8 +254,7 @@ def run_levers(config, train, corpus: PairCorpus, batches, src_vocab: int, tgt_v
         ("no length bucketing (random batches)", {"batches": unbucketed_batches(corpus, train.batch_tokens,
                                                                               train.seed)}),
         ("naive attention instead of SDPA", {"patch": (F, "scaled_dot_product_attention", naive_attention)}),
-        ("autograd log_softmax loss instead of the fused one",
-         {"patch": (loss_module, "SmoothedCrossEntropy", FusedLossOff)}),
+        ("hand-fused loss (earlier versions) instead of F.cross_entropy", {"loss_fn": hand_fused_loss}),
         ("output projection over padding too", {"loss_fn": full_projection_loss}),
         ("1 thread instead of %d" % threads, {"threads": 1}),
         ("glibc malloc defaults (freed memory unmapped)", {"malloc_defaults": True}),

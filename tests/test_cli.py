@@ -77,7 +77,7 @@ def test_csv_with_empty_cells_trains_and_names_the_dropped_lines(tmp_path: Path,
     path.write_text(HEADER + ROWS + '"",""\n"Hi.",""\n"  ","Vide"\n' + ROWS, encoding="utf-8")
     assert run_train(tmp_path, path) == 0
     first = N_ROWS + 2
-    assert (f"{path}: dropped 3 of {2 * N_ROWS + 3} rows with an empty English or French side "
+    assert (f"{path}: dropped 3 of {2 * N_ROWS + 3} rows with an empty source or target side "
             f"(lines {first}, {first + 1}, {first + 2})") in caplog.text
 
 
@@ -142,7 +142,7 @@ def test_text_files_train_end_to_end(tmp_path: Path, caplog):
     source.write_text("".join(s + "\n" for s, _ in TINY_PAIRS) + "\n", encoding="utf-8")
     target.write_text("".join(t + "\n" for _, t in TINY_PAIRS) + "Vide\n", encoding="utf-8")
     assert run_train(tmp_path, source, data={"format": "text", "target_path": str(target)}) == 0
-    assert (f"{source} and {target}: dropped 1 of {len(TINY_PAIRS) + 1} rows with an empty English or French "
+    assert (f"{source} and {target}: dropped 1 of {len(TINY_PAIRS) + 1} rows with an empty source or target "
             f"side (line {len(TINY_PAIRS) + 1})") in caplog.text
     assert checkpoint.list_checkpoints(tmp_path / "run")
     assert checkpoint.load_run_config(tmp_path / "run").data.target_path == str(target)

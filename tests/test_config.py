@@ -156,7 +156,7 @@ def test_shared_embeddings_need_a_joint_vocabulary():
 
 def test_text_format_needs_a_target_path_and_only_it_may_have_one():
     message = refused({**BUDGET, "data": {"path": "train.en", "format": "text"}})
-    assert message.startswith("data.target_path: expected the French file's path") and "data.path" in message
+    assert message.startswith("data.target_path: expected the target-language file's path") and "data.path" in message
     message = refused({**BUDGET, "data": {"path": "pairs.csv", "target_path": "train.fr"}})
     assert message.startswith("data.target_path is only for data.format: text")
     config = config_from_dict({**BUDGET, "data": {"path": "train.en", "format": "text", "target_path": "train.fr"}})

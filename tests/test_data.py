@@ -173,7 +173,7 @@ def test_text_empty_lines_are_dropped_naming_their_lines(tmp_path: Path, caplog)
     # Text has no header line, so a line reading like the CSV header is a pair like any other.
     assert rows_of(pairs) == [("Hi.", "Salut !"), (SOURCE_COLUMN, TARGET_COLUMN), ("Run!", "Cours !")]
     assert (report.rows_read, report.rows_dropped_empty, report.rows_dropped_header) == (5, 2, 0)
-    assert (f"{source} and {target}: dropped 2 of 5 rows with an empty English or French side (lines 2, 3)"
+    assert (f"{source} and {target}: dropped 2 of 5 rows with an empty source or target side (lines 2, 3)"
             in caplog.text)
 
 

@@ -144,6 +144,19 @@ def test_two_ranks_with_half_the_budget_train_what_one_process_trains(one_proces
     assert (one_state["world_size"], two_state["world_size"]) == (1, 2)
 
 
+def test_a_rank_with_no_sentence_in_a_step_still_joins_the_gradient_reduction(tmp_path: Path, tiny_csv: Path):
+    """Global batches of 2 tokens hold one sentence each (every pair is longer), so rank 1's shard of
+    every batch is empty: it trains on nothing, runs its zero-weight pass, and the two ranks learn
+    what one process does."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert train_cli.main(["--config", str(write_config(tmp_path / "one.yaml", tiny_csv, 2)),
+                           "--run-dir", str(one), "--no-progress"]) == 0
+    run_2_ranks(write_config(tmp_path / "two.yaml", tiny_csv, 1), two)
+    np.testing.assert_allclose([v for _, v in scalars(two, "train/smoothed_loss")],
+                               [v for _, v in scalars(one, "train/smoothed_loss")], rtol=1e-5)
+    assert_same_weights(step_checkpoint(one, MAX_STEPS), step_checkpoint(two, MAX_STEPS))
+
+
 def test_only_rank_0_writes_the_run_directory_and_logs_at_info(one_process: Path, two_ranks):
     run_dir, stderr = two_ranks
 

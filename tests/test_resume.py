@@ -24,6 +24,7 @@ import yaml
 from safetensors.torch import load_file
 
 from transformer import checkpoint, trainer
+from transformer import loss as loss_module
 from transformer.checkpoint_manager import read_run_state
 from transformer.errors import CheckpointError
 from transformer.trainer import MAX_NONFINITE_IN_A_ROW
@@ -240,7 +241,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
     nan_gradient_steps = {3}  # a lone bad step: skipped, then training goes on
     nan_loss_steps = set(range(12, 12 + MAX_NONFINITE_IN_A_ROW))  # 12..16, across the save at step 14
     params_after: dict[int, list[torch.Tensor]] = {}
-    real_train_step, real_batch_loss = trainer.Trainer.train_step, trainer.batch_loss
+    real_train_step, real_batch_loss = trainer.Trainer.train_step, loss_module.batch_loss
     poisoned = {"loss": False}
 
     def batch_loss(model, batch, label_smoothing=0.0):
@@ -259,7 +260,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
         params_after[step] = [p.detach().clone() for p in self.model.parameters()]
         return metrics
 
-    monkeypatch.setattr(trainer, "batch_loss", batch_loss)
+    monkeypatch.setattr(loss_module, "batch_loss", batch_loss)
     monkeypatch.setattr(trainer.Trainer, "train_step", train_step)
     run_dir = tmp_path / "nan"
     assert train_cli.main(cli_args(config_file, run_dir)) == 2

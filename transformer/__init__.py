@@ -1,3 +1,4 @@
-"""An English-to-French Transformer (Vaswani et al., 2017): config, data, model, training, decoding."""
+"""A Transformer translation model (Vaswani et al., 2017), shipped for English to French: config, data,
+model, training, decoding."""
 
 __version__ = "0.1.0"

@@ -3,13 +3,12 @@
 A training step on the CPU allocates and frees the same large tensors each time: the logits alone
 are (target tokens x vocabulary) floats, 136 MB for a 4,096-token batch and a 10k vocabulary.
 glibc's malloc serves blocks above its mmap threshold (at most 32 MB) with fresh `mmap` pages and
-unmaps them on free, so every step page-faults that memory back in and the kernel zeroes it again:
-on the 2-core machine of bench/README.md, 438,000 page faults a step (55,000 a second over a
-30-minute run). `reuse_freed_memory` turns most of that off: large blocks come from malloc's heap
-and freed memory stays there for the next step: 13,000 faults a step, and 1.15-1.4x the tokens/s
-in fresh processes on configs/small.yaml (1.1x when `python bench/train_speed.py --levers` switches
-it back and forth inside one process). That is what the jemalloc / tcmalloc advice of PyTorch's
-CPU performance guides achieves, without preloading another allocator.
+unmaps them on free, so every step page-faults that memory back in and the kernel zeroes it again.
+`reuse_freed_memory` turns most of that off: large blocks come from malloc's heap and freed memory
+stays there for the next step. That is what the jemalloc / tcmalloc advice of PyTorch's CPU
+performance guides achieves, without preloading another allocator. Its effect on training speed is
+one of the levers of `python bench/train_speed.py --levers` (figures in bench/README.md). train.py
+calls it (--no-reuse-freed-memory to leave glibc's defaults): the library changes no process-wide state.
 
 Only glibc on Linux has these knobs; elsewhere this does nothing. The process keeps its peak heap
 for its lifetime, which for a training run is the peak it reaches in any step anyway.

@@ -164,7 +164,7 @@ class PairCorpus:
         batch, not at a copy of the whole table with its text columns. Ids are stored as uint16
         when all fit (vocabularies up to 65,536), halving the largest array; else int32.
         """
-        # Imported here: translate.py uses this module and need not load datasets and pyarrow (~1 s).
+        # Imported here: translate.py uses this module and need not load datasets and pyarrow (slow to import).
         import pyarrow.compute as pc
 
         from .data import arrow_batches

@@ -30,15 +30,15 @@ class DataConfig:
 
     # csv / tsv: `path` is one file with a header line; the pair's sides are the columns named by
     # source_column and target_column. text: two line-aligned UTF-8 files without a header (as
-    # corpora are often shipped, e.g. train.en / train.fr): `path` is the English one and
-    # `target_path` the French one; line N of each is pair N. Named files rather than a stem plus
+    # corpora are often shipped, e.g. train.en / train.fr): `path` is the source-language one and
+    # `target_path` the target-language one; line N of each is pair N. Named files rather than a stem plus
     # suffixes: each key then names exactly one file in errors, and the files may live apart.
     path: str = "data/eng_-french.csv"
     format: Literal["csv", "tsv", "text"] = "csv"
-    target_path: str = ""  # the French file; for format text only
-    source_column: str = "English words/sentences"  # csv / tsv only
-    target_column: str = "French words/sentences"  # csv / tsv only
-    valid_pairs: int = 1000  # pairs held out for validation (whole English-sentence groups)
+    target_path: str = ""  # the target-language file; for format text only
+    source_column: str = "English words/sentences"  # csv / tsv only; the defaults are the shipped CSV's
+    target_column: str = "French words/sentences"
+    valid_pairs: int = 1000  # pairs held out for validation (whole groups of pairs sharing a sentence)
     test_pairs: int = 1000  # pairs held out for testing, never seen in training
     split_seed: int = 1234
     max_length: int = 128  # training pairs with more subword tokens on either side are skipped
@@ -47,7 +47,8 @@ class DataConfig:
         _require(bool(self.path), "data.path", "a file path", self.path)
         if self.format == "text":
             _require(bool(self.target_path), "data.target_path",
-                     "the French file's path (with data.format: text, data.path is the English file)",
+                     "the target-language file's path (with data.format: text, data.path is the source-language "
+                     "file)",
                      self.target_path)
         elif self.target_path:
             raise ConfigError(f"data.target_path is only for data.format: text; a {self.format.upper()} file holds "
@@ -61,7 +62,7 @@ class DataConfig:
 class TokenizerConfig:
     """Byte-pair encoding trained on the training split only."""
 
-    joint: bool = True  # one vocabulary for English and French (needed to share embeddings)
+    joint: bool = True  # one vocabulary for source and target (needed to share embeddings)
     vocab_size: int = 8000
     min_frequency: int = 2
 

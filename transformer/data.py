@@ -45,9 +45,9 @@ _CODE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()
 MAX_CHARS_PER_TOKEN = 32
 _LINES_SHOWN = 5  # line numbers named in a warning about dropped rows
 
-# From this many rows on, cleaning and encoding run in one process per CPU (on 2 cores, 800k rows:
-# cleaning 8.9 -> 3.8 s, encoding 300k rows 19.5 -> 11.3 s). Smaller corpora take seconds anyway,
-# not worth the workers' start-up and one cache file per worker.
+# From this many rows on, cleaning and encoding run in one process per CPU (`python
+# bench/data_memory.py` measures the data stage). Smaller corpora take seconds anyway, not worth the
+# workers' start-up and one cache file per worker.
 PARALLEL_ROWS = 1_000_000
 
 
@@ -63,7 +63,7 @@ class LoadReport:
     rows_dropped_empty: int  # rows where either side was empty after cleaning
     rows_dropped_header: int = 0  # rows repeating the header line (e.g. two files pasted together)
     rows_dropped_long: int = 0  # rows with a side longer than data.max_length * MAX_CHARS_PER_TOKEN characters
-    target_path: str = ""  # the French file, for data.format text (`path` is then the English one)
+    target_path: str = ""  # the target-language file, for data.format text (`path` is then the source one)
 
     @property
     def rows_kept(self) -> int:
@@ -158,10 +158,10 @@ def load_pairs(config: DataConfig, cache_dir: str | Path | None = None) -> tuple
                         target_path=config.target_path)
     if not report.rows_kept:
         raise DataError(f"{path}: no usable sentence pairs: of {report.rows_read} rows, {report.rows_dropped_empty} "
-                        f"have an empty English or French side, {report.rows_dropped_header} repeat the header line "
+                        f"have an empty source or target side, {report.rows_dropped_header} repeat the header line "
                         f"and {report.rows_dropped_long} are too long")
     if report.rows_dropped_empty:
-        logger.warning("%s: dropped %d of %d rows with an empty English or French side (%s)",
+        logger.warning("%s: dropped %d of %d rows with an empty source or target side (%s)",
                        path, report.rows_dropped_empty, report.rows_read, _where(config, drop["empty"]))
     if report.rows_dropped_header:
         logger.warning("%s: dropped %d of %d rows repeating the header line (%s); were two files pasted together?",

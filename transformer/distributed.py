@@ -1,5 +1,5 @@
 """Data-parallel plumbing for `torchrun`: the process group, rank helpers and the few collectives
-the trainer needs. Every helper is a no-op (or the identity) in a plain `python train.py`, which
+the trainer needs besides DistributedDataParallel's gradient reduction. Every helper is a no-op (or the identity) in a plain `python train.py`, which
 starts no process group; what each rank trains on lives in the trainer, not here.
 
 torchrun sets WORLD_SIZE, RANK and LOCAL_RANK in every worker's environment; a process group is
@@ -16,7 +16,6 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from .errors import ConfigError
 
@@ -153,43 +152,6 @@ def all_reduce_sum(values: Sequence[float]) -> list[float]:
     return _all_reduce(values, dist.ReduceOp.SUM)
 
 
-def all_reduce_gradients(model: nn.Module) -> None:
-    """Sum every parameter's gradient over ranks, in one flat buffer (one collective, not one per tensor).
-
-    A parameter without a gradient here (this rank had no sentences this step) contributes zeros,
-    and every parameter leaves with one: all parameters of the Transformer take part in every
-    forward pass, so some rank always produced each gradient.
-    """
-    if not dist.is_initialized():
-        return
-    parameters = [p for p in model.parameters() if p.requires_grad]  # a shared matrix is listed once
-    for parameter in parameters:
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
-    grads = [p.grad for p in parameters]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for grad in grads:
-        grad.copy_(flat[offset: offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
-
-
-def broadcast_parameters(model: nn.Module) -> None:
-    """Copy rank 0's weights to every rank, so that the replicas start identical whatever happened
-    before (seeded init and the same checkpoint already agree; this makes sure)."""
-    if not dist.is_initialized():
-        return
-    with torch.no_grad():
-        tensors = list(model.parameters())
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-        dist.broadcast(flat, src=0)
-        offset = 0
-        for tensor in tensors:
-            tensor.copy_(flat[offset: offset + tensor.numel()].view_as(tensor))
-            offset += tensor.numel()
-
-
 def seed_for_rank(seed: int, rank: int, step: int = 0) -> int:
     """A seed for rank `rank`'s dropout: `seed + rank` at the start, and a distinct stream per
     (seed, rank, step) when a resume cannot restore this rank's own RNG state."""
@@ -201,5 +163,5 @@ def seed_for_rank(seed: int, rank: int, step: int = 0) -> int:
 __all__ = [
     "launched", "env_rank", "local_rank", "rank", "world_size", "is_main", "training_device", "process_group",
     "barrier", "main_first", "broadcast_object", "gather_objects", "all_reduce_max", "all_reduce_sum",
-    "all_reduce_gradients", "broadcast_parameters", "seed_for_rank",
+    "seed_for_rank",
 ]

@@ -19,8 +19,8 @@ class Scores:
 def group_references(sources: Sequence[str], targets: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """Pairs that share a source become one sentence with several references (first-seen order).
 
-    Tatoeba often lists several French translations of one English sentence; scoring against
-    all of them is fairer than picking one.
+    A corpus often lists several translations of one source sentence (Tatoeba does); scoring
+    against all of them is fairer than picking one.
     """
     references: dict[str, list[str]] = {}
     for source, target in zip(sources, targets, strict=True):

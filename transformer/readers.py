@@ -29,8 +29,8 @@ class RawPairs:
     """The file(s) as read: string columns, one row per pair, in file order."""
 
     table: datasets.Dataset
-    source_column: str  # the table's column holding English
-    target_column: str  # the table's column holding French
+    source_column: str  # the table's column holding the source language
+    target_column: str  # the table's column holding the target language
     # The header's names of those two columns, to spot a repeated header line (two files pasted
     # together); None for text, which has no header.
     header: tuple[str, str] | None
@@ -101,7 +101,7 @@ def _find_cause(error: BaseException, kind: type[BaseException]) -> BaseExceptio
 def _reader_options(config: DataConfig) -> tuple[str, int]:
     """(separator, quoting) for the file format.
 
-    TSV is read without quote handling: a French sentence may well start with '"', and
+    TSV is read without quote handling: a sentence may well start with '"' (French quotes), and
     TSV has no quoting convention (fields simply cannot contain tabs).
     """
     if config.format == "tsv":
@@ -256,16 +256,16 @@ def _read_parallel_text(config: DataConfig, cache_dir: str | Path | None) -> Raw
     # Both files must exist before either is read: reading a large file only to fail on a typo wastes minutes.
     _existing(source_path, "data.path")
     _existing(target_path, "data.target_path")
-    english = _read_lines(source_path, "data.path", cache_dir)
-    french = _read_lines(target_path, "data.target_path", cache_dir)
-    if len(english) != len(french):
+    source_lines = _read_lines(source_path, "data.path", cache_dir)
+    target_lines = _read_lines(target_path, "data.target_path", cache_dir)
+    if len(source_lines) != len(target_lines):
         hints = [f"; {path} has a carriage return (\\r) inside line {line}, which counts as a line break"
                  for path in (source_path, target_path) if (line := _lone_carriage_return(path)) is not None]
-        raise DataError(f"{source_path} (data.path) has {len(english)} lines but {target_path} (data.target_path) "
-                        f"has {len(french)}: the files must be line-aligned, line N of one translating line N "
+        raise DataError(f"{source_path} (data.path) has {len(source_lines)} lines but {target_path} (data.target_path) "
+                        f"has {len(target_lines)}: the files must be line-aligned, line N of one translating line N "
                         f"of the other{''.join(hints)}")
     # Side by side, without a copy: the result is a view of the two memory-mapped tables.
-    table = datasets.concatenate_datasets([english.rename_column("text", "c0"), french.rename_column("text", "c1")],
+    table = datasets.concatenate_datasets([source_lines.rename_column("text", "c0"), target_lines.rename_column("text", "c1")],
                                           axis=1)
     return RawPairs(table, "c0", "c1", header=None)
 

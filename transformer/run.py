@@ -230,7 +230,6 @@ def _train(config: Config, run_dir: Path, device: torch.device, precision: str, 
     state = TrainState(world_size=world_size)
     if resumed_from is not None:
         state = _resume(resumed_from, model, optimizer, grad_scaler, fingerprints, run_dir, train_config.seed)
-    distributed.broadcast_parameters(model)
 
     with _writing(run_dir):
         tensorboard = TensorBoard(run_dir, enabled=main)

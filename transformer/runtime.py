@@ -56,7 +56,8 @@ def seed_everything(seed: int) -> None:
 def fast_bf16(device: torch.device) -> bool:
     """Whether bf16 matmuls run faster than fp32 ones here. On a GPU that is any card with bf16
     support; on a CPU only AMX or AVX-512-BF16 units make it so: without them (e.g. AVX2-only
-    CPUs) PyTorch emulates bf16 matmuls, measured at over 100x slower than fp32."""
+    CPUs) PyTorch emulates bf16 matmuls, far slower than fp32 (`python bench/train_speed.py
+    --precision bf16` prints the matmul peak it measures)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":

@@ -34,7 +34,7 @@ _TRAIN_BATCH = 1000  # texts handed to the Rust trainer at a time
 
 @dataclass(frozen=True)
 class Tokenizers:
-    """The source (English) and target (French) tokenizers; one shared object when `joint`."""
+    """The source and target tokenizers; one shared object when `joint`."""
 
     source: Tokenizer
     target: Tokenizer

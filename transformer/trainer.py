@@ -2,13 +2,14 @@
 signal handling stays in train.py; it builds nothing (see run.py) and never prints.
 
 Under torchrun every rank runs this loop in lockstep: each trains on its shard of every global
-batch, gradients are summed over ranks before each update, and every decision that ends the loop
-is agreed by all ranks (one that stopped alone would leave the others waiting forever). Only rank
-0 validates, logs to TensorBoard and writes checkpoints.
+batch, DistributedDataParallel reduces the gradients over ranks before each update, and every
+decision that ends the loop is agreed by all ranks (one that stopped alone would leave the others
+waiting forever). Only rank 0 validates, logs to TensorBoard and writes checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import statistics
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from . import checkpoint, distributed
-from .batching import PairCorpus, shard_batch
+from .batching import Batch, PairCorpus, make_batch, shard_batch
 from .budget import (MEASURE_UNTIL_STEP, MIN_TIMED_STEPS, UNTIMED_STEPS, Plan, budget_values, decay_start, reconcile,
                      steps_for_epochs, steps_for_minutes)
 from .checkpoint_manager import CheckpointManager
@@ -29,16 +31,20 @@ from .config import Config
 from .errors import UserError
 from .evaluate import EvaluationResult, EvaluationSet, evaluate
 from .logs import TensorBoard
-from .loss import batch_loss
+from .loss import TrainingLoss
 from .model import Transformer
 from .optim import learning_rate, set_learning_rate
 from .runtime import CompiledOrEager, autocast, rng_state
-from .tokenizer import Tokenizers
+from .tokenizer import UNK_ID, Tokenizers
 
 log = logging.getLogger(__name__)
 
 # Steps in a row whose loss or gradient is not finite before training gives up.
 MAX_NONFINITE_IN_A_ROW = 5
+
+
+# What a rank with no sentences in a step trains on, weighted zero (see Trainer.train_step).
+_ZERO_WEIGHT_BATCH = make_batch([[UNK_ID]], [[UNK_ID]])
 
 
 class TrainingDiverged(UserError):
@@ -102,11 +108,16 @@ class Trainer:
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self._batch_lists: dict[int, list] = {}
         self._timed_steps: list[float] = []  # this session's step times, for a time budget's measurement
-        # The function is compiled, not the module: checkpoints keep the plain module's parameter
-        # names (torch.compile(model) would prefix them with `_orig_mod.`), and validation and
-        # translation, whose shapes change every step, stay eager.
-        self._compiled_loss = CompiledOrEager(batch_loss, "training forward pass") if self.train_config.compile \
-            else None
+        # Training runs through one module, the model with its loss. Under torchrun DDP wraps it: it
+        # copies rank 0's weights to every rank, then averages gradients over ranks during backward.
+        # Compiled, it is this wrapper that torch.compile sees: checkpoints keep the plain model's
+        # parameter names, and validation and translation, whose shapes change every step, stay eager.
+        self._loss_module: torch.nn.Module = TrainingLoss(model, self.train_config.label_smoothing)
+        if self.world_size > 1:
+            self._loss_module = DistributedDataParallel(
+                self._loss_module, device_ids=[device.index] if device.type == "cuda" else None)
+        self._loss = CompiledOrEager(self._loss_module, "training forward pass") if self.train_config.compile \
+            else self._loss_module
         if state.world_size != self.world_size:
             self._adapt_data_position()
         self._plan_budget()
@@ -204,37 +215,38 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def train_step(self, batches: list) -> dict[str, float]:
+    def train_step(self, batches: list[Batch]) -> dict[str, float]:
         """One optimiser step over `batches` (gradient accumulation; under torchrun, this rank's
         shards of the step's global batches, possibly none).
 
-        The loss is normalised by the real target tokens of the whole step on all ranks, and the
-        gradients are summed over ranks: N ranks then compute the gradient that one process would
-        on the union of their batches. Loss, token counts and gradient norm returned are global.
+        The loss is normalised by the real target tokens of the whole step on all ranks, so that N
+        ranks compute the gradient one process would on the union of their batches: DDP averages
+        gradients over ranks, hence the factor world_size. It reduces once a step, in the backward of
+        each rank's last pass (the others run under no_sync); a rank with no sentences in this step
+        runs one pass weighted zero, since every rank must join that reduction. Loss, token counts
+        and gradient norm returned are global.
         """
-        model, train, scaler = self.model, self.train_config, self.grad_scaler
+        model, train, scaler, world = self.model, self.train_config, self.grad_scaler, self.world_size
         model.train()
         n_tokens, n_src_tokens = map(int, distributed.all_reduce_sum(
             [sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)]))
         self.optimizer.zero_grad(set_to_none=True)
+        passes = [(batch, 1.0) for batch in batches] or ([(_ZERO_WEIGHT_BATCH, 0.0)] if world > 1 else [])
         loss_sum, nll_sum = 0.0, 0.0
-        for batch in batches:
+        for index, (batch, weight) in enumerate(passes):
             batch = batch.to(self.device)
-            with autocast(self.device, train.precision):
-                compute = self._compiled_loss if self._compiled_loss is not None else batch_loss
-                loss, nll = compute(model, batch, train.label_smoothing)
-            scaled = loss / n_tokens
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-            loss_sum += float(loss.detach())
-            nll_sum += float(nll)
-        # Summed by hand rather than by DistributedDataParallel: one collective per optimiser step
-        # whatever accumulate_batches is (DDP syncs every backward unless told no_sync), and a rank
-        # whose shard is empty simply contributes zeros (DDP expects a forward pass on every rank).
-        distributed.all_reduce_gradients(model)
+            syncs = index == len(passes) - 1 or world == 1
+            with contextlib.nullcontext() if syncs else self._loss_module.no_sync():
+                with autocast(self.device, train.precision):
+                    loss, nll = self._loss(batch.src, batch.tgt_in, batch.tgt_out)
+                scaled = loss * weight * world / n_tokens
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            loss_sum += weight * float(loss.detach())
+            nll_sum += weight * float(nll)
         lr = learning_rate(self.state.step + 1, train, self.config.model, self.state.plan)
         set_learning_rate(self.optimizer, lr)
         if scaler is not None:
-            scaler.unscale_(self.optimizer)  # the scale is the same on every rank: so are the sums
+            scaler.unscale_(self.optimizer)  # the scale is the same on every rank: so are the gradients
         max_norm = train.clip_grad_norm if train.clip_grad_norm > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
         # Every rank holds the same summed gradients, so each finds the same norm; the sum of the

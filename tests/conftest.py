@@ -151,10 +151,12 @@ def tiny_encoded(tiny_config: Config, tiny_splits: Splits, tiny_tokenizers: Toke
     return encode_splits(tiny_splits, tiny_tokenizers, tiny_config.data.max_length)
 
 
-def train_tiny_run(run_dir: Path, config: Config, datasets_cache: Path, steps: int = 10, **model: object) -> Path:
-    """A run of `config` trained for `steps` steps, one checkpoint, decode beam 2; `model` overrides model keys."""
+def train_tiny_run(run_dir: Path, config: Config, datasets_cache: Path, joint_tokenizer: bool = True,
+                   **model: object) -> Path:
+    """A run of `config` trained for 10 steps, one checkpoint, decode beam 2; `model` overrides model keys."""
     raw = config_to_dict(config)
-    raw["train"].update(max_steps=steps, valid_every=steps, checkpoint_every=steps, threads=1)
+    raw["train"].update(max_steps=10, valid_every=10, checkpoint_every=10, threads=1)
+    raw["tokenizer"]["joint"] = joint_tokenizer
     raw["model"].update(model)
     raw["decode"]["beam_size"] = 2
     run.train(config_from_dict(raw), run_dir, show_progress=False, data_cache_dir=datasets_cache)

@@ -1,7 +1,8 @@
 """`translate.py --engine ctranslate2`: greedy output equal to the torch engine's on every sentence,
-beam output (re-ranked with the GNMT penalty) on at least 99%, for pre-norm and post-norm models; the
-same CLI behaviour (arguments, stdin, files, blank lines, n-best, references); one export per weights;
-no torch in a cold call; one clear line when ctranslate2 is missing or the device is not one it has."""
+beam output re-ranked with the GNMT penalty equal wherever the two searches stop alike, for pre-norm,
+post-norm and separate-vocabulary models; the same CLI behaviour (arguments, stdin, files, blank
+lines, n-best, references); one export per weights; no torch in a cold call; one clear line when
+ctranslate2 is missing or the device is not one it has."""
 
 from __future__ import annotations
 
@@ -57,9 +58,13 @@ def translate(run_dir: Path, engine: str, *args: str) -> int:
     return translate_cli.main(["--run", str(run_dir), "--engine", engine, *args])
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["post-norm", "pre-norm"])
-def norm_run(request, tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("ct2") / "run", tiny_config, datasets_cache, pre_norm=request.param)
+@pytest.fixture(scope="module", params=[
+    {"pre_norm": False},
+    {"pre_norm": True},
+    {"pre_norm": True, "joint_tokenizer": False, "share_embeddings": False, "n_encoder_layers": 2},
+], ids=["post-norm", "pre-norm", "separate-vocabularies"])
+def variant_run(request, tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("ct2") / "run", tiny_config, datasets_cache, **request.param)
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +75,14 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, d
 # --------------------------------------------------------------------------- same translations
 
 
-def test_greedy_equals_the_torch_engine_on_every_sentence(norm_run: Path, tmp_path: Path, capsys):
+def test_greedy_equals_the_torch_engine_on_every_sentence(variant_run: Path, tmp_path: Path, capsys):
     source = tmp_path / "in.en"
-    source.write_text("\n".join(sentences(norm_run)) + "\n", encoding="utf-8")
+    source.write_text("\n".join(sentences(variant_run)) + "\n", encoding="utf-8")
     outputs = {}
     for engine in ("torch", "ctranslate2"):
-        assert translate(norm_run, engine, "--greedy", "--quiet", "--input", str(source)) == 0
+        assert translate(variant_run, engine, "--greedy", "--quiet", "--input", str(source)) == 0
         outputs[engine] = capsys.readouterr().out.split("\n")
-    assert len(outputs["torch"]) == len(sentences(norm_run)) + 1
+    assert len(outputs["torch"]) == len(sentences(variant_run)) + 1
     assert outputs["ctranslate2"] == outputs["torch"]
 
 
@@ -97,23 +102,23 @@ def output_ids(translator, texts: list[str], monkeypatch) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
-def test_beam_reranked_equals_the_torch_engine_where_the_search_stops_alike(norm_run: Path, alpha: float,
+def test_beam_reranked_equals_the_torch_engine_where_the_search_stops_alike(variant_run: Path, alpha: float,
                                                                            monkeypatch):
     """Without a length penalty CTranslate2 stops no sooner than ours needs. With one, ours can go on
     finding longer, better-scoring hypotheses after CTranslate2 has stopped: a difference only ever in
     that direction; searching as long as ours (a large patience) makes the outputs equal again."""
-    texts = sentences(norm_run)
-    ours = output_ids(load_translator(norm_run, beam_size=5, length_penalty=alpha), texts, monkeypatch)
-    theirs = output_ids(load_ct2_translator(norm_run, device="cpu", beam_size=5, length_penalty=alpha), texts,
+    texts = sentences(variant_run)
+    ours = output_ids(load_translator(variant_run, beam_size=5, length_penalty=alpha), texts, monkeypatch)
+    theirs = output_ids(load_ct2_translator(variant_run, device="cpu", beam_size=5, length_penalty=alpha), texts,
                         monkeypatch)
-    greedy = output_ids(load_translator(norm_run, beam_size=1), texts, monkeypatch)
+    greedy = output_ids(load_translator(variant_run, beam_size=1), texts, monkeypatch)
     assert sum(a != b for a, b in zip(ours, greedy)) > len(texts) / 2  # the beam really searches
     differ = [(a, b) for a, b in zip(ours, theirs) if a != b]
     if alpha == 0.0:
         assert len(differ) <= 0.01 * len(texts), differ
     else:
         assert all(len(a) > len(b) for a, b in differ), differ
-        searched_on = output_ids(load_ct2_translator(norm_run, device="cpu", patience=100.0, beam_size=5,
+        searched_on = output_ids(load_ct2_translator(variant_run, device="cpu", patience=100.0, beam_size=5,
                                                      length_penalty=alpha), texts, monkeypatch)
         assert sum(a == b for a, b in zip(ours, searched_on)) >= 0.99 * len(texts)
 

@@ -210,15 +210,16 @@ def load_ct2_translator(run: Path | None = None, checkpoint_dir: Path | None = N
     A checkpoint is exported on first use into RUN/ctranslate2/<hash of its weights>/ (export.py, which
     imports torch); later calls load that export without torch. `int8` runs CTranslate2's int8 weights
     (compute_type int8); `threads` > 0 sets its intra-op threads; `patience` is beam search's (see
-    BEAM_PATIENCE). `decode_overrides` replace fields
-    of the run's decode config (or, for an export directory, of the one it was exported with).
+    BEAM_PATIENCE). `decode_overrides` replace fields of the run's decode config (or, for an export
+    directory, of the one it was exported with).
     """
     ctranslate2 = import_ctranslate2()
     device_kind, device_index = _device(device, ctranslate2, device_key)
     source_checkpoint: Path | None = None
-    if checkpoint_dir is not None and read_export_info(checkpoint_dir) is not None:
+    info = read_export_info(checkpoint_dir) if checkpoint_dir is not None else None
+    if info is not None:  # a directory export.py wrote
         model_dir = Path(checkpoint_dir)
-        decode = DecodeConfig(**read_export_info(model_dir)["decode"])
+        decode = DecodeConfig(**info["decode"])
     else:
         source_checkpoint = find_checkpoint(run, checkpoint_dir, runs_root)
         model_dir, digest = cached_export_dir(source_checkpoint)
@@ -228,8 +229,8 @@ def load_ct2_translator(run: Path | None = None, checkpoint_dir: Path | None = N
 
             log.info("exporting %s for CTranslate2 into %s (once: later calls reuse it)", source_checkpoint, model_dir)
             export_checkpoint(source_checkpoint, model_dir, force=True)
+            info = read_export_info(model_dir)
         decode = load_decode_config(run_dir_of(source_checkpoint))
-    info = read_export_info(model_dir)
     decode = dataclasses.replace(decode, **{k: v for k, v in decode_overrides.items() if v is not None})
     try:
         translator = ctranslate2.Translator(str(model_dir), device=device_kind, device_index=device_index,
@@ -243,5 +244,5 @@ def load_ct2_translator(run: Path | None = None, checkpoint_dir: Path | None = N
                                  patience)
 
 
-__all__ = ["EXPORTS_DIR", "EXPORT_INFO", "BEAM_PATIENCE", "CTranslate2Translator", "import_ctranslate2", "read_export_info",
-           "cached_export_dir", "differences_from_torch", "load_ct2_translator"]
+__all__ = ["EXPORTS_DIR", "EXPORT_INFO", "BEAM_PATIENCE", "CTranslate2Translator", "import_ctranslate2",
+           "read_export_info", "cached_export_dir", "differences_from_torch", "load_ct2_translator"]

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from . import checkpoint
+from .config import DecodeConfig
 from .ct2_engine import (EXPORT_FORMAT, EXPORT_INFO, EXPORT_TOKENIZER_DIR, EXPORT_VERSION, import_ctranslate2,
                          read_export_info)
-from .config import DecodeConfig
 from .errors import UserError
 from .inference import load_checkpoint_and_tokenizers
 from .model import CrossAttention, FeedForward, SelfAttention, Transformer

@@ -88,6 +88,11 @@ def test_an_occupied_directory_is_refused_unless_it_holds_an_export_or_force(tra
     (tmp_path / "file").write_text("")
     assert export(trained_run, tmp_path / "file") == 2
     assert user_error(capsys) == f"{tmp_path / 'file'} exists and is not a directory"
+    best = trained_run / checkpoint.CHECKPOINTS / checkpoint.BEST
+    for precious in (trained_run, best, trained_run / checkpoint.CHECKPOINTS):  # --force would delete them
+        assert export(trained_run, precious, "--force") == 2
+        assert user_error(capsys) == f"{precious} holds a run or a checkpoint; export into a directory of its own"
+    assert (best / checkpoint.MODEL_FILE).is_file()
 
 
 def test_export_errors_are_one_line(trained_run: Path, tmp_path: Path, capsys, monkeypatch):

@@ -23,7 +23,7 @@ from .ct2_engine import (EXPORT_FORMAT, EXPORT_INFO, EXPORT_TOKENIZER_DIR, EXPOR
 from .errors import UserError
 from .inference import load_checkpoint_and_tokenizers
 from .model import CrossAttention, FeedForward, SelfAttention, Transformer
-from .rundir import MODEL_FILE, load_decode_config, run_dir_of
+from .rundir import CHECKPOINTS, META_FILE, MODEL_FILE, load_decode_config, run_dir_of
 from .tokenizer import (BOS, EOS, JOINT_FILE, PAD, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK, Tokenizers,
                         save_tokenizers)
 
@@ -143,9 +143,13 @@ def _description(found: Path, meta: dict[str, Any], model: Transformer, tokenize
     }
 
 
-def _check_destination(out_dir: Path, force: bool) -> None:
+def _check_destination(out_dir: Path, found: Path, force: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} exists and is not a directory")
+    # --force deletes what OUT_DIR holds: never a run or a checkpoint, least of all the one exported.
+    if out_dir.resolve() in (found.resolve(), *found.resolve().parents) or (out_dir / CHECKPOINTS).is_dir() \
+            or (out_dir / META_FILE).is_file():
+        raise UserError(f"{out_dir} holds a run or a checkpoint; export into a directory of its own")
     if out_dir.is_dir() and any(out_dir.iterdir()) and read_export_info(out_dir) is None and not force:
         raise UserError(f"{out_dir} is not empty and holds no export; choose another directory, or add --force "
                         "to replace it (its contents are deleted)")
@@ -159,7 +163,7 @@ def export_checkpoint(found: Path, out_dir: Path, force: bool = False) -> Path:
     """
     import_ctranslate2()  # the clearest error first
     out_dir = Path(out_dir)
-    _check_destination(out_dir, force)
+    _check_destination(out_dir, Path(found), force)
     model, meta, tokenizers = load_checkpoint_and_tokenizers(found, "cpu")
     spec = build_spec(model, tokenizers)
     description = _description(found, meta, model, tokenizers, load_decode_config(run_dir_of(found)))

@@ -4,6 +4,7 @@
   cat file.en | python translate.py > file.fr
   python translate.py --input file.en --output file.fr --reference file.fr.ref
   python translate.py --interactive
+  python translate.py --engine ctranslate2 "I am cold."      # CTranslate2, exported on first use
 
 Default model: the best checkpoint of the newest run under runs/. Translations go to stdout,
 one line per input line (empty lines stay empty); logs, progress and scores go to stderr.
@@ -17,14 +18,18 @@ import os
 import sys
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator, TextIO
+from typing import TYPE_CHECKING, Iterable, Iterator, TextIO
 
+# No module that imports torch here: the torch engine's modules are imported in `load_engine`, so that
+# `--engine ctranslate2` starts without torch.
 from transformer.errors import UserError
-from transformer.inference import Translator, load_translator
 from transformer.logs import setup_logging
 from transformer.metrics import score
-from transformer.runtime import select_device, set_threads
 from transformer.text import iter_lines, read_lines
+
+if TYPE_CHECKING:
+    from transformer.ct2_engine import CTranslate2Translator
+    from transformer.inference import Translator
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
 # small enough that a long file streams and memory stays flat.
@@ -48,9 +53,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-length-b", type=int, metavar="B")
     parser.add_argument("--batch-size", type=int, metavar="N", help="sentences decoded together")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default: auto)")
+    parser.add_argument("--engine", choices=["torch", "ctranslate2"], default="torch",
+                        help="torch (default), or CTranslate2 (pip install -e \".[ctranslate2]\"): the run is exported "
+                             "into RUN/ctranslate2/ on first use; --checkpoint may name an export.py directory")
     parser.add_argument("--int8", action="store_true",
-                        help="int8 dynamically quantized linear layers: faster on a CPU, slightly different output")
-    parser.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: torch's, one per core)")
+                        help="int8 linear layers (torch: dynamically quantized; ctranslate2: compute_type int8): "
+                             "faster on a CPU, slightly different output")
+    parser.add_argument("--threads", type=int, default=0, metavar="N",
+                        help="CPU threads (default: the engine's own; torch's is one per core)")
     parser.add_argument("--reference", type=Path, action="append", default=[], metavar="FILE",
                         help="reference translations, line-aligned; repeat for several references "
                              "(blank lines = no reference in that file); prints BLEU and chrF on stderr")
@@ -87,8 +97,32 @@ def _print_scores(hypotheses: list[str], references: list[list[str]]) -> None:
     print(f"{scores}  ({len(scored)} sentences{note}; {scores.signature})", file=sys.stderr)
 
 
-def translate_stream(translator: Translator, lines: Iterable[str], out: TextIO, n_best: int,
-                     chunk_size: int, progress=None) -> list[str]:
+def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTranslate2Translator:
+    """The translator of the chosen engine, with the decode options given on the command line."""
+    overrides = dict(beam_size=beam, batch_size=args.batch_size, length_penalty=args.length_penalty,
+                     max_length_a=args.max_length_a, max_length_b=args.max_length_b)
+    if args.engine == "ctranslate2":
+        from transformer.ct2_engine import differences_from_torch, load_ct2_translator
+
+        translator = load_ct2_translator(args.run, args.checkpoint, device=args.device, int8=args.int8,
+                                         threads=args.threads, **overrides)
+        if not args.quiet:
+            for note in differences_from_torch(translator.decode, args.n_best, translator.patience):
+                print(f"note: {note}", file=sys.stderr)
+        return translator
+    from transformer.ct2_engine import EXPORT_INFO
+    from transformer.inference import load_translator
+    from transformer.runtime import select_device, set_threads
+
+    if args.checkpoint is not None and (args.checkpoint / EXPORT_INFO).is_file():
+        raise UserError(f"{args.checkpoint}: a CTranslate2 export, not a checkpoint; add --engine ctranslate2")
+    set_threads(args.threads)
+    device = select_device(args.device, key="--device")
+    return load_translator(args.run, args.checkpoint, device, int8=args.int8, **overrides)
+
+
+def translate_stream(translator: Translator | CTranslate2Translator, lines: Iterable[str], out: TextIO,
+                     n_best: int, chunk_size: int, progress=None) -> list[str]:
     """Translate lines chunk by chunk, writing each chunk's output as soon as it is ready."""
     written: list[str] = []
     for chunk in _chunks(lines, chunk_size):
@@ -118,12 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         if beam is not None and beam < 1:
             raise UserError(f"--beam must be at least 1, got {beam}")
         if args.threads < 0:
-            raise UserError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
-        set_threads(args.threads)
-        device = select_device(args.device, key="--device")
-        translator = load_translator(args.run, args.checkpoint, device, int8=args.int8, beam_size=beam,
-                                     batch_size=args.batch_size, length_penalty=args.length_penalty, max_length_a=args.max_length_a,
-                                     max_length_b=args.max_length_b)
+            raise UserError(f"--threads must be 0 (the engine's default) or more, got {args.threads}")
+        translator = load_engine(args, beam)
         if args.n_best > translator.decode.beam_size:
             raise UserError(f"--n-best {args.n_best} needs a beam of at least {args.n_best} "
                             f"(beam is {translator.decode.beam_size}; add --beam {args.n_best})")

@@ -6,6 +6,11 @@ Prints sentences/s and output tokens/s for greedy and beam 5, with the increment
 recomputing the whole prefix, at batch sizes 64 and 1, and with int8 dynamically quantized linear
 layers (medians over repeats); BLEU and chrF of greedy and beam 5, fp32 and int8, against all
 references; the wall time and peak RSS of a cold one-sentence `translate.py` call.
+
+Where ctranslate2 is installed, the same for CTranslate2 side by side (`side_by_side`):
+fp32 and int8 on one export of the same weights, the same sentences, batch sizes and threads, one
+after the other in this process; speed ratios ours / CTranslate2, BLEU and the share of outputs
+identical to ours; cold-start wall time and the peak RSS of translating the test split, per engine.
 Run it on an otherwise idle machine.
 """
 
@@ -13,6 +18,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
+import logging
+import os
 import resource
 import statistics
 import subprocess
@@ -23,9 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
 from transformer.decode import translate  # noqa: E402
 from transformer.inference import load_translator  # noqa: E402
 from transformer.metrics import score  # noqa: E402
+from transformer.translation import translate_texts  # noqa: E402
 
 
 def read_heldout(run: Path, limit: int) -> tuple[list[str], list[list[str]]]:
@@ -38,28 +49,102 @@ def read_heldout(run: Path, limit: int) -> tuple[list[str], list[list[str]]]:
     return sources, references
 
 
-def timed(translator, texts: list[str], beam: int, batch_size: int, use_cache: bool, repeats: int):
-    config = dataclasses.replace(translator.decode, beam_size=beam, batch_size=batch_size)
+def measure(translate_once, tokenizers, count: int, repeats: int) -> tuple[float, float, list[str]]:
+    """Sentences/s and output tokens/s (medians over `repeats`) of `translate_once()`, and its outputs."""
     seconds, outputs = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        outputs = translate(texts, translator.model, translator.tokenizers, config, translator.device, use_cache)
+        outputs = translate_once()
         seconds.append(time.perf_counter() - start)
-    tokens = sum(len(ids) + 1 for ids in translator.tokenizers.encode_target(outputs))  # + EOS
+    tokens = sum(len(ids) + 1 for ids in tokenizers.encode_target(outputs))  # + EOS
     best = statistics.median(seconds)
-    return len(texts) / best, tokens / best, outputs
+    return count / best, tokens / best, outputs
 
 
-def cold_start(run: Path, repeats: int) -> tuple[float, float]:
-    """Median wall seconds and max peak RSS (GiB) of `translate.py --run RUN "I am cold."`."""
-    walls = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, str(ROOT / "translate.py"), "--quiet", "--run", str(run), "I am cold."],
-                       check=True, stdout=subprocess.DEVNULL)
-        walls.append(time.perf_counter() - start)
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-    return statistics.median(walls), rss
+def timed(translator, texts: list[str], beam: int, batch_size: int, use_cache: bool, repeats: int):
+    config = dataclasses.replace(translator.decode, beam_size=beam, batch_size=batch_size)
+    return measure(lambda: translate(texts, translator.model, translator.tokenizers, config, translator.device,
+                                     use_cache), translator.tokenizers, len(texts), repeats)
+
+
+def timed_ct2(translator, texts: list[str], beam: int, batch_size: int, repeats: int):
+    """As `timed`, through CTranslate2: the same text side (translation.translate_texts), its search."""
+    translator.decode = dataclasses.replace(translator.decode, beam_size=beam, batch_size=batch_size)
+    return measure(lambda: [best[0] for best in translate_texts(texts, translator.tokenizers, translator.search,
+                                                                batch_size, 1, translator.max_len - 1)],
+                   translator.tokenizers, len(texts), repeats)
+
+
+# Runs a command and prints its peak RSS: RUSAGE_CHILDREN keeps the largest child ever waited for, so
+# each measurement needs a parent of its own.
+_PEAK_RSS = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+def run_translate(run: Path, *args: str) -> tuple[float, float]:
+    """Wall seconds and peak RSS (GiB) of one `translate.py --run RUN --quiet ARGS` process."""
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", _PEAK_RSS, sys.executable, str(ROOT / "translate.py"), "--quiet",
+                             "--run", str(run), *args], check=True, capture_output=True, text=True)
+    return time.perf_counter() - start, int(result.stdout) / 2**20
+
+
+def cold_start(run: Path, repeats: int, engine: str = "torch") -> tuple[float, float]:
+    """Median wall seconds and max peak RSS (GiB) of `translate.py --run RUN --engine ENGINE "I am cold."`."""
+    walls, peaks = zip(*(run_translate(run, "--engine", engine, "I am cold.") for _ in range(repeats)))
+    return statistics.median(walls), max(peaks)
+
+
+def ctranslate2_backend(model_dir: Path) -> list[str]:
+    """CTranslate2's own account of its CPU kernels (ISA, MKL or oneDNN for fp32 and int8 GEMMs)."""
+    code = ("import ctranslate2, sys; ctranslate2.Translator(sys.argv[1], device='cpu', compute_type='int8')")
+    result = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, check=True,
+                            env=dict(os.environ, CT2_VERBOSE="1"))
+    return [line.split("[info] ", 1)[1].strip() for line in result.stderr.splitlines()
+            if "[info] " in line and any(word in line for word in ("CPU:", "ISA", "MKL", "backend", "compute type"))]
+
+
+def side_by_side(run: Path, sources: list[str], references: list[list[str]], slow: list[str],
+                 ours: dict[str, list[str]], speed: dict, torch_cold: tuple[float, float], threads: int,
+                 repeats: int) -> None:
+    """CTranslate2 fp32 and int8 on one export of the run's best checkpoint, beside our fp32 figures."""
+    import ctranslate2
+
+    from transformer.ct2_engine import load_ct2_translator
+
+    # Characters never seen in training are named by translate.py; here the warning would repeat per call.
+    logging.getLogger("transformer.translation").setLevel(logging.ERROR)
+    engines = {kind: load_ct2_translator(run, device="cpu", int8=kind == "int8", threads=threads)
+               for kind in ("fp32", "int8")}
+    model_dir = engines["fp32"].model_dir
+    print(f"\nCTranslate2 {ctranslate2.__version__} side by side: export {model_dir}, {threads} threads "
+          f"(intra_threads), beam patience {engines['fp32'].patience:g}; "
+          f"CT2_USE_MKL={os.environ.get('CT2_USE_MKL', '')!r}")
+    for line in ctranslate2_backend(model_dir):
+        print(f"  {line}")
+    print(f"{'search':<8} {'engine':<17} {'batch':>5} {'sentences':>9} {'sent/s':>8} {'tok/s':>8} {'ours/this':>9} "
+          f"{'identical':>9}  quality")
+    for beam in (1, 5):
+        name = "greedy" if beam == 1 else f"beam {beam}"
+        for kind, translator in engines.items():
+            for batch, texts in ((64, sources), (1, slow)):
+                sent_s, tok_s, outputs = timed_ct2(translator, texts, beam, batch, repeats if texts is sources else 1)
+                ratio = speed[name, "fp32", True, batch, texts is sources] / sent_s
+                identical = sum(a == b for a, b in zip(outputs, ours[name])) / len(texts)
+                quality = f"{score(outputs, references)}" if texts is sources else ""
+                print(f"{name:<8} {'ctranslate2 ' + kind:<17} {batch:>5} {len(texts):>9} {sent_s:>8.1f} {tok_s:>8.0f} "
+                      f"{ratio:>8.2f}x {identical:>9.1%}  {quality}")
+    print("ours/this: our fp32 cached sentences/s at the same search, batch size and sentences, over this "
+          "engine's; identical: share of outputs equal to our fp32 output")
+    test_split = run / "heldout" / "test.en"
+    split_size = len(test_split.read_text(encoding="utf-8").splitlines())
+    for engine in ("torch", "ctranslate2"):
+        wall, rss = torch_cold if engine == "torch" else cold_start(run, repeats, engine)
+        split_wall, split_rss = run_translate(run, "--engine", engine, "--threads", str(threads),
+                                              "--input", str(test_split), "--output", os.devnull)
+        print(f"translate.py --engine {engine}: cold one sentence {wall:.2f} s wall (median of {repeats}), peak RSS "
+              f"{rss:.2f} GiB; the test split ({split_size} sentences, the run's decode settings) {split_wall:.2f} s "
+              f"wall, peak RSS {split_rss:.2f} GiB")
 
 
 def main() -> None:
@@ -71,7 +156,10 @@ def main() -> None:
     parser.add_argument("--long-sentences", type=int, default=100,
                         help="the longest test sentences, for cached vs recomputed on long outputs")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="CPU threads of both engines (torch, and CTranslate2's intra_threads)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     translator = load_translator(args.run, device="cpu")
     int8 = load_translator(args.run, device="cpu", int8=True)
@@ -80,7 +168,7 @@ def main() -> None:
     print(f"run: {args.run}  checkpoint: {translator.checkpoint}  test sentences: {len(sources)} "
           f"(slow settings: {len(slow)})")
     print(f"{'search':<8} {'model':<6} {'cache':<6} {'batch':>5} {'sentences':>9} {'sent/s':>8} {'tok/s':>8}")
-    quality, speed = {}, {}
+    quality, speed, ours = {}, {}, {}
     for beam in (1, 5):
         name = "greedy" if beam == 1 else f"beam {beam}"
         # The slow settings run on the first `--slow-sentences` test sentences; cached decoding is timed
@@ -96,6 +184,7 @@ def main() -> None:
             speed[name, kind, use_cache, batch, texts is sources] = sent_s
             if texts is sources:
                 quality[f"{name} {kind}"] = score(outputs, references)
+                ours.setdefault(name, outputs)  # fp32 comes first: what CTranslate2 is compared with
     for name in ("greedy", "beam 5"):
         print(f"{name}: int8 / fp32 speed (cached, batch 64): "
               f"{speed[name, 'int8', True, 64, True] / speed[name, 'fp32', True, 64, True]:.2f}x; cached / "
@@ -117,6 +206,10 @@ def main() -> None:
     self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"cold one-sentence translate.py: {wall:.2f} s wall (median of {args.repeats}), peak RSS {rss:.2f} GiB")
     print(f"peak RSS of this benchmark (all settings above): {self_rss:.2f} GiB")
+    if importlib.util.find_spec("ctranslate2") is None:
+        print("ctranslate2 is not installed: no side-by-side (pip install -e \".[ctranslate2]\")")
+        return
+    side_by_side(args.run, sources, references, slow, ours, speed, (wall, rss), args.threads, args.repeats)
 
 
 if __name__ == "__main__":

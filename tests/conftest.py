@@ -14,7 +14,8 @@ import datasets
 import pytest
 import torch
 
-from transformer.config import Config, config_from_dict
+from transformer import run
+from transformer.config import Config, config_from_dict, config_to_dict
 from transformer.data import EncodedSplits, Splits, encode_splits, iter_texts, load_pairs, split_pairs
 from transformer.tokenizer import Tokenizers, train_tokenizers
 
@@ -148,3 +149,16 @@ def tiny_tokenizers(tiny_config: Config, tiny_splits: Splits) -> Tokenizers:
 @pytest.fixture(scope="session")
 def tiny_encoded(tiny_config: Config, tiny_splits: Splits, tiny_tokenizers: Tokenizers) -> EncodedSplits:
     return encode_splits(tiny_splits, tiny_tokenizers, tiny_config.data.max_length)
+
+
+def train_tiny_run(run_dir: Path, config: Config, datasets_cache: Path, joint_tokenizer: bool = True,
+                   **model: object) -> Path:
+    """A run of `config` trained for 10 steps, one checkpoint, decode beam 2; `model` overrides model keys."""
+    raw = config_to_dict(config)
+    raw["train"].update(max_steps=10, valid_every=10, checkpoint_every=10, threads=1)
+    raw["tokenizer"]["joint"] = joint_tokenizer
+    raw["model"].update(model)
+    raw["decode"]["beam_size"] = 2
+    run.train(config_from_dict(raw), run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    return run_dir
+

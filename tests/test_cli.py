@@ -19,9 +19,9 @@ import torch
 import yaml
 from safetensors import SafetensorError
 
-from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, write_csv
+from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, train_tiny_run, write_csv
 from transformer import checkpoint, run, trainer
-from transformer.config import Config, config_from_dict, config_to_dict
+from transformer.config import Config
 from transformer.data import MAX_CHARS_PER_TOKEN
 from transformer.inference import load_translator
 
@@ -287,12 +287,7 @@ def test_the_malloc_setting_is_the_cli_s_and_can_be_switched_off(tmp_path: Path,
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    raw = config_to_dict(tiny_config)
-    raw["train"].update(max_steps=10, valid_every=10, checkpoint_every=10, threads=1)
-    raw["decode"]["beam_size"] = 2
-    run_dir = tmp_path_factory.mktemp("translate") / "run"
-    run.train(config_from_dict(raw), run_dir, show_progress=False, data_cache_dir=datasets_cache)
-    return run_dir
+    return train_tiny_run(tmp_path_factory.mktemp("translate") / "run", tiny_config, datasets_cache)
 
 
 def translate(run_dir: Path, *args: str) -> int:

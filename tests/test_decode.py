@@ -358,7 +358,7 @@ def test_translate_empty_inputs_never_run_the_model():
 
 def test_translate_restores_training_mode_and_truncates_long_sources(caplog):
     model = tiny_model(0, max_len=8).train()
-    with caplog.at_level(logging.WARNING, logger="transformer.decode"):
+    with caplog.at_level(logging.WARNING, logger="transformer.translation"):
         outputs = translate(["w1 " * 20, "w2 w3"], model, FakeTokenizers(), DecodeConfig(beam_size=2), "cpu")
     assert model.training
     assert len(outputs) == 2 and "truncated" in caplog.text

@@ -1,4 +1,6 @@
-"""The only module that writes or reads checkpoints and finds them in run directories.
+"""Writes checkpoints and loads their weights and training state. The run directory's layout and
+reading a checkpoint's meta.json are rundir.py's (no torch there); which checkpoints a run keeps, and
+which is best, checkpoint_manager.py's.
 
 A checkpoint is a directory `checkpoints/step_00001234/` holding
   model.safetensors   weights (no pickle),
@@ -12,7 +14,6 @@ It is written into a temporary directory, fsynced, then renamed: a reader sees a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -29,27 +30,17 @@ from safetensors.torch import load_file as load_safetensors_file
 from safetensors.torch import load_model as load_safetensors_model
 from safetensors.torch import save_file as save_safetensors_file
 
-from .config import Config, ModelConfig, load_config
+from .config import ModelConfig
 from .errors import CheckpointError, ConfigError
 from .model import Transformer
+# The run directory's layout and meta.json reading live in rundir.py (no torch there); re-exported
+# here, where callers have always found them.
+from .rundir import (AVERAGED, BEST, CHECKPOINTS, META_FILE, MODEL_FILE, RUN_CONFIG,  # noqa: F401
+                     TOKENIZER_DIR, TRAINING_FILE, _sha256, list_checkpoints, load_run_config, read_meta,
+                     step_dir_name)
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
-BEST = "best"
-AVERAGED = "averaged"  # weights-only mean of the newest step checkpoints (average.py)
-MODEL_FILE, TRAINING_FILE, META_FILE = "model.safetensors", "training.pt", "meta.json"
-RUN_CONFIG = "config.yaml"  # the resolved config, saved in the run directory
-TOKENIZER_DIR = "tokenizer"  # the run's tokenizer files, next to its checkpoints
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:
@@ -134,10 +125,6 @@ def _save_weights_file(model: Transformer, path: Path) -> None:
     save_safetensors_file(tensors, str(path))
 
 
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
 def save_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer,
                     meta: dict[str, Any], rng_state: dict[str, Any], *,
                     grad_scaler_state: dict[str, Any] | None = None,
@@ -201,33 +188,6 @@ def _write_checkpoint(final: Path, model: Transformer, meta: dict[str, Any],
             f"cannot write checkpoint {final}: {reason}. "
             "Training stopped so that no work goes unsaved; free space or fix permissions, then rerun to resume."
         ) from error
-
-
-def read_meta(checkpoint: Path, verify: bool = True, need_training_state: bool = False) -> dict[str, Any]:
-    """Read meta.json of `checkpoint` and (with `verify`) check the size and SHA-256 of its files."""
-    checkpoint = Path(checkpoint)
-    meta_path = checkpoint / META_FILE
-    if not meta_path.is_file():
-        raise CheckpointError(f"{checkpoint}: not a checkpoint ({META_FILE} is missing)")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{meta_path}: unreadable ({error})") from None
-    if not isinstance(meta, dict) or "files" not in meta or "model_config" not in meta:
-        raise CheckpointError(f"{meta_path}: not a checkpoint description of this project")
-    if verify:
-        names = [MODEL_FILE] + ([TRAINING_FILE] if need_training_state else [])
-        for name in names:
-            expected = meta["files"].get(name)
-            path = checkpoint / name
-            if expected is None or not path.is_file():
-                raise CheckpointError(f"{path}: missing from the checkpoint")
-            size = path.stat().st_size
-            if size != expected["bytes"]:
-                raise CheckpointError(f"{path}: truncated or corrupt ({size} bytes, expected {expected['bytes']})")
-            if _sha256(path) != expected["sha256"]:
-                raise CheckpointError(f"{path}: corrupt (SHA-256 differs from the one recorded at save time)")
-    return meta
 
 
 def load_model(checkpoint: Path, device: torch.device | str = "cpu") -> tuple[Transformer, dict[str, Any]]:
@@ -354,18 +314,3 @@ def remove_temporaries(run_dir: Path) -> None:
                 os.replace(path, final)
 
 
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Step checkpoints of a run, oldest first (temporary and best directories excluded)."""
-    directory = Path(run_dir) / CHECKPOINTS
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found)]
-
-
-def load_run_config(run_dir: Path) -> Config:
-    """The resolved config a run was started with (`config.yaml` in its directory)."""
-    path = Path(run_dir) / RUN_CONFIG
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (is {run_dir} a run directory?)")
-    return load_config(path)

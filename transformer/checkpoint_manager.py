@@ -15,73 +15,19 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import checkpoint
-from .checkpoint import CHECKPOINTS, META_FILE, step_dir_name
 from .errors import CheckpointError
 from .model import Transformer
+from .rundir import (BEST, BEST_METRIC, CHECKPOINTS, STATE_FILE, STATE_FORMAT, Best, RunState, find_checkpoint, read_run_state,
+                     step_dir_name)
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "state.json"
-BEST_LINK = checkpoint.BEST
-STATE_FORMAT = 1
-BEST_METRIC = "valid_bleu"  # higher is better
-
-
-@dataclass(frozen=True)
-class Best:
-    """The best checkpoint so far: its directory name under checkpoints/, step and metrics."""
-
-    checkpoint: str
-    step: int
-    metrics: dict[str, float]
-
-    @property
-    def score(self) -> float:
-        return self.metrics[BEST_METRIC]
-
-
-@dataclass
-class RunState:
-    """What state.json holds."""
-
-    latest: str | None = None  # the newest step checkpoint: a resume starts there
-    kept: list[str] = field(default_factory=list)  # step checkpoints on disk, oldest first
-    best: Best | None = None
-    format: int = STATE_FORMAT
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any], path: Path) -> "RunState":
-        try:
-            best = Best(**data["best"]) if data.get("best") else None
-            state = cls(latest=data.get("latest"), kept=list(data.get("kept", [])), best=best,
-                        format=int(data.get("format", 0)))
-        except (TypeError, ValueError, KeyError) as error:
-            raise CheckpointError(f"{path}: not a run state of this project ({error})") from None
-        if state.format != STATE_FORMAT:
-            raise CheckpointError(f"{path}: run state format {state.format}, but this version reads "
-                                  f"format {STATE_FORMAT}")
-        return state
-
-
-def read_run_state(run_dir: Path) -> RunState | None:
-    """The run state of `run_dir`, or None if it has none (a new run, or one of an earlier version)."""
-    path = Path(run_dir) / STATE_FILE
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({error})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: not a run state of this project")
-    return RunState.from_json(data, path)
 
 
 class CheckpointManager:
@@ -210,7 +156,7 @@ class CheckpointManager:
 
     def _link_best(self) -> None:
         """Point checkpoints/best at the best checkpoint (a relative link, replaced in one rename)."""
-        link = self.directory / BEST_LINK
+        link = self.directory / BEST
         target = self.state.best.checkpoint if self.state.best else None
         if link.is_symlink() and os.readlink(link) == target:
             return
@@ -242,51 +188,9 @@ def _written_by_manager(path: Path) -> bool:
         return True  # unreadable: not evidence of an older version; verification deals with it
 
 
-def find_checkpoint(run: Path | None = None, checkpoint_dir: Path | None = None,
-                    runs_root: Path = Path("runs")) -> Path:
-    """The checkpoint translation should use: `checkpoint_dir` if given; else the best (or newest) one
-    of `run`; else of the run under `runs_root` whose run state or checkpoints changed last."""
-    if checkpoint_dir is not None:
-        checkpoint_dir = Path(checkpoint_dir)
-        if not (checkpoint_dir / META_FILE).is_file():
-            looks_like_run = (checkpoint_dir / CHECKPOINTS).is_dir()
-            hint = f"; it looks like a run directory: use --run {checkpoint_dir}" if looks_like_run else ""
-            raise CheckpointError(f"{checkpoint_dir}: not a checkpoint directory (no {META_FILE}){hint}")
-        return checkpoint_dir
-    if run is None:
-        candidates = []
-        if Path(runs_root).is_dir():
-            for run_dir in Path(runs_root).iterdir():
-                written = [p.stat().st_mtime for p in (run_dir / CHECKPOINTS).glob(f"*/{META_FILE}")]
-                if written:
-                    candidates.append((max(written), run_dir))
-        if not candidates:
-            raise CheckpointError(
-                f"no trained run found under {runs_root}/: train one first "
-                "(python train.py --config configs/base.yaml) or pass --run DIR / --checkpoint DIR"
-            )
-        run = max(candidates)[1]
-    run = Path(run)
-    if not run.is_dir():
-        raise CheckpointError(f"run directory not found: {run}")
-    state = read_run_state(run)
-    if state is not None:
-        name = state.best.checkpoint if state.best else state.latest
-        if name is None:
-            raise CheckpointError(f"{run}: has no checkpoint yet (train it first, or wait for its first save)")
-        return run / CHECKPOINTS / name
-    legacy_best = run / CHECKPOINTS / BEST_LINK  # runs of earlier versions kept a copy there
-    if (legacy_best / META_FILE).is_file():
-        return legacy_best
-    steps = checkpoint.list_checkpoints(run)
-    if not steps:
-        raise CheckpointError(f"{run}: has no checkpoint yet (train it first, or wait for its first save)")
-    return steps[-1]
-
-
 def step_checkpoint(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS / step_dir_name(step)
 
 
 __all__ = ["STATE_FILE", "Best", "RunState", "read_run_state", "CheckpointManager", "find_checkpoint",
-           "step_checkpoint"]
+           "step_checkpoint"]  # the run state's readers, re-exported from rundir.py

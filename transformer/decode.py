@@ -1,11 +1,11 @@
 """Search for translations: greedy and beam search over a batch of source sentences, and
-`translate` / `translate_n_best` from text to text. No training and no file I/O here; the model's
-incremental decoding cache lives in model.py.
+`translate` / `translate_n_best` from text to text (the text side, shared with the CTranslate2
+engine, is in translation.py). No training and no file I/O here; the model's incremental decoding
+cache lives in model.py.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -14,10 +14,8 @@ from torch import Tensor
 from .batching import source_tensor
 from .config import DecodeConfig
 from .model import Transformer
-from .text import clean_text
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-
-logger = logging.getLogger(__name__)
+from .translation import gnmt_length_penalty, max_output_length, translate_texts
 
 _NEVER_EMITTED = [PAD_ID, BOS_ID]  # their logits are set to -inf at every step
 
@@ -31,18 +29,11 @@ class Hypothesis:
     log_prob: float  # sum of the log-probabilities of the tokens and the final EOS
 
 
-def gnmt_length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
-    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016, Section 7); `length`
-    counts the EOS. alpha = 0 gives 1, so scores are raw log-probability sums."""
-    return ((5.0 + length) / 6.0) ** alpha
-
-
 def max_output_lengths(src_lengths: Tensor, a: float, b: int, hard_cap: int) -> Tensor:
     """(B,) source lengths in subwords (without EOS) -> (B,) int64 longest outputs, floor(a * len) + b,
     between 1 and `hard_cap` (pass model max_len - 1: BOS + that many tokens fills the position table)."""
-    # float64 and a tiny epsilon, so that e.g. 1.1 * 10 floors to 11 and not to 10.
-    lengths = torch.floor(src_lengths.to(torch.float64) * a + 1e-9).long() + b
-    return lengths.clamp(1, hard_cap)
+    lengths = [max_output_length(n, a, b, hard_cap) for n in src_lengths.tolist()]
+    return torch.tensor(lengths, dtype=torch.long, device=src_lengths.device)
 
 
 class _StepDecoder:
@@ -233,66 +224,38 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
     return finished
 
 
-def _truncate_sources(ids: list[list[int]], limit: int) -> list[list[int]]:
-    """Cut sources to `limit` subwords (so that with EOS they fit the position table), warning once."""
-    too_long = [i for i, row in enumerate(ids) if len(row) > limit]
-    if too_long:
-        logger.warning("%d source sentence(s) longer than %d subwords were truncated (the model's max_len "
-                       "is %d including EOS); first at input index %d",
-                       len(too_long), limit, limit + 1, too_long[0])
-        ids = [row[:limit] if len(row) > limit else row for row in ids]
-    return ids
-
-
 def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
                      device: torch.device | str, n_best: int, use_cache: bool = True) -> list[list[str]]:
     """Translate `texts`: for each, its `n_best` translations best first (n_best <= config.beam_size;
     beam_size 1 = greedy search).
 
-    Each text is first cleaned exactly as training cleaned its pairs (text.clean_text), so what a user
-    pastes (non-breaking spaces, tabs, zero-width characters) reads as in training.
-    Sentences are sorted by source length and decoded config.batch_size at a time; the result is in
-    input order and does not depend on the batching. An empty or blank text (or one with no
-    subwords) translates to "" without running the model (repeated n_best times). Sources longer than
-    model max_len - 1 subwords are truncated to that length with a logged warning (not refused: one
-    odd line should not stop a whole file). The model runs in eval mode, and its mode is restored.
+    Texts are cleaned, tokenized and batched as `translation.translate_texts` says: sorted by source
+    length and decoded config.batch_size at a time; the result is in input order and does not depend
+    on the batching. Blank texts translate to "" and sources longer than model max_len - 1 subwords
+    are truncated with a logged warning. The model runs in eval mode, and its mode is restored.
     """
     if not 1 <= n_best <= config.beam_size:
         raise ValueError(f"n_best must be between 1 and decode.beam_size={config.beam_size}, got {n_best}")
     hard_cap = model.config.max_len - 1
-    texts = [clean_text(text) for text in texts]  # as the training pairs were cleaned
-    ids = _truncate_sources(tokenizers.encode_source(texts), hard_cap)
-    # A blank line stays blank: BPE would turn spaces into "▁" tokens and the model would invent text.
-    ids = [row if text else [] for text, row in zip(texts, ids)]
-    results: list[list[list[int]]] = [[[]] * n_best for _ in ids]
-    # Longest first: peak memory shows up in the first batch, not after minutes of work.
-    order = sorted((i for i, row in enumerate(ids) if row), key=lambda i: -len(ids[i]))
+
+    def search(sources: list[list[int]]) -> list[list[list[int]]]:
+        src, src_pad_mask = source_tensor(sources)
+        src, src_pad_mask = src.to(device), src_pad_mask.to(device)
+        max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), config.max_length_a,
+                                         config.max_length_b, hard_cap)
+        if config.beam_size == 1:
+            return [[tokens] for tokens in greedy_search(model, src, src_pad_mask, max_lengths, use_cache)]
+        hypotheses = beam_search(model, src, src_pad_mask, config.beam_size, config.length_penalty,
+                                 max_lengths, n_best, use_cache)
+        return [[h.tokens for h in sentence] for sentence in hypotheses]
 
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            for start in range(0, len(order), config.batch_size):
-                chunk = order[start: start + config.batch_size]
-                src, src_pad_mask = source_tensor([ids[i] for i in chunk])
-                src, src_pad_mask = src.to(device), src_pad_mask.to(device)
-                src_lengths = torch.tensor([len(ids[i]) for i in chunk])
-                max_lengths = max_output_lengths(src_lengths, config.max_length_a, config.max_length_b, hard_cap)
-                if config.beam_size == 1:
-                    outputs = [[tokens] for tokens in
-                               greedy_search(model, src, src_pad_mask, max_lengths, use_cache)]
-                else:
-                    hypotheses = beam_search(model, src, src_pad_mask, config.beam_size, config.length_penalty,
-                                             max_lengths, n_best, use_cache)
-                    outputs = [[h.tokens for h in sentence] for sentence in hypotheses]
-                for i, output in zip(chunk, outputs):
-                    results[i] = output
+            return translate_texts(texts, tokenizers, search, config.batch_size, n_best, hard_cap)
     finally:
         model.train(was_training)
-
-    flat = iter(tokenizers.decode_target([tokens for sentence in results for tokens in sentence]))
-    # Not a fixed stride: with a vocabulary smaller than the beam a search can finish fewer than n_best.
-    return [[next(flat) for _ in sentence] for sentence in results]
 
 
 def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,

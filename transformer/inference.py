@@ -11,18 +11,17 @@ from pathlib import Path
 import torch
 
 from . import checkpoint
-from .checkpoint_manager import find_checkpoint
 from .config import DecodeConfig
 from .decode import translate_n_best
 from .errors import CheckpointError
 from .model import Transformer
 from .quantize import quantize_int8
+from .rundir import find_checkpoint, load_decode_config, run_dir_of
 from .text import clean_text
-from .tokenizer import UNK, UNK_ID, Tokenizers, load_tokenizers, tokenizer_fingerprint
+from .tokenizer import Tokenizers, load_tokenizers, tokenizer_fingerprint
+from .translation import warn_unknown_characters
 
 log = logging.getLogger(__name__)
-
-_UNKNOWN_SHOWN = 10  # unknown characters named in the warning
 
 
 @dataclass
@@ -35,28 +34,8 @@ class Translator:
 
     def translate(self, texts: list[str], n_best: int = 1) -> list[list[str]]:
         """For each text, its `n_best` translations, best first."""
-        self._warn_unknown_characters([clean_text(text) for text in texts])
+        warn_unknown_characters([clean_text(text) for text in texts], self.tokenizers)
         return translate_n_best(texts, self.model, self.tokenizers, self.decode, self.device, n_best)
-
-    def _warn_unknown_characters(self, texts: list[str]) -> None:
-        """Characters the tokenizer never saw reach the model as <unk>: say which, or a poor
-        translation goes unexplained."""
-        unknown: dict[str, None] = {}  # ordered set
-        sentences = 0
-        for text, encoding in zip(texts, self.tokenizers.source.encode_batch(texts, add_special_tokens=False)):
-            spans = [text[start:end] for token_id, (start, end) in zip(encoding.ids, encoding.offsets)
-                     if token_id == UNK_ID]
-            sentences += bool(spans)
-            unknown.update(dict.fromkeys(spans))
-        if unknown:
-            shown = list(unknown)[:_UNKNOWN_SHOWN]
-            log.warning("%d sentence(s) contain characters never seen in training, which the model reads as %s: %s%s",
-                        sentences, UNK, ", ".join(map(repr, shown)), ", ..." if len(unknown) > len(shown) else "")
-
-
-def run_dir_of(checkpoint_dir: Path) -> Path:
-    """runs/<name>/checkpoints/<step or best>  ->  runs/<name>"""
-    return Path(checkpoint_dir).resolve().parent.parent
 
 
 def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None, device: torch.device | str = "cpu",
@@ -67,6 +46,19 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     `decode_overrides` replace fields of the run's decode config (beam_size, batch_size, ...).
     """
     found = find_checkpoint(run, checkpoint_dir, runs_root)
+    model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
+    decode = dataclasses.replace(load_decode_config(run_dir_of(found)),
+                                 **{k: v for k, v in decode_overrides.items() if v is not None})
+    if int8:
+        model = quantize_int8(model)
+    log.info("translating with %s (step %s%s)", found, meta.get("step"), ", int8" if int8 else "")
+    return Translator(model, tokenizers, decode, torch.device(device), found)
+
+
+def load_checkpoint_and_tokenizers(found: Path, device: torch.device | str = "cpu"
+                                   ) -> tuple[Transformer, dict, Tokenizers]:
+    """The model of checkpoint `found` (eval mode), its meta.json, and its run's tokenizers, refusing
+    tokenizer files other than those it was trained with."""
     model, meta = checkpoint.load_model(found, device)
     model.eval()
     run_dir = run_dir_of(found)
@@ -83,11 +75,4 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
             f"{tokenizers.target_vocab_size}); they belong to another run")
     if meta.get("tokenizer_fingerprint") != tokenizer_fingerprint(tokenizer_dir):
         raise CheckpointError(f"{found}: was trained with other tokenizer files than those in {tokenizer_dir}")
-    decode = DecodeConfig()
-    if (run_dir / checkpoint.RUN_CONFIG).is_file():
-        decode = checkpoint.load_run_config(run_dir).decode
-    decode = dataclasses.replace(decode, **{k: v for k, v in decode_overrides.items() if v is not None})
-    if int8:
-        model = quantize_int8(model)
-    log.info("translating with %s (step %s%s)", found, meta.get("step"), ", int8" if int8 else "")
-    return Translator(model, tokenizers, decode, torch.device(device), found)
+    return model, meta, tokenizers

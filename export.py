@@ -1,0 +1,49 @@
+"""Export a trained run for deployment: `python export.py --run runs/base --to ctranslate2 OUT_DIR`.
+
+OUT_DIR gets a CTranslate2 model of the run's best checkpoint (or --checkpoint DIR), the run's
+tokenizer files and transformer-enfr.json, which says how text becomes tokens: the directory is
+self-contained. Translate with it: `python translate.py --engine ctranslate2 --checkpoint OUT_DIR "I am cold."`.
+Needs the optional dependency: pip install -e ".[ctranslate2]".
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from transformer.errors import UserError
+from transformer.export import export_run
+from transformer.logs import setup_logging
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="directory to write the export to")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--run", type=Path, help="run directory (default: the newest run under runs/)")
+    where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
+    parser.add_argument("--to", choices=["ctranslate2"], required=True, help="the format to export to")
+    parser.add_argument("--force", action="store_true",
+                        help="replace OUT_DIR even if it holds something other than an earlier export")
+    parser.add_argument("--quiet", action="store_true", help="no log lines")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
+    try:
+        out_dir = export_run(args.run, args.checkpoint, args.out_dir, force=args.force)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(f"exported to {out_dir}. Translate with: python translate.py --engine ctranslate2 --checkpoint {out_dir} "
+              "\"I am cold.\"", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""export.py: a self-contained CTranslate2 directory that CTranslate2 and the tokenizer files alone,
+following its JSON, use to translate as the torch engine does; existing directories are refused unless
+they hold an earlier export or --force is given; a missing ctranslate2 is one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import ctranslate2
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import train_tiny_run
+from test_cli import user_error
+from transformer import checkpoint
+from transformer.config import Config
+from transformer.ct2_engine import EXPORT_INFO
+from transformer.inference import load_translator
+from transformer.text import clean_text
+from transformer.translation import max_output_length
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import export as export_cli  # noqa: E402  (the CLI scripts at the repository root)
+import translate as translate_cli  # noqa: E402
+
+SENTENCES = ["I'm cold.", "Where is the station?", "The heart has its reasons.", "I'm happy 😀", "Go."]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("export") / "run", tiny_config, datasets_cache, pre_norm=True)
+
+
+def export(run_dir: Path, out_dir: Path, *args: str) -> int:
+    return export_cli.main(["--run", str(run_dir), "--to", "ctranslate2", str(out_dir), *args])
+
+
+def test_the_export_is_self_contained_and_follows_its_own_description(trained_run: Path, tmp_path: Path,
+                                                                        capsys):
+    assert export(trained_run, tmp_path / "export", "--quiet") == 0
+    deployed = tmp_path / "elsewhere"
+    shutil.move(tmp_path / "export", deployed)  # nothing in it points back to the run
+    info = json.loads((deployed / EXPORT_INFO).read_text(encoding="utf-8"))
+    best = trained_run / checkpoint.CHECKPOINTS / checkpoint.BEST
+    assert info["checkpoint"]["model_sha256"] == checkpoint.read_meta(best)["files"][checkpoint.MODEL_FILE]["sha256"]
+    torch_translator = load_translator(trained_run, beam_size=1)
+    assert info["decode"]["beam_size"] == 2 and info["special_tokens"] == {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3}
+
+    # What a deployment does with CTranslate2 and `tokenizers` alone, as transformer-enfr.json says.
+    source = Tokenizer.from_file(str(deployed / info["tokenizer"]["source"]))
+    target = Tokenizer.from_file(str(deployed / info["tokenizer"]["target"]))
+    engine = ctranslate2.Translator(str(deployed), device="cpu")
+    decode = info["decode"]
+    outputs = []
+    for sentence in SENTENCES:
+        tokens = source.encode(clean_text(sentence), add_special_tokens=False).tokens[: info["max_len"] - 1]
+        limit = max_output_length(len(tokens), decode["max_length_a"], decode["max_length_b"], info["max_len"] - 1)
+        result = engine.translate_batch([tokens], beam_size=1, max_decoding_length=limit, min_decoding_length=0,
+                                        max_input_length=0, suppress_sequences=[["<pad>"], ["<s>"]])[0]
+        ids = [target.token_to_id(token) for token in result.hypotheses[0]]
+        outputs.append(target.decode(ids, skip_special_tokens=False))
+    assert outputs == [best[0] for best in torch_translator.translate(SENTENCES)]
+
+    # And translate.py, given the moved directory in place of a checkpoint.
+    assert translate_cli.main(["--engine", "ctranslate2", "--checkpoint", str(deployed), "--greedy", "--quiet",
+                               *SENTENCES]) == 0
+    assert capsys.readouterr().out.splitlines() == outputs
+
+
+def test_an_occupied_directory_is_refused_unless_it_holds_an_export_or_force(trained_run: Path, tmp_path: Path,
+                                                                              capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert export(trained_run, out) == 2
+    assert user_error(capsys) == (f"{out} is not empty and holds no export; choose another directory, or add "
+                                  "--force to replace it (its contents are deleted)")
+    assert (out / "notes.txt").read_text() == "mine"
+    assert export(trained_run, out, "--force", "--quiet") == 0
+    assert not (out / "notes.txt").exists() and (out / EXPORT_INFO).is_file()
+    assert export(trained_run, out, "--quiet") == 0  # an earlier export is simply replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary directory left behind
+    (tmp_path / "file").write_text("")
+    assert export(trained_run, tmp_path / "file") == 2
+    assert user_error(capsys) == f"{tmp_path / 'file'} exists and is not a directory"
+    best = trained_run / checkpoint.CHECKPOINTS / checkpoint.BEST
+    for precious in (trained_run, best, trained_run / checkpoint.CHECKPOINTS):  # --force would delete them
+        assert export(trained_run, precious, "--force") == 2
+        assert user_error(capsys) == f"{precious} holds a run or a checkpoint; export into a directory of its own"
+    assert (best / checkpoint.MODEL_FILE).is_file()
+
+
+def test_export_errors_are_one_line(trained_run: Path, tmp_path: Path, capsys, monkeypatch):
+    assert export(tmp_path / "nope", tmp_path / "out") == 2
+    assert user_error(capsys) == f"run directory not found: {tmp_path / 'nope'}"
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` now raises ImportError
+    assert export(trained_run, tmp_path / "out") == 2
+    assert user_error(capsys) == ('the ctranslate2 package is not installed; install it with '
+                                  'pip install -e ".[ctranslate2]"')
+    assert not (tmp_path / "out").exists()

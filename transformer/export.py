@@ -1,0 +1,191 @@
+"""Export a checkpoint to CTranslate2 (the inference engine OpenNMT-py and fairseq models deploy with):
+a TransformerSpec filled from our weights, the tokenizer files, and a JSON saying how text becomes
+tokens. ct2_engine.py translates with the result; this module needs torch, that one does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import checkpoint
+from .config import DecodeConfig
+from .ct2_engine import (EXPORT_FORMAT, EXPORT_INFO, EXPORT_TOKENIZER_DIR, EXPORT_VERSION, import_ctranslate2,
+                         read_export_info)
+from .errors import UserError
+from .inference import load_checkpoint_and_tokenizers
+from .model import CrossAttention, FeedForward, SelfAttention, Transformer
+from .rundir import CHECKPOINTS, META_FILE, MODEL_FILE, find_checkpoint, load_decode_config, run_dir_of
+from .tokenizer import (BOS, EOS, JOINT_FILE, PAD, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK, Tokenizers,
+                        save_tokenizers)
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float32).numpy().copy()
+
+
+def _linear(spec: Any, linear: nn.Linear) -> None:
+    spec.weight = _array(linear.weight)  # (out, in), as CTranslate2 stores it too
+    if linear.bias is not None:
+        spec.bias = _array(linear.bias)
+
+
+def _layer_norm(spec: Any, norm: nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
+
+
+def _self_attention(spec: Any, attention: SelfAttention, norm: nn.LayerNorm) -> None:
+    _linear(spec.linear[0], attention.in_proj)  # fused [Q; K; V], the order CTranslate2 splits in
+    _linear(spec.linear[1], attention.out_proj)
+    _layer_norm(spec.layer_norm, norm)
+
+
+def _cross_attention(spec: Any, attention: CrossAttention, norm: nn.LayerNorm) -> None:
+    _linear(spec.linear[0], attention.q_proj)
+    _linear(spec.linear[1], attention.kv_proj)  # fused [K; V]
+    _linear(spec.linear[2], attention.out_proj)
+    _layer_norm(spec.layer_norm, norm)
+
+
+def _feed_forward(spec: Any, feed_forward: FeedForward, norm: nn.LayerNorm) -> None:
+    _linear(spec.linear_0, feed_forward.linear1)
+    _linear(spec.linear_1, feed_forward.linear2)
+    _layer_norm(spec.layer_norm, norm)
+
+
+def _vocabulary(tokenizer: Any, size: int, side: str) -> list[str]:
+    """Token strings by id: CTranslate2 maps tokens to ids by their position in this list."""
+    tokens = [tokenizer.id_to_token(i) for i in range(size)]
+    if None in tokens or len(set(tokens)) != size:
+        raise UserError(f"the {side} tokenizer's ids are not the numbers 0..{size - 1} of distinct tokens; "
+                        "CTranslate2 cannot express that vocabulary")
+    return tokens
+
+
+def build_spec(model: Transformer, tokenizers: Tokenizers) -> Any:
+    """A validated ctranslate2 TransformerSpec holding `model`'s weights (fp32)."""
+    ctranslate2 = import_ctranslate2()
+    specs = ctranslate2.specs
+    config = model.config
+    spec = specs.TransformerSpec.from_config((config.n_encoder_layers, config.n_decoder_layers), config.n_heads,
+                                             pre_norm=config.pre_norm, activation=specs.Activation.RELU)
+    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    epsilons = {norm.eps for norm in norms}
+    if len(epsilons) != 1:
+        raise UserError(f"the model's LayerNorms use several epsilons {sorted(epsilons)}; CTranslate2 takes one")
+    spec.config.layer_norm_epsilon = epsilons.pop()
+    spec.config.add_source_eos = True  # our sources end in EOS and have no BOS; decoding starts from BOS
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = UNK, BOS, EOS
+    spec.config.decoder_start_token = BOS
+
+    # Our table (sin on even, cos on odd features, from position 0) replaces CTranslate2's own
+    # sinusoids, which are [sin | cos] concatenated and start at position 1.
+    positions = _array(model.positions)
+    encoder, decoder = spec.encoder, spec.decoder
+    encoder.embeddings[0].weight = _array(model.src_embedding.weight)
+    decoder.embeddings.weight = _array(model.tgt_embedding.weight)
+    encoder.scale_embeddings = decoder.scale_embeddings = True  # Section 3.4: times sqrt(d_model)
+    encoder.position_encodings.encodings = positions
+    decoder.position_encodings.encodings = positions
+    for layer_spec, layer in zip(encoder.layer, model.encoder_layers):
+        _self_attention(layer_spec.self_attention, layer.attention, layer.attention_block.norm)
+        _feed_forward(layer_spec.ffn, layer.feed_forward, layer.feed_forward_block.norm)
+    for layer_spec, layer in zip(decoder.layer, model.decoder_layers):
+        _self_attention(layer_spec.self_attention, layer.self_attention, layer.self_block.norm)
+        _cross_attention(layer_spec.attention, layer.cross_attention, layer.cross_block.norm)
+        _feed_forward(layer_spec.ffn, layer.feed_forward, layer.feed_forward_block.norm)
+    if config.pre_norm:  # post-norm stacks end in their last sublayer's LayerNorm and have no final one
+        _layer_norm(encoder.layer_norm, model.encoder_norm)
+        _layer_norm(decoder.layer_norm, model.decoder_norm)
+    _linear(decoder.projection, model.output)
+
+    spec.register_source_vocabulary(_vocabulary(tokenizers.source, model.src_vocab_size, "source"))
+    spec.register_target_vocabulary(_vocabulary(tokenizers.target, model.tgt_vocab_size, "target"))
+    spec.validate()
+    spec.optimize(quantization=None)  # only aliases identical tensors (tied embeddings, the position table)
+    return spec
+
+
+def _description(found: Path, meta: dict[str, Any], model: Transformer, tokenizers: Tokenizers,
+                 decode: DecodeConfig) -> dict[str, Any]:
+    """What a user of the export needs besides CTranslate2's own files: how text becomes tokens."""
+    return {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "checkpoint": {"path": str(Path(found).resolve()), "step": meta.get("step"),
+                       "model_sha256": meta["files"][MODEL_FILE]["sha256"]},
+        "tokenizer": {"source": f"{EXPORT_TOKENIZER_DIR}/{JOINT_FILE if tokenizers.joint else SOURCE_FILE}",
+                      "target": f"{EXPORT_TOKENIZER_DIR}/{JOINT_FILE if tokenizers.joint else TARGET_FILE}"},
+        "source": ("clean the text with transformer.text.clean_text (NFC, invisible characters removed, "
+                   "typographic apostrophes to ', whitespace runs to one space, ends stripped); encode it with "
+                   "the source tokenizer without special tokens; keep at most max_len - 1 subwords; pass the "
+                   f"token strings: CTranslate2 appends {EOS} itself (add_source_eos) and adds no {BOS}. "
+                   "A blank line translates to a blank line without running the model"),
+        "target": (f"decoding starts from {BOS} and ends at {EOS}; {PAD} and {BOS} are never emitted "
+                   f"(suppress_sequences [['{PAD}'], ['{BOS}']]), {EOS} may come first (min_decoding_length 0); "
+                   "decode the token strings' ids with the target tokenizer"),
+        "special_tokens": {token: token_id for token_id, token in enumerate(SPECIAL_TOKENS)},
+        "max_len": model.config.max_len,
+        "decode": dataclasses.asdict(decode),
+        "decode_notes": ("longest output = floor(max_length_a * source subwords + 1e-9) + max_length_b tokens "
+                         "without EOS, at most max_len - 1; beam hypotheses are ranked by "
+                         "log_prob / ((5 + length with EOS) / 6) ** length_penalty (GNMT), which CTranslate2's "
+                         "own length_penalty is not: translate with length_penalty 0 and re-rank"),
+        "model_config": dataclasses.asdict(model.config),
+    }
+
+
+def _check_destination(out_dir: Path, found: Path, force: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir} exists and is not a directory")
+    # --force deletes what OUT_DIR holds: never a run or a checkpoint, least of all the one exported.
+    if out_dir.resolve() in (found.resolve(), *found.resolve().parents) or (out_dir / CHECKPOINTS).is_dir() \
+            or (out_dir / META_FILE).is_file():
+        raise UserError(f"{out_dir} holds a run or a checkpoint; export into a directory of its own")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and read_export_info(out_dir) is None and not force:
+        raise UserError(f"{out_dir} is not empty and holds no export; choose another directory, or add --force "
+                        "to replace it (its contents are deleted)")
+
+
+def export_checkpoint(found: Path, out_dir: Path, force: bool = False) -> Path:
+    """Write the CTranslate2 export of checkpoint `found` to `out_dir` and return it.
+
+    A previous export in `out_dir` is replaced; any other non-empty `out_dir` is refused unless `force`.
+    The export is written beside `out_dir` and renamed into place, so a reader sees all of it or none.
+    """
+    import_ctranslate2()  # the clearest error first
+    out_dir = Path(out_dir)
+    _check_destination(out_dir, Path(found), force)
+    model, meta, tokenizers = load_checkpoint_and_tokenizers(found, "cpu")
+    spec = build_spec(model, tokenizers)
+    description = _description(found, meta, model, tokenizers, load_decode_config(run_dir_of(found)))
+    tmp = out_dir.with_name(f".tmp-{out_dir.name}-{os.getpid()}")
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        spec.save(str(tmp))
+        save_tokenizers(tokenizers, tmp / EXPORT_TOKENIZER_DIR)
+        (tmp / EXPORT_INFO).write_text(json.dumps(description, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        checkpoint._publish(tmp, out_dir)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write the CTranslate2 export {out_dir}: {error.strerror or error}") from None
+    return out_dir
+
+
+def export_run(run: Path | None, checkpoint_dir: Path | None, out_dir: Path, force: bool = False,
+               runs_root: Path = Path("runs")) -> Path:
+    """Export the best checkpoint of `run` (or `checkpoint_dir`; default: the newest run) to `out_dir`."""
+    return export_checkpoint(find_checkpoint(run, checkpoint_dir, runs_root), out_dir, force)
+
+
+__all__ = ["build_spec", "export_checkpoint", "export_run"]

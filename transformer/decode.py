@@ -244,19 +244,12 @@ def _truncate_sources(ids: list[list[int]], limit: int) -> list[list[int]]:
     return ids
 
 
-def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
-                     device: torch.device | str, n_best: int, use_cache: bool = True) -> list[list[str]]:
-    """Translate `texts`: for each, its `n_best` translations best first (n_best <= config.beam_size;
-    beam_size 1 = greedy search).
-
-    Each text is first cleaned exactly as training cleaned its pairs (text.clean_text), so what a user
-    pastes (non-breaking spaces, tabs, zero-width characters) reads as in training.
-    Sentences are sorted by source length and decoded config.batch_size at a time; the result is in
-    input order and does not depend on the batching. An empty or blank text (or one with no
-    subwords) translates to "" without running the model (repeated n_best times). Sources longer than
-    model max_len - 1 subwords are truncated to that length with a logged warning (not refused: one
-    odd line should not stop a whole file). The model runs in eval mode, and its mode is restored.
-    """
+def search_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
+                  device: torch.device | str, n_best: int, use_cache: bool = True
+                  ) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """`translate_n_best` before detokenization: (the source ids each text was read as, without EOS,
+    and for each text its `n_best` output id lists best first, without BOS/EOS). A blank text has
+    no source ids and n_best empty outputs."""
     if not 1 <= n_best <= config.beam_size:
         raise ValueError(f"n_best must be between 1 and decode.beam_size={config.beam_size}, got {n_best}")
     hard_cap = model.config.max_len - 1
@@ -289,7 +282,28 @@ def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizer
                     results[i] = output
     finally:
         model.train(was_training)
+    return ids, results
 
+
+def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
+                     device: torch.device | str, n_best: int, use_cache: bool = True) -> list[list[str]]:
+    """Translate `texts`: for each, its `n_best` translations best first (n_best <= config.beam_size;
+    beam_size 1 = greedy search).
+
+    Each text is first cleaned exactly as training cleaned its pairs (text.clean_text), so what a user
+    pastes (non-breaking spaces, tabs, zero-width characters) reads as in training.
+    Sentences are sorted by source length and decoded config.batch_size at a time; the result is in
+    input order and does not depend on the batching. An empty or blank text (or one with no
+    subwords) translates to "" without running the model (repeated n_best times). Sources longer than
+    model max_len - 1 subwords are truncated to that length with a logged warning (not refused: one
+    odd line should not stop a whole file). The model runs in eval mode, and its mode is restored.
+    """
+    _, results = search_n_best(texts, model, tokenizers, config, device, n_best, use_cache)
+    return decode_outputs(tokenizers, results)
+
+
+def decode_outputs(tokenizers: Tokenizers, results: list[list[list[int]]]) -> list[list[str]]:
+    """The text of each output id list, nested as given (per text, its candidates)."""
     flat = iter(tokenizers.decode_target([tokens for sentence in results for tokens in sentence]))
     # Not a fixed stride: with a vocabulary smaller than the beam a search can finish fewer than n_best.
     return [[next(flat) for _ in sentence] for sentence in results]
@@ -302,4 +316,4 @@ def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, conf
 
 
 __all__ = ["Hypothesis", "gnmt_length_penalty", "max_output_lengths", "greedy_search", "beam_search",
-           "translate", "translate_n_best"]
+           "search_n_best", "decode_outputs", "translate", "translate_n_best"]

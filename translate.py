@@ -4,6 +4,7 @@
   cat file.en | python translate.py > file.fr
   python translate.py --input file.en --output file.fr --reference file.fr.ref
   python translate.py --interactive
+  python translate.py --alignment --attention maps "I am cold."   # maps/1.png
 
 Default model: the best checkpoint of the newest run under runs/. Translations go to stdout,
 one line per input line (empty lines stay empty); logs, progress and scores go to stderr.
@@ -19,6 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator, TextIO
 
+from transformer.attention import format_alignment
 from transformer.errors import UserError
 from transformer.inference import Translator, load_translator
 from transformer.logs import setup_logging
@@ -29,6 +31,8 @@ from transformer.text import iter_lines, read_lines
 # Lines read from a stream before translating them: large enough to batch and sort by length,
 # small enough that a long file streams and memory stays flat.
 STREAM_CHUNK = 2000
+# With --attention or --alignment: a chunk's attention maps are held until its lines are written.
+ATTENTION_CHUNK = 100
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +58,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference", type=Path, action="append", default=[], metavar="FILE",
                         help="reference translations, line-aligned; repeat for several references "
                              "(blank lines = no reference in that file); prints BLEU and chrF on stderr")
+    parser.add_argument("--attention", type=Path, metavar="DIR",
+                        help="write DIR/N.png: the cross-attention of input line N's (best) translation, "
+                             "every layer averaged over heads and every head of the last layer")
+    parser.add_argument("--alignment", action="store_true",
+                        help="after each translation, a tab and its hard alignment: 0-based src-tgt subword pairs")
+    parser.add_argument("--alignment-layer", type=int, metavar="N",
+                        help="decoder layer whose cross-attention --alignment reads, 1 = the first "
+                             "(default: the last)")
     parser.add_argument("--interactive", action="store_true", help="translate each line as it is typed")
     parser.add_argument("--quiet", action="store_true", help="no log lines or progress bar")
     return parser.parse_args(argv)
@@ -87,15 +99,59 @@ def _print_scores(hypotheses: list[str], references: list[list[str]]) -> None:
     print(f"{scores}  ({len(scored)} sentences{note}; {scores.signature})", file=sys.stderr)
 
 
+def _attention_dir(path: Path) -> Path:
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--attention {path}: is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot create --attention directory {path}: {error.strerror or error}") from None
+    return path
+
+
+def _inspect_chunk(translator: Translator, chunk: list[str], n_best: int, first: int, attention_dir: Path | None,
+                   alignment_layer: int | None) -> tuple[list[str], list[str]]:
+    """(output lines, best translations) of a chunk whose first line is input line `first`; writes
+    the attention PNGs and adds the alignments that were asked for."""
+    attended = translator.translate_with_attention(chunk, n_best=n_best)
+    if attention_dir is not None:
+        from transformer.attention_plots import save_cross_attention_png  # matplotlib: only for pictures
+
+        for number, (source, candidates) in enumerate(zip(chunk, attended), start=first):
+            if candidates[0].attention is not None:  # a blank line has no picture, and keeps its number
+                path = attention_dir / f"{number}.png"
+                try:
+                    save_cross_attention_png(path, source, candidates[0])
+                except OSError as error:
+                    raise UserError(f"cannot write {path}: {error.strerror or error}") from None
+    if alignment_layer is None:
+        lines = ["\t".join(c.text for c in candidates) for candidates in attended]
+    else:
+        lines = ["\t".join(f"{c.text}\t{format_alignment(c.alignment(alignment_layer))}" for c in candidates)
+                 for candidates in attended]
+    return lines, [candidates[0].text for candidates in attended]
+
+
 def translate_stream(translator: Translator, lines: Iterable[str], out: TextIO, n_best: int,
-                     chunk_size: int, progress=None) -> list[str]:
-    """Translate lines chunk by chunk, writing each chunk's output as soon as it is ready."""
+                     chunk_size: int, progress=None, attention_dir: Path | None = None,
+                     alignment_layer: int | None = None) -> list[str]:
+    """Translate lines chunk by chunk, writing each chunk's output as soon as it is ready; returns
+    the best translations. `attention_dir`: write DIR/N.png for input line N (1-based, blank lines
+    counted); `alignment_layer` (0-based): follow each translation with a tab and its alignment."""
+    inspect = attention_dir is not None or alignment_layer is not None
+    if inspect:
+        chunk_size = min(chunk_size, ATTENTION_CHUNK)
     written: list[str] = []
+    first = 1
     for chunk in _chunks(lines, chunk_size):
-        for candidates in translator.translate(chunk, n_best=n_best):
-            line = "\t".join(candidates)
-            out.write(line + "\n")
-            written.append(candidates[0])
+        if inspect:
+            output, best = _inspect_chunk(translator, chunk, n_best, first, attention_dir, alignment_layer)
+        else:
+            candidates = translator.translate(chunk, n_best=n_best)
+            output, best = ["\t".join(c) for c in candidates], [c[0] for c in candidates]
+        out.write("".join(line + "\n" for line in output))
+        written.extend(best)
+        first += len(chunk)
         out.flush()
         if progress is not None:
             progress.update(len(chunk))
@@ -119,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--beam must be at least 1, got {beam}")
         if args.threads < 0:
             raise UserError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
+        if args.alignment_layer is not None and not args.alignment:
+            raise UserError("--alignment-layer needs --alignment")
         set_threads(args.threads)
         device = select_device(args.device, key="--device")
         translator = load_translator(args.run, args.checkpoint, device, int8=args.int8, beam_size=beam,
@@ -127,6 +185,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.n_best > translator.decode.beam_size:
             raise UserError(f"--n-best {args.n_best} needs a beam of at least {args.n_best} "
                             f"(beam is {translator.decode.beam_size}; add --beam {args.n_best})")
+        alignment_layer = None
+        if args.alignment:
+            layers = translator.model.config.n_decoder_layers
+            alignment_layer = layers if args.alignment_layer is None else args.alignment_layer
+            if not 1 <= alignment_layer <= layers:
+                raise UserError(f"--alignment-layer must be between 1 and {layers} (the model's decoder layers), "
+                                f"got {alignment_layer}")
+            alignment_layer -= 1  # the library counts from 0
+        attention_dir = _attention_dir(args.attention) if args.attention else None
         if args.output:
             try:
                 out = open(args.output, "w", encoding="utf-8", newline="\n")
@@ -135,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.interactive:
             print("Type an English sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
-            translate_stream(translator, iter_lines(sys.stdin.buffer, "standard input"), out, args.n_best, 1)
+            translate_stream(translator, iter_lines(sys.stdin.buffer, "standard input"), out, args.n_best, 1,
+                             attention_dir=attention_dir, alignment_layer=alignment_layer)
             return 0
 
         progress = None
@@ -153,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             # A terminal gets a line-by-line answer; a pipe is read in chunks for batching.
             lines = iter_lines(sys.stdin.buffer, "standard input")
             chunk = 1 if sys.stdin.isatty() else STREAM_CHUNK
-        hypotheses = translate_stream(translator, lines, out, args.n_best, chunk, progress)
+        hypotheses = translate_stream(translator, lines, out, args.n_best, chunk, progress, attention_dir,
+                                      alignment_layer)
         if progress is not None:
             progress.close()
         if args.reference:

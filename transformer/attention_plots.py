@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure, SubFigure
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from .attention import AttendedTranslation, translate_with_attention
@@ -25,8 +25,16 @@ from .tokenizer import SPECIAL_TOKENS, Tokenizers
 WORD_START = "▁"  # the Metaspace marker of a subword that starts a word (tokenizer.py)
 CONTINUATION = "##"  # how a subword that continues a word is shown (BERT's WordPiece convention)
 
+# Sizes in inches. The layout is computed here rather than by matplotlib's constrained layout,
+# which took two thirds of the drawing time: validation draws four figures each time.
 _INCHES_PER_TOKEN = 0.24  # one heat-map cell: room for an 8-point label beside it
-_INCHES_PER_CHARACTER = 0.075  # of an 8-point tick label, for the margin the labels need
+_INCHES_PER_CHARACTER = 0.075  # of an 8-point tick label (DejaVu Sans, wide letters included)
+_MIN_PANEL_WIDTH, _MIN_PANEL_HEIGHT = 1.7, 0.8  # a panel's title must fit above it
+_PANEL_TITLE = 0.3  # above each panel
+_GAP = 0.3  # between panels
+_MARGIN = 0.45  # left of and below the grid: the axis names
+_HEADER = 0.6  # above the grid: the figure's title
+_COLOR_BAR = 1.0  # right of the grid: the colour bar and its label
 _FONT_SIZE = 8
 _COLUMNS = 4  # panels per row at most: wider grids get too wide to read
 _DPI = 100
@@ -43,56 +51,54 @@ def subword_label(token: str) -> str:
 
 
 def _label_room(labels: list[str]) -> float:
-    """Inches the longest tick label takes, plus the axis title beside it."""
-    return _INCHES_PER_CHARACTER * max((len(label) for label in labels), default=1) + 0.4
-
-
-def _panels(subfigure: SubFigure, maps: list[Tensor], titles: list[str], columns: int,
-            key_labels: list[str], query_labels: list[str]) -> None:
-    """One heat map (Q, K) per panel, keys along x, queries along y, all on one 0..1 colour scale."""
-    rows = math.ceil(len(maps) / columns)
-    axes = subfigure.subplots(rows, columns, squeeze=False)
-    image = None
-    for ax, weights, title in zip(axes.flat, maps, titles):
-        # aspect="auto": the panel sizes already give near-square cells; "equal" would let the layout
-        # shrink some panels and not others.
-        image = ax.imshow(weights.numpy(), vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest",
-                          aspect="auto")
-        ax.set_title(title, fontsize=_FONT_SIZE + 1)
-        # parse_math=False: a "$" in a subword is text, not the start of a formula.
-        ax.set_xticks(range(len(key_labels)), key_labels, rotation=90, fontsize=_FONT_SIZE, parse_math=False)
-        ax.set_yticks(range(len(query_labels)), query_labels, fontsize=_FONT_SIZE, parse_math=False)
-    for ax in axes.flat[len(maps):]:
-        ax.set_axis_off()
-    subfigure.colorbar(image, ax=axes, shrink=0.8, label="attention")
+    """Inches the longest tick label takes, with its tick mark and padding."""
+    return _INCHES_PER_CHARACTER * max((len(label) for label in labels), default=1) + 0.15
 
 
 def attention_figure(weights: Tensor, key_labels: list[str], query_labels: list[str], title: str,
                      key_axis: str, query_axis: str) -> Figure:
-    """weights (L, H, Q, K) -> a Figure: one panel per layer, its heads averaged, above one panel per
-    head of the last layer. Labels are raw subwords (shown through `subword_label`)."""
+    """weights (L, H, Q, K) -> a Figure: one panel per layer, its heads averaged, then (from a new
+    row) one panel per head of the last layer; keys across, queries down, one 0..1 colour scale.
+    Labels are raw subwords (shown through `subword_label`)."""
     layers, heads, queries, keys = weights.shape
     key_labels = [subword_label(token) for token in key_labels]
     query_labels = [subword_label(token) for token in query_labels]
-    panel_width = _INCHES_PER_TOKEN * keys + _label_room(query_labels) + 0.3
-    panel_height = _INCHES_PER_TOKEN * queries + _label_room(key_labels) + 0.4
-    # One grid width for both parts, so that every panel has the same size and a lone layer panel
-    # sits at the left rather than adrift in a row sized for the heads.
+    panels = [(weights[layer].mean(dim=0), f"layer {layer + 1}, mean of {heads} heads") for layer in range(layers)]
+    panels += [(weights[-1, head], f"layer {layers}, head {head + 1}") for head in range(heads)]
     columns = min(max(layers, heads), _COLUMNS)
-    layer_rows, head_rows = math.ceil(layers / columns), math.ceil(heads / columns)
-    figure = Figure(figsize=(columns * panel_width + 1.2, (layer_rows + head_rows) * panel_height + 1.2),
-                    dpi=_DPI, layout="constrained")
+    layer_rows = math.ceil(layers / columns)
+    slots = [divmod(i, columns) for i in range(layers)]
+    slots += [(layer_rows + row, column) for row, column in (divmod(i, columns) for i in range(heads))]
+
+    left, below = _label_room(query_labels), _label_room(key_labels)
+    panel_width = max(_INCHES_PER_TOKEN * keys, _MIN_PANEL_WIDTH)
+    panel_height = max(_INCHES_PER_TOKEN * queries, _MIN_PANEL_HEIGHT)
+    slot_width, slot_height = left + panel_width + _GAP, _PANEL_TITLE + panel_height + below + _GAP
+    rows = layer_rows + math.ceil(heads / columns)
+    width, height = _MARGIN + columns * slot_width + _COLOR_BAR, _HEADER + rows * slot_height + _MARGIN
+    figure = Figure(figsize=(width, height), dpi=_DPI)
     FigureCanvasAgg(figure)  # draws it headless, whatever backend pyplot would pick
-    figure.suptitle(title, fontsize=_FONT_SIZE + 3, wrap=True, parse_math=False)
-    by_layer, by_head = figure.subfigures(2, 1, height_ratios=[layer_rows, head_rows])
-    _panels(by_layer, [weights[layer].mean(dim=0) for layer in range(layers)],
-            [f"layer {layer + 1}, mean of {heads} heads" for layer in range(layers)],
-            columns, key_labels, query_labels)
-    _panels(by_head, list(weights[-1]), [f"layer {layers}, head {head + 1}" for head in range(heads)],
-            columns, key_labels, query_labels)
-    for subfigure in (by_layer, by_head):
-        subfigure.supxlabel(key_axis, fontsize=_FONT_SIZE + 1)
-        subfigure.supylabel(query_axis, fontsize=_FONT_SIZE + 1)
+
+    def box(x: float, top: float, box_width: float, box_height: float) -> tuple[float, float, float, float]:
+        """Inches from the left and from the top -> matplotlib's figure fractions from the bottom left."""
+        return x / width, 1 - (top + box_height) / height, box_width / width, box_height / height
+
+    image = None
+    for (panel, panel_title), (row, column) in zip(panels, slots):
+        ax = figure.add_axes(box(_MARGIN + column * slot_width + left, _HEADER + row * slot_height + _PANEL_TITLE,
+                                 panel_width, panel_height))
+        image = ax.imshow(panel.numpy(), vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest", aspect="auto")
+        ax.set_title(panel_title, fontsize=_FONT_SIZE + 1)
+        # parse_math=False: a "$" in a subword is text, not the start of a formula.
+        ax.set_xticks(range(keys), key_labels, rotation=90, fontsize=_FONT_SIZE, parse_math=False)
+        ax.set_yticks(range(queries), query_labels, fontsize=_FONT_SIZE, parse_math=False)
+    grid_height = rows * slot_height
+    color_bar = figure.add_axes(box(width - _COLOR_BAR + 0.2, _HEADER + _PANEL_TITLE, 0.15,
+                                    min(grid_height - _PANEL_TITLE - _GAP, 4.0)))
+    figure.colorbar(image, cax=color_bar, label="attention")
+    figure.suptitle(title, y=1 - 0.15 / height, va="top", fontsize=_FONT_SIZE + 3, wrap=True, parse_math=False)
+    figure.supxlabel(key_axis, y=0.1 / height, va="bottom", fontsize=_FONT_SIZE + 1)
+    figure.supylabel(query_axis, x=0.1 / width, ha="left", fontsize=_FONT_SIZE + 1)
     return figure
 
 

@@ -2,6 +2,10 @@
 probabilities while the model runs, `teacher_forced_attention` gives them for given sources and
 outputs, `translate_with_attention` for the translations search produces, and `hard_alignment`
 turns cross-attention into fairseq-style `src-tgt` pairs. Plotting lives in attention_plots.py.
+
+The alignment rule: in the chosen decoder layer's cross-attention, averaged over its heads, each
+output subword (0-based, EOS not counted) is aligned to the source subword (0-based, EOS not
+counted) it attends to most, the first on a tie; so one `src-tgt` pair per output subword.
 """
 
 from __future__ import annotations

@@ -77,8 +77,8 @@ def attention_probabilities(q: Tensor, k: Tensor, attend_mask: Tensor | None = N
     (B, H, T, S), masked as F.scaled_dot_product_attention masks (attend_mask True = attend, causal
     aligned top-left). A query that may attend to nothing gets a row of zeros, not NaN.
 
-    Only the inspection path calls this: SDPA never materialises these weights, which is why
-    training and search use it instead.
+    Only the inspection path calls this. Training and search use F.scaled_dot_product_attention,
+    which is faster precisely because it never materialises these weights.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)

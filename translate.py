@@ -5,6 +5,7 @@
   python translate.py --input file.en --output file.fr --reference file.fr.ref
   python translate.py --interactive
   python translate.py --engine ctranslate2 "I am cold."      # CTranslate2, exported on first use
+  python translate.py --alignment --attention maps "I am cold."   # maps/1.png
 
 Default model: the best checkpoint of the newest run under runs/. Translations go to stdout,
 one line per input line (empty lines stay empty); logs, progress and scores go to stderr.
@@ -16,24 +17,20 @@ import argparse
 import logging
 import os
 import sys
-from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, TextIO
+from typing import TYPE_CHECKING, Iterable, TextIO
 
 # No module that imports torch here: the torch engine's modules are imported in `load_engine`, so that
-# `--engine ctranslate2` starts without torch.
+# `--engine ctranslate2` starts without torch (and matplotlib only loads for --attention).
 from transformer.errors import UserError
+from transformer.line_translation import (STREAM_CHUNK, attention_directory, read_references, score_report,
+                                          translate_stream)
 from transformer.logs import setup_logging
-from transformer.metrics import score
 from transformer.text import iter_lines, read_lines
 
 if TYPE_CHECKING:
     from transformer.ct2_engine import CTranslate2Translator
     from transformer.inference import Translator
-
-# Lines read from a stream before translating them: large enough to batch and sort by length,
-# small enough that a long file streams and memory stays flat.
-STREAM_CHUNK = 2000
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,37 +61,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference", type=Path, action="append", default=[], metavar="FILE",
                         help="reference translations, line-aligned; repeat for several references "
                              "(blank lines = no reference in that file); prints BLEU and chrF on stderr")
+    parser.add_argument("--attention", type=Path, metavar="DIR",
+                        help="write DIR/N.png: the cross-attention of input line N's (best) translation, "
+                             "every layer averaged over heads and every head of the last layer")
+    parser.add_argument("--alignment", action="store_true",
+                        help="after each translation, a tab and its hard alignment: 0-based src-tgt subword pairs")
+    parser.add_argument("--alignment-layer", type=int, metavar="N",
+                        help="decoder layer whose cross-attention --alignment reads, 1 = the first "
+                             "(default: the last)")
     parser.add_argument("--interactive", action="store_true", help="translate each line as it is typed")
     parser.add_argument("--quiet", action="store_true", help="no log lines or progress bar")
     return parser.parse_args(argv)
-
-
-def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
-    iterator = iter(lines)
-    while chunk := list(islice(iterator, size)):
-        yield chunk
-
-
-def _read_references(paths: list[Path], n_lines: int) -> list[list[str]]:
-    """references[i]: the non-blank lines i of the reference files (split as the input is)."""
-    streams = []
-    for path in paths:
-        lines = read_lines(path, "reference file")
-        if len(lines) != n_lines:
-            raise UserError(f"{path}: {len(lines)} lines, but {n_lines} sentences were translated")
-        streams.append(lines)
-    return [[stream[i] for stream in streams if stream[i].strip()] for i in range(n_lines)]
-
-
-def _print_scores(hypotheses: list[str], references: list[list[str]]) -> None:
-    """BLEU and chrF on stderr, over the lines that have at least one reference."""
-    scored = [i for i, refs in enumerate(references) if refs]
-    if not scored:
-        raise UserError("every line of the reference file(s) is blank: nothing to score against")
-    scores = score([hypotheses[i] for i in scored], [references[i] for i in scored])
-    left_out = len(hypotheses) - len(scored)
-    note = f"; {left_out} line(s) with no reference left out" if left_out else ""
-    print(f"{scores}  ({len(scored)} sentences{note}; {scores.signature})", file=sys.stderr)
 
 
 def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTranslate2Translator:
@@ -121,19 +98,13 @@ def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTra
     return load_translator(args.run, args.checkpoint, device, int8=args.int8, **overrides)
 
 
-def translate_stream(translator: Translator | CTranslate2Translator, lines: Iterable[str], out: TextIO,
-                     n_best: int, chunk_size: int, progress=None) -> list[str]:
-    """Translate lines chunk by chunk, writing each chunk's output as soon as it is ready."""
-    written: list[str] = []
-    for chunk in _chunks(lines, chunk_size):
-        for candidates in translator.translate(chunk, n_best=n_best):
-            line = "\t".join(candidates)
-            out.write(line + "\n")
-            written.append(candidates[0])
-        out.flush()
-        if progress is not None:
-            progress.update(len(chunk))
-    return written
+def _alignment_layer(args: argparse.Namespace, translator: Translator) -> int:
+    """--alignment-layer (1-based, default the last) as the library's 0-based layer, checked."""
+    layers = translator.model.config.n_decoder_layers
+    layer = layers if args.alignment_layer is None else args.alignment_layer
+    if not 1 <= layer <= layers:
+        raise UserError(f"--alignment-layer must be between 1 and {layers} (the model's decoder layers), got {layer}")
+    return layer - 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,10 +124,16 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--beam must be at least 1, got {beam}")
         if args.threads < 0:
             raise UserError(f"--threads must be 0 (the engine's default) or more, got {args.threads}")
+        if args.alignment_layer is not None and not args.alignment:
+            raise UserError("--alignment-layer needs --alignment")
+        if (args.attention or args.alignment) and args.engine != "torch":
+            raise UserError("--attention and --alignment read the model's attention: use the default --engine torch")
         translator = load_engine(args, beam)
         if args.n_best > translator.decode.beam_size:
             raise UserError(f"--n-best {args.n_best} needs a beam of at least {args.n_best} "
                             f"(beam is {translator.decode.beam_size}; add --beam {args.n_best})")
+        alignment_layer = _alignment_layer(args, translator) if args.alignment else None
+        attention_dir = attention_directory(args.attention) if args.attention else None
         if args.output:
             try:
                 out = open(args.output, "w", encoding="utf-8", newline="\n")
@@ -165,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.interactive:
             print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
-            translate_stream(translator, iter_lines(sys.stdin.buffer, "standard input"), out, args.n_best, 1)
+            translate_stream(translator, iter_lines(sys.stdin.buffer, "standard input"), out, args.n_best, 1,
+                             attention_dir=attention_dir, alignment_layer=alignment_layer)
             return 0
 
         progress = None
@@ -183,11 +161,12 @@ def main(argv: list[str] | None = None) -> int:
             # A terminal gets a line-by-line answer; a pipe is read in chunks for batching.
             lines = iter_lines(sys.stdin.buffer, "standard input")
             chunk = 1 if sys.stdin.isatty() else STREAM_CHUNK
-        hypotheses = translate_stream(translator, lines, out, args.n_best, chunk, progress)
+        hypotheses = translate_stream(translator, lines, out, args.n_best, chunk, progress, attention_dir,
+                                      alignment_layer)
         if progress is not None:
             progress.close()
         if args.reference:
-            _print_scores(hypotheses, _read_references(args.reference, len(hypotheses)))
+            print(score_report(hypotheses, read_references(args.reference, len(hypotheses))), file=sys.stderr)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ import fcntl
 import io
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -17,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from PIL import Image
 from safetensors import SafetensorError
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, train_tiny_run, write_csv
 from transformer import checkpoint, run, trainer
@@ -456,3 +459,92 @@ def test_training_stops_when_tensorboard_cannot_write(tmp_path: Path, capsys, ti
     assert err.splitlines()[-1] == (f"error: cannot write {tmp_path / 'run'}: No space left on device. Training needs "
                                     "a writable run directory with free space; fix that and rerun (or choose "
                                     "another with --run-dir)")
+
+
+# --------------------------------------------------------------------------- seeing attention
+
+
+@pytest.mark.parametrize("search", [["--greedy"], ["--beam", "2", "--n-best", "2"]], ids=["greedy", "beam-n-best"])
+def test_translate_attention_writes_one_png_per_line_and_none_for_a_blank_one(trained_run: Path, tmp_path: Path,
+                                                                             capsys, search: list[str]):
+    (tmp_path / "in.en").write_text("I'm cold.\n\nGo.\n \u200b\nWho are you?\n", encoding="utf-8")
+    maps = tmp_path / "maps" / "run"  # created with its parents
+    assert translate(trained_run, "--quiet", "--input", str(tmp_path / "in.en"), "--attention", str(maps), *search) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 5
+    assert sorted(path.name for path in maps.iterdir()) == ["1.png", "3.png", "5.png"]  # blank lines keep their number
+    for path in maps.iterdir():
+        with Image.open(path) as image:
+            assert image.format == "PNG"
+            image.verify()
+    assert translate(trained_run, "--quiet", "--attention", str(tmp_path / "args"), "Hi.", "Go.") == 0
+    assert sorted(path.name for path in (tmp_path / "args").iterdir()) == ["1.png", "2.png"]
+
+
+def test_translate_attention_into_a_file_is_one_line(trained_run: Path, tmp_path: Path, capsys):
+    blocker = tmp_path / "maps"
+    blocker.write_text("not a directory")
+    assert translate(trained_run, "--attention", str(blocker), "Hi.") == 2
+    assert user_error(capsys) == f"--attention {blocker}: is a file, not a directory"
+
+
+def test_translate_alignment_follows_each_translation_within_its_subwords(trained_run: Path, tmp_path: Path,
+                                                                          capsys):
+    lines = ["I'm cold.", "", "Who are you?", "Where is the station?"]
+    (tmp_path / "in.en").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    assert translate(trained_run, "--quiet", "--input", str(tmp_path / "in.en"), "--beam", "2", "--n-best", "2",
+                     "--alignment") == 0
+    rows = capsys.readouterr().out.split("\n")
+    assert rows.pop() == "" and len(rows) == len(lines)  # one output line per input line
+    translator = load_translator(trained_run)
+    for line, row, candidates in zip(lines, rows, translator.translate_with_attention(lines, n_best=2)):
+        fields = row.split("\t")
+        assert len(fields) == 4  # translation, alignment, translation, alignment
+        n_source = len(translator.tokenizers.encode_source([line])[0])
+        for text, alignment, candidate in zip(fields[0::2], fields[1::2], candidates):
+            assert text == candidate.text
+            if not line:
+                assert alignment == ""
+                continue
+            pairs = [tuple(int(i) for i in pair.split("-")) for pair in alignment.split(" ")] if alignment else []
+            n_output = len(candidate.output_tokens) - candidate.ended  # subwords, EOS not counted
+            assert [t for _, t in pairs] == list(range(n_output))  # one pair per output subword
+            assert all(0 <= s < n_source for s, _ in pairs)  # source EOS not counted
+    assert translate(trained_run, "--quiet", "--alignment", "--alignment-layer", "1", "I'm cold.") == 0
+    assert capsys.readouterr().out.count("\t") == 1
+
+
+OUT_OF_RANGE = "--alignment-layer must be between 1 and 1 (the model's decoder layers), got "
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--alignment", "--alignment-layer", "0"], OUT_OF_RANGE + "0"),
+    (["--alignment", "--alignment-layer", "2"], OUT_OF_RANGE + "2"),
+    (["--alignment-layer", "1"], "--alignment-layer needs --alignment"),
+], ids=["zero", "beyond-the-last", "without-alignment"])
+def test_translate_a_bad_alignment_layer_is_one_line(trained_run: Path, capsys, args: list[str], message: str):
+    assert translate(trained_run, *args, "Hi.") == 2
+    assert user_error(capsys) == message
+
+
+def test_training_logs_attention_images_to_tensorboard(trained_run: Path):
+    accumulator = EventAccumulator(str(trained_run / "tensorboard"), size_guidance={"images": 0})
+    accumulator.Reload()
+    tags = accumulator.Tags()["images"]
+    assert {"attention/cross/sample_1", "attention/encoder/sample_1"} <= set(tags)
+    assert all(tag.startswith("attention/") for tag in tags)
+    assert [event.step for event in accumulator.Images("attention/cross/sample_1")] == [10]  # the one validation
+
+
+def test_plain_translate_does_not_import_matplotlib(trained_run: Path, tmp_path: Path):
+    """translate.py starts cold on every call: matplotlib (slow to import) only comes with --attention."""
+    base = ["--run", str(trained_run), "--quiet", "--threads", "1"]
+    code = (
+        "import sys, translate\n"
+        f"assert translate.main({base + ['Hi.']!r}) == 0\n"
+        f"assert translate.main({base + ['--alignment', 'Hi.']!r}) == 0\n"
+        "print('without pictures', 'matplotlib' in sys.modules)\n"
+        f"assert translate.main({base + ['--attention', str(tmp_path / 'maps'), 'Hi.']!r}) == 0\n"
+        "print('with pictures', 'matplotlib' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "without pictures False" in result.stdout and "with pictures True" in result.stdout

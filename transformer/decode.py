@@ -15,7 +15,7 @@ from .batching import source_tensor
 from .config import DecodeConfig
 from .model import Transformer
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-from .translation import gnmt_length_penalty, max_output_length, translate_texts
+from .translation import decode_outputs, gnmt_length_penalty, max_output_length, search_texts
 
 _NEVER_EMITTED = [PAD_ID, BOS_ID]  # their logits are set to -inf at every step
 
@@ -224,16 +224,11 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
     return finished
 
 
-def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
-                     device: torch.device | str, n_best: int, use_cache: bool = True) -> list[list[str]]:
-    """Translate `texts`: for each, its `n_best` translations best first (n_best <= config.beam_size;
-    beam_size 1 = greedy search).
-
-    Texts are cleaned, tokenized and batched as `translation.translate_texts` says: sorted by source
-    length and decoded config.batch_size at a time; the result is in input order and does not depend
-    on the batching. Blank texts translate to "" and sources longer than model max_len - 1 subwords
-    are truncated with a logged warning. The model runs in eval mode, and its mode is restored.
-    """
+def search_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
+                  device: torch.device | str, n_best: int, use_cache: bool = True
+                  ) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """`translate_n_best` before detokenization: the source ids each text was read as (without EOS),
+    and for each text its `n_best` output id lists best first (without BOS/EOS)."""
     if not 1 <= n_best <= config.beam_size:
         raise ValueError(f"n_best must be between 1 and decode.beam_size={config.beam_size}, got {n_best}")
     hard_cap = model.config.max_len - 1
@@ -253,9 +248,22 @@ def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizer
     model.eval()
     try:
         with torch.inference_mode():
-            return translate_texts(texts, tokenizers, search, config.batch_size, n_best, hard_cap)
+            return search_texts(texts, tokenizers, search, config.batch_size, n_best, hard_cap)
     finally:
         model.train(was_training)
+
+
+def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
+                     device: torch.device | str, n_best: int, use_cache: bool = True) -> list[list[str]]:
+    """Translate `texts`: for each, its `n_best` translations best first (n_best <= config.beam_size;
+    beam_size 1 = greedy search).
+
+    Texts are cleaned, tokenized and batched as `translation.search_texts` says: sorted by source
+    length and decoded config.batch_size at a time; the result is in input order and does not depend
+    on the batching. Blank texts translate to "" and sources longer than model max_len - 1 subwords
+    are truncated with a logged warning. The model runs in eval mode, and its mode is restored.
+    """
+    return decode_outputs(tokenizers, search_n_best(texts, model, tokenizers, config, device, n_best, use_cache)[1])
 
 
 def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
@@ -265,4 +273,4 @@ def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, conf
 
 
 __all__ = ["Hypothesis", "gnmt_length_penalty", "max_output_lengths", "greedy_search", "beam_search",
-           "translate", "translate_n_best"]
+           "search_n_best", "decode_outputs", "translate", "translate_n_best"]

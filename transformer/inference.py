@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint
+from .attention import AttendedTranslation, translate_with_attention
 from .config import DecodeConfig
 from .decode import translate_n_best
 from .errors import CheckpointError
@@ -36,6 +37,11 @@ class Translator:
         """For each text, its `n_best` translations, best first."""
         warn_unknown_characters([clean_text(text) for text in texts], self.tokenizers)
         return translate_n_best(texts, self.model, self.tokenizers, self.decode, self.device, n_best)
+
+    def translate_with_attention(self, texts: list[str], n_best: int = 1) -> list[list[AttendedTranslation]]:
+        """As `translate`, each translation with the attention that produced it (attention.py)."""
+        warn_unknown_characters([clean_text(text) for text in texts], self.tokenizers)
+        return translate_with_attention(texts, self.model, self.tokenizers, self.decode, self.device, n_best)
 
 
 def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None, device: torch.device | str = "cpu",

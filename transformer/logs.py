@@ -1,5 +1,5 @@
-"""Run logging: stdlib logging to stderr (tqdm-safe) and to `train.log`, and TensorBoard scalars
-and text. The training loop calls these; it never prints."""
+"""Run logging: stdlib logging to stderr (tqdm-safe) and to `train.log`, and TensorBoard scalars,
+text and images. The training loop calls these; it never prints."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 TENSORBOARD_DIR = "tensorboard"
@@ -69,9 +70,19 @@ class TensorBoard:
             for tag, value in values.items():
                 self.writer.add_scalar(tag, value, step)
 
+    @property
+    def enabled(self) -> bool:
+        """False on a disabled writer: callers can skip the work of making what it would drop."""
+        return self.writer is not None
+
     def text(self, step: int, tag: str, text: str) -> None:
         if self.writer is not None:
             self.writer.add_text(tag, text, step)
+
+    def image(self, step: int, tag: str, image: np.ndarray) -> None:
+        """image: an (height, width, 3) uint8 RGB array, e.g. attention_plots.figure_pixels."""
+        if self.writer is not None:
+            self.writer.add_image(tag, image, step, dataformats="HWC")
 
     def flush(self) -> None:
         if self.writer is not None:

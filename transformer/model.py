@@ -71,6 +71,25 @@ class DecoderCache:
             layer.cross_v = layer.cross_v.index_select(0, index)
 
 
+def attention_probabilities(q: Tensor, k: Tensor, attend_mask: Tensor | None = None,
+                            causal: bool = False) -> Tensor:
+    """softmax(q k^T / sqrt(Dh)) of Section 3.2.1, written out: q (B, H, T, Dh), k (B, H, S, Dh) ->
+    (B, H, T, S), masked as F.scaled_dot_product_attention masks (attend_mask True = attend, causal
+    aligned top-left). A query that may attend to nothing gets a row of zeros, not NaN.
+
+    Only the inspection path calls this. Training and search use F.scaled_dot_product_attention,
+    which is faster precisely because it never materialises these weights.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed.tril()
+    if attend_mask is not None:
+        allowed = allowed & attend_mask
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return weights.nan_to_num(0.0)  # softmax over -inf only (a fully padded row) is 0/0
+
+
 class _Heads(nn.Module):
     """What both kinds of attention share: splitting into heads and the output projection."""
 
@@ -98,21 +117,36 @@ class SelfAttention(_Heads):
         super().__init__(d_model, n_heads)
         self.in_proj = nn.Linear(d_model, 3 * d_model)
 
-    def forward(self, x: Tensor, attend_mask: Tensor | None = None, causal: bool = False,
-                cache: LayerCache | None = None) -> Tensor:
-        """x (B, T, D). With `cache`, x holds only the new positions and attends to all cached ones."""
+    def _project(self, x: Tensor, attend_mask: Tensor | None, causal: bool, cache: LayerCache | None
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool]:
+        """q (B, H, T, Dh) and k, v (B, H, t + T, Dh) with the cached positions first, and the mask
+        and causal flag that make each query see what `forward` lets it see. Reads the cache only."""
         q, k, v = (self._heads(t) for t in self.in_proj(x).chunk(3, -1))
         if cache is not None:
             if cache.self_k is not None:
                 k = torch.cat([cache.self_k, k], dim=2)
                 v = torch.cat([cache.self_v, v], dim=2)
-            cache.self_k, cache.self_v = k, v
             new, total = q.shape[2], k.shape[2]
             if new > 1:  # several new positions: each sees the cache and the new ones up to itself
                 attend_mask = torch.ones(new, total, dtype=torch.bool, device=x.device).tril(total - new)
             causal = False
+        return q, k, v, attend_mask, causal
+
+    def forward(self, x: Tensor, attend_mask: Tensor | None = None, causal: bool = False,
+                cache: LayerCache | None = None) -> Tensor:
+        """x (B, T, D). With `cache`, x holds only the new positions and attends to all cached ones."""
+        q, k, v, attend_mask, causal = self._project(x, attend_mask, causal, cache)
+        if cache is not None:
+            cache.self_k, cache.self_v = k, v
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask, is_causal=causal)
         return self._merge(out)
+
+    def attention_weights(self, x: Tensor, attend_mask: Tensor | None = None, causal: bool = False,
+                          cache: LayerCache | None = None) -> Tensor:
+        """The probabilities (B, H, T, t + T) that `forward` with the same arguments applies to its
+        values, written out; for inspection only (see attention.py). Leaves the cache as it is."""
+        q, k, _, attend_mask, causal = self._project(x, attend_mask, causal, cache)
+        return attention_probabilities(q, k, attend_mask, causal)
 
 
 class CrossAttention(_Heads):
@@ -137,12 +171,25 @@ class CrossAttention(_Heads):
         attention treats every query on its own, so this is exact and needs no G copies.
         """
         rows, length, d_model = x.shape
+        out = self._merge(F.scaled_dot_product_attention(self._queries(x, k), k, v, attn_mask=attend_mask))
+        return out.reshape(rows, length, d_model)
+
+    def _queries(self, x: Tensor, k: Tensor) -> Tensor:
+        """x (B*G, T, D) -> queries (B, H, G*T, Dh): each sentence's G rows as one longer sequence."""
+        rows, length, d_model = x.shape
         sentences = k.shape[0]
         if rows % sentences:
             raise ValueError(f"{rows} decoder rows do not divide into {sentences} source sentences")
-        q = self._heads(self.q_proj(x).reshape(sentences, rows // sentences * length, d_model))
-        out = self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask))
-        return out.reshape(rows, length, d_model)
+        return self._heads(self.q_proj(x).reshape(sentences, rows // sentences * length, d_model))
+
+    def attention_weights(self, x: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor) -> Tensor:
+        """The probabilities (B*G, H, T, S) that `forward` with the same arguments applies to the
+        memory's values, written out; for inspection only (see attention.py)."""
+        rows, length, _ = x.shape
+        weights = attention_probabilities(self._queries(x, k), k, attend_mask)  # (B, H, G*T, S)
+        sentences, heads, _, keys = weights.shape
+        weights = weights.view(sentences, heads, rows // sentences, length, keys).transpose(1, 2)
+        return weights.reshape(rows, heads, length, keys)
 
 
 class FeedForward(nn.Module):

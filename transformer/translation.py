@@ -63,16 +63,17 @@ def warn_unknown_characters(texts: list[str], tokenizers: Tokenizers) -> None:
                     sentences, UNK, ", ".join(map(repr, shown)), ", ..." if len(unknown) > len(shown) else "")
 
 
-def translate_texts(texts: list[str], tokenizers: Tokenizers, search: Search, batch_size: int, n_best: int,
-                    hard_cap: int) -> list[list[str]]:
-    """For each text, up to `n_best` translations best first, found by `search`.
+def search_texts(texts: list[str], tokenizers: Tokenizers, search: Search, batch_size: int, n_best: int,
+                 hard_cap: int) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """For each text, the source ids it was read as (without EOS) and up to `n_best` output id lists
+    found by `search`, best first (without BOS/EOS).
 
     Each text is first cleaned exactly as training cleaned its pairs (text.clean_text), so what a user
     pastes (non-breaking spaces, tabs, zero-width characters) reads as in training. Sentences are
     sorted by source length and handed to `search` `batch_size` at a time; the result is in input
-    order. An empty or blank text (or one with no subwords) translates to "" without a search
-    (repeated n_best times). Sources longer than `hard_cap` subwords are truncated to it with a logged
-    warning (not refused: one odd line should not stop a whole file).
+    order. An empty or blank text (or one with no subwords) has no source ids and n_best empty
+    outputs, without a search. Sources longer than `hard_cap` subwords are truncated to it with a
+    logged warning (not refused: one odd line should not stop a whole file).
     """
     texts = [clean_text(text) for text in texts]  # as the training pairs were cleaned
     ids = truncate_sources(tokenizers.encode_source(texts), hard_cap)
@@ -85,10 +86,21 @@ def translate_texts(texts: list[str], tokenizers: Tokenizers, search: Search, ba
         chunk = order[start: start + batch_size]
         for i, output in zip(chunk, search([ids[i] for i in chunk])):
             results[i] = output[:n_best]
+    return ids, results
+
+
+def decode_outputs(tokenizers: Tokenizers, results: list[list[list[int]]]) -> list[list[str]]:
+    """The text of each output id list, nested as given (per text, its candidates)."""
     flat = iter(tokenizers.decode_target([tokens for sentence in results for tokens in sentence]))
     # Not a fixed stride: with a vocabulary smaller than the beam a search can finish fewer than n_best.
     return [[next(flat) for _ in sentence] for sentence in results]
 
 
+def translate_texts(texts: list[str], tokenizers: Tokenizers, search: Search, batch_size: int, n_best: int,
+                    hard_cap: int) -> list[list[str]]:
+    """For each text, up to `n_best` translations best first, found by `search` (see `search_texts`)."""
+    return decode_outputs(tokenizers, search_texts(texts, tokenizers, search, batch_size, n_best, hard_cap)[1])
+
+
 __all__ = ["Search", "gnmt_length_penalty", "max_output_length", "truncate_sources", "warn_unknown_characters",
-           "translate_texts"]
+           "search_texts", "decode_outputs", "translate_texts"]

@@ -128,7 +128,9 @@ def tiny_config(tiny_csv: Path) -> Config:
         "data": {"path": str(tiny_csv), "valid_pairs": 4, "test_pairs": 4},
         "tokenizer": {"vocab_size": 200, "min_frequency": 1},
         "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
-        "train": {"max_steps": 30, "batch_tokens": 256, "warmup_steps": 10, "log_every": 10,
+        # attention_images off: drawing them costs about a second a validation; tests that look at
+        # them turn them on (train_tiny_run below).
+        "train": {"max_steps": 30, "batch_tokens": 256, "warmup_steps": 10, "log_every": 10, "attention_images": False,
                   "valid_every": 10, "checkpoint_every": 10, "device": "cpu"},
     })
 
@@ -155,7 +157,7 @@ def train_tiny_run(run_dir: Path, config: Config, datasets_cache: Path, joint_to
                    **model: object) -> Path:
     """A run of `config` trained for 10 steps, one checkpoint, decode beam 2; `model` overrides model keys."""
     raw = config_to_dict(config)
-    raw["train"].update(max_steps=10, valid_every=10, checkpoint_every=10, threads=1)
+    raw["train"].update(max_steps=10, valid_every=10, checkpoint_every=10, threads=1, attention_images=True)
     raw["tokenizer"]["joint"] = joint_tokenizer
     raw["model"].update(model)
     raw["decode"]["beam_size"] = 2

@@ -35,7 +35,7 @@ def write_config(path: Path, csv_path: Path, **train: object) -> Path:
         "tokenizer": {"vocab_size": 200, "min_frequency": 1},
         "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
         "train": {"max_steps": 45, "batch_tokens": 256, "warmup_steps": 10, "log_every": 15, "valid_every": 30,
-                  "checkpoint_every": 30, "keep_checkpoints": 1, "device": "cpu", "threads": 1, **train},
+                  "checkpoint_every": 30, "keep_checkpoints": 1, "device": "cpu", "threads": 1, "attention_images": False, **train},
     }
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path

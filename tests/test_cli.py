@@ -46,7 +46,7 @@ def write_config(path: Path, data_path: Path, data: dict | None = None, **train:
         "tokenizer": {"vocab_size": 200, "min_frequency": 1},
         "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
         "train": {"max_steps": 2, "batch_tokens": 256, "warmup_steps": 10, "log_every": 1, "valid_every": 2,
-                  "checkpoint_every": 2, "device": "cpu", "threads": 1, **train},
+                  "checkpoint_every": 2, "device": "cpu", "threads": 1, "attention_images": False, **train},
     }
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path

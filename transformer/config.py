@@ -136,6 +136,7 @@ class TrainConfig:
     keep_checkpoints: int = 3  # newest step checkpoints kept, besides the best one
     average_last: int = 0  # at the end, average the newest N step checkpoints (0 = don't; see average.py)
     n_valid_samples: int = 3  # sample translations logged at each validation
+    attention_images: bool = True  # and their attention maps, as TensorBoard images (matplotlib)
 
     def __post_init__(self) -> None:
         positive = ("batch_tokens", "accumulate_batches", "warmup_steps", "log_every", "valid_every",

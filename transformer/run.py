@@ -53,7 +53,7 @@ LOCK_FILE = ".lock"
 RESUMABLE_KEYS = {
     "name",
     "train.max_steps", "train.max_epochs", "train.max_minutes", "train.log_every", "train.valid_every",
-    "train.checkpoint_every", "train.keep_checkpoints", "train.n_valid_samples",
+    "train.checkpoint_every", "train.keep_checkpoints", "train.n_valid_samples", "train.attention_images",
     "train.device", "train.threads", "train.average_last", "train.compile",
 }
 

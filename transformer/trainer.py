@@ -394,6 +394,8 @@ class Trainer:
             self.tensorboard.text(state.step, "valid/samples", samples)
             for source, hypothesis, _ in result.samples:
                 log.info("  %s  ->  %s", source, hypothesis)
+        if not self.train_config.attention_images:
+            return result
         from .attention_plots import log_attention_images  # imports matplotlib: only once a picture is drawn
         log_attention_images(self.tensorboard, self.model, self.tokenizers, self.config.decode,
                              [s for s, _, _ in result.samples], state.step, self.device)

@@ -8,8 +8,8 @@ overrides, then score its best checkpoint on the whole valid split.
 
 Trains with `python train.py` in a child process (its own allocator setting and threads, as a user
 runs it) into runs/recipe/<name>; rerunning the same command resumes or finds the run finished, and
-only scores again. Prints one markdown row for bench/recipe.md: updates, target tokens/s over the
-training time, peak RSS of training, valid BLEU/chrF greedy and beam 5, then the command. The
+only scores again. Prints one markdown row for bench/recipe.md: updates, minutes of training (a time
+budget is met to within a few per cent), target tokens/s over the training time, peak RSS of training, valid BLEU/chrF greedy and beam 5, then the command. The
 valid split is all of heldout/valid.* (the run's own BLEU during training uses a sample of it).
 Run it on an otherwise idle machine: updates in a time budget depend on the speed it measures.
 """
@@ -69,7 +69,8 @@ def main() -> None:
     best = read_run_state(run_dir).best
     valid = heldout(run_dir, "valid")
     cells = [args.name, ", ".join(args.overrides) or "(the config as it is)", f"{state['step']:,}",
-             f"{state['target_tokens'] / state['train_seconds']:,.0f}", f"{peak_gib:.2f}",
+             f"{state['train_seconds'] / 60:.1f}", f"{state['target_tokens'] / state['train_seconds']:,.0f}",
+             f"{peak_gib:.2f}",
              scores(translator, *valid, beam=1), scores(translator, *valid, beam=5)]
     for alpha in args.length_penalties:
         print(f"valid beam 5, length penalty {alpha:g}: {scores(translator, *valid, beam=5, alpha=alpha)}")
@@ -78,7 +79,7 @@ def main() -> None:
         print(f"test greedy: {scores(translator, *test, beam=1)}   test beam 5: {scores(translator, *test, beam=5)}")
     print(f"best checkpoint: {find_checkpoint(run_dir).name} (step {best.step if best else '-'}); "
           f"valid sentences: {len(valid[0])}")
-    shown = ["python bench/recipe.py", "--name", args.name, "--config", args.config]
+    shown = ["python", "bench/recipe.py", "--name", args.name, "--config", args.config]
     shown += [word for override in args.overrides for word in ("--set", override)]
     print("| " + " | ".join(cells) + f" | `{shlex.join(shown)}` |")
 

@@ -36,7 +36,7 @@ from transformer.batching import PairCorpus  # noqa: E402
 from transformer.config import load_config  # noqa: E402
 from transformer.data import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs  # noqa: E402
 from transformer.batching import Batch  # noqa: E402
-from transformer.loss import batch_loss  # noqa: E402
+from transformer.loss import TrainingLoss, batch_loss  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 from transformer.optim import build_optimizer  # noqa: E402
 from transformer.runtime import autocast, fast_bf16, resolve_precision, seed_everything  # noqa: E402
@@ -175,6 +175,11 @@ def full_projection_loss(model: Transformer, batch: Batch, label_smoothing: floa
     return loss, loss.detach()
 
 
+def module_loss(model: Transformer, batch: Batch, label_smoothing: float = 0.0):
+    """The step as the trainer runs it: through TrainingLoss, the module DistributedDataParallel wraps."""
+    return TrainingLoss(model, label_smoothing)(batch.src, batch.tgt_in, batch.tgt_out)
+
+
 @contextlib.contextmanager
 def patched(owner, name: str, value) -> Iterator[None]:
     original = getattr(owner, name)
@@ -255,6 +260,7 @@ def run_levers(config, train, corpus: PairCorpus, batches, src_vocab: int, tgt_v
                                                                               train.seed)}),
         ("naive attention instead of SDPA", {"patch": (F, "scaled_dot_product_attention", naive_attention)}),
         ("hand-fused loss (earlier versions) instead of F.cross_entropy", {"loss_fn": hand_fused_loss}),
+        ("through the trainer's loss module (what DDP wraps)", {"loss_fn": module_loss}),
         ("output projection over padding too", {"loss_fn": full_projection_loss}),
         ("1 thread instead of %d" % threads, {"threads": 1}),
         ("glibc malloc defaults (freed memory unmapped)", {"malloc_defaults": True}),

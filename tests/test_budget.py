@@ -13,7 +13,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer import checkpoint
-from transformer.budget import Plan, reconcile, steps_for_epochs, steps_for_minutes
+from transformer.budget import MEASURE_UNTIL_STEP, Plan, reconcile, steps_for_epochs, steps_for_minutes
 from transformer.checkpoint_manager import STATE_FILE, read_run_state
 from transformer.config import Config, TrainConfig
 from transformer.errors import ConfigError
@@ -53,12 +53,12 @@ def test_reconcile_keeps_moves_restarts_or_refuses():
 
 def test_a_time_budget_is_measured_once_and_recorded(tiny_config, tmp_path, datasets_cache, caplog):
     caplog.set_level(logging.INFO)
-    config = configured(tiny_config, max_steps=0, max_minutes=0.03, warmup_steps=30)
+    config = configured(tiny_config, max_steps=0, max_minutes=0.03, warmup_steps=MEASURE_UNTIL_STEP)
     run_dir = tmp_path / "run"
     outcome = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
     state = outcome.state
-    assert state.measured_at_step == 30 and state.seconds_per_step > 0
-    assert state.step == state.end_step == steps_for_minutes(0.03, 30, state.measured_train_seconds,
+    assert state.measured_at_step == MEASURE_UNTIL_STEP and state.seconds_per_step > 0
+    assert state.step == state.end_step == steps_for_minutes(0.03, MEASURE_UNTIL_STEP, state.measured_train_seconds,
                                                              state.seconds_per_step)
     assert f"time budget: 0.03 minutes of training at {state.seconds_per_step:.3f} s a step" in caplog.text
     assert state.budget == {"max_steps": 0, "max_epochs": 0, "max_minutes": 0.03}
@@ -67,11 +67,11 @@ def test_a_time_budget_is_measured_once_and_recorded(tiny_config, tmp_path, data
     assert meta["state"]["end_step"] == state.end_step and meta["state"]["seconds_per_step"] == state.seconds_per_step
     again = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
     assert again.already_finished and again.state.step == state.step
-    # The schedule was a function of the step: warm-up to step 30, then the line to the recorded end.
-    rates = lr_by_step(run_dir)
+    # The schedule was a function of the step: warm-up to the measurement, then the line to the recorded end.
+    rates, warmup = lr_by_step(run_dir), MEASURE_UNTIL_STEP
     end = state.end_step
-    for step in (1, 29, 31, end):
-        expected = 2e-3 * min(step / 30, (end - step + 1) / (end - 30 + 1))
+    for step in (1, warmup - 1, warmup + 1, end):
+        expected = 2e-3 * min(step / warmup, (end - step + 1) / (end - warmup + 1))
         assert rates[step] == pytest.approx(expected, rel=1e-5)
 
 

@@ -24,6 +24,7 @@ import yaml
 from safetensors.torch import load_file
 
 from transformer import checkpoint, trainer
+from transformer.budget import MEASURE_UNTIL_STEP
 from transformer import loss as loss_module
 from transformer.checkpoint_manager import read_run_state
 from transformer.errors import CheckpointError
@@ -186,18 +187,18 @@ def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_s
         tmp_path: Path, tiny_csv: Path, capsys):
     """max_minutes becomes a step budget once, measured over the first steps; the kill comes after
     that. The resumed run and a run given that step budget as max_steps take the same steps, at the
-    same learning rates (the warm-up, 30 steps, covers the measurement), to the same weights."""
-    linear = {"schedule": "linear", "peak_lr": 1e-3, "warmup_steps": 30}
-    timed = write_config(tmp_path / "timed.yaml", tiny_csv, max_steps=0, max_minutes=0.1, **linear)
+    same learning rates (the warm-up covers the measurement), to the same weights."""
+    linear = {"schedule": "linear", "peak_lr": 1e-3, "warmup_steps": MEASURE_UNTIL_STEP}
+    timed = write_config(tmp_path / "timed.yaml", tiny_csv, max_steps=0, max_minutes=0.15, **linear)
     run_dir, log = tmp_path / "timed", tmp_path / "timed.log"
-    process = start_slow_run(timed, run_dir, log)  # 0.1 s a step: the budget comes to about 55 steps
-    wait_for_checkpoint(process, run_dir, 35, log)
+    process = start_slow_run(timed, run_dir, log, seconds_per_step=0.05)  # the budget comes to about 170 steps
+    wait_for_checkpoint(process, run_dir, MEASURE_UNTIL_STEP + 1, log)
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait(timeout=30) == -signal.SIGKILL
     latest = run_dir / checkpoint.CHECKPOINTS / read_run_state(run_dir).latest
     recorded = checkpoint.read_meta(latest)["state"]
     end_step = recorded["end_step"]
-    assert recorded["measured_at_step"] == 30 and end_step > recorded["step"]
+    assert recorded["measured_at_step"] == MEASURE_UNTIL_STEP and end_step > recorded["step"]
 
     assert train_cli.main(cli_args(timed, run_dir)) == 0
     assert f"done: {end_step} steps" in capsys.readouterr().err

@@ -4,7 +4,9 @@ are functions of the step alone, so a run killed and resumed takes exactly the s
 ran through.
 
 A time budget becomes steps once: the first steps of a run are timed (training steps only, not
-validation or saving), and `max_minutes` is divided by the measured seconds per step. An epoch
+validation or saving), and `max_minutes` is divided by the seconds per step they give. Batches differ
+in size and shape, so the measurement is taken per token and scaled to the average tokens of a
+step over a whole epoch: the first few dozen steps are too few to average out their mix. An epoch
 budget is counted in steps from the batches each epoch has. Raising a budget after a `linear`
 run finished starts a new schedule segment with its own warm-up; changing one in the middle of a
 linear schedule is refused, since it would bend the rate of steps already planned.
@@ -12,18 +14,22 @@ linear schedule is refused, since it would bend the rate of steps already planne
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from .config import TrainConfig
 from .errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 # A time budget is measured over the steps of the first session up to MEASURE_UNTIL_STEP, without
-# its first UNTIMED_STEPS (thread pools and the allocator warm up there), and at least
-# MIN_TIMED_STEPS of them.
-MEASURE_UNTIL_STEP = 30
-UNTIMED_STEPS = 2
+# its first UNTIMED_STEPS (thread pools and the allocator warm up over them), and at least
+# MIN_TIMED_STEPS of them. The linear schedule keeps its peak until the measurement: a warm-up at
+# least this long leaves the rates of all steps as they would be with the same budget in steps.
+MEASURE_UNTIL_STEP = 100
+UNTIMED_STEPS = 20
 MIN_TIMED_STEPS = 10
 
 BUDGET_KEYS = ("max_steps", "max_epochs", "max_minutes")
@@ -100,5 +106,103 @@ def reconcile(train: TrainConfig, step: int, plan: Plan, new_end: int, budget_ch
         "schedule segment with its own warm-up")
 
 
-__all__ = ["MEASURE_UNTIL_STEP", "UNTIMED_STEPS", "MIN_TIMED_STEPS", "BUDGET_KEYS", "budget_values", "Plan",
+class BudgetState(Protocol):
+    """The fields of the training state (trainer.TrainState) that a budget reads and records."""
+
+    step: int
+    epoch: int
+    batch_in_epoch: int
+    train_seconds: float
+    plan: Plan
+    budget: dict
+    seconds_per_step: float
+    measured_at_step: int
+    measured_train_seconds: float
+
+
+class Budget:
+    """A run's budget as steps: plans the end step at the start of a session (or reconciles a changed
+    budget with the recorded plan), measures a time budget once in the first steps, and says when
+    training is finished. Records everything in `state`, so that it travels with the checkpoints."""
+
+    def __init__(self, train: TrainConfig, state: BudgetState, batches_in_epoch: Callable[[int], int],
+                 tokens_per_step: Callable[[], float]) -> None:
+        """`batches_in_epoch(epoch)`: the global batches of that epoch; `tokens_per_step()`: the
+        source + target tokens of an average step over an epoch (what a step's time scales with)."""
+        self.train, self.state = train, state
+        self.batches_in_epoch, self.tokens_per_step = batches_in_epoch, tokens_per_step
+        self._timed: list[tuple[float, int]] = []  # this session's (step seconds, step tokens)
+        # While a time budget is unmeasured, a step or epoch budget may still end training first.
+        self._end_before_measuring = self._end_without_time() if train.max_minutes and not state.seconds_per_step \
+            else 0
+        self._plan()
+
+    def finished(self) -> bool:
+        return bool(self.state.plan.end_step) and self.state.step >= self.state.plan.end_step
+
+    def _end_without_time(self) -> int:
+        """The end step of the step and epoch budgets, from the current position (0 = neither is set)."""
+        train, state = self.train, self.state
+        ends = [train.max_steps] if train.max_steps else []
+        if train.max_epochs:
+            ends.append(steps_for_epochs(train.max_epochs, state.epoch, state.batch_in_epoch, state.step,
+                                         self.batches_in_epoch, train.accumulate_batches))
+        return min(ends, default=0)
+
+    def _plan(self) -> None:
+        """Turn the budget settings into the end step: at a run's start, or when a resume changed them."""
+        train, state = self.train, self.state
+        values = budget_values(train)
+        if state.budget == values:
+            return
+        end = self._end_without_time()
+        if train.max_minutes and state.seconds_per_step:
+            end = min(e for e in (end, steps_for_minutes(train.max_minutes, state.measured_at_step,
+                                                         state.measured_train_seconds, state.seconds_per_step)) if e)
+        elif train.max_minutes:
+            end = 0  # measured in this session's first steps (`measure`)
+        plan = state.plan
+        if not state.budget or not plan.end_step:  # a new run, or one whose time budget is still unmeasured
+            state.plan = Plan(end, plan.segment_start, decay_start(plan.segment_start, train.warmup_steps, end,
+                                                                   state.measured_at_step or state.step))
+        else:
+            changed = ", ".join(f"train.{key}: {state.budget.get(key)} -> {value}" for key, value in values.items()
+                                if state.budget.get(key) != value)
+            new = reconcile(train, state.step, plan, end, changed)
+            if new is not None and new != plan:
+                if new.segment_start != plan.segment_start:
+                    log.info("%s: the finished linear schedule starts a new segment at step %d: warm-up over %d "
+                             "steps to peak_lr %g, then down to zero at step %d", changed, new.segment_start,
+                             train.warmup_steps, train.peak_lr, new.end_step)
+                else:
+                    log.info("%s: training now ends at step %d", changed, new.end_step)
+                state.plan = new
+        state.budget = values
+
+    def measure(self, step_seconds: float, step_tokens: int) -> None:
+        """After each step (its time and source + target tokens): once, early in the first session,
+        max_minutes of training at the measured seconds per step becomes the end step. Under torchrun
+        every rank passes rank 0's step times and the global tokens, so all compute the same end."""
+        train, state = self.train, self.state
+        if not train.max_minutes or state.seconds_per_step:
+            return
+        self._timed.append((step_seconds, step_tokens))
+        timed = self._timed[UNTIMED_STEPS:]
+        must_end = state.train_seconds >= train.max_minutes * 60 or state.step == self._end_before_measuring
+        if not must_end and (state.step < MEASURE_UNTIL_STEP or len(timed) < MIN_TIMED_STEPS):
+            return
+        timed = timed or self._timed
+        seconds_per_token = sum(seconds for seconds, _ in timed) / max(sum(tokens for _, tokens in timed), 1)
+        state.seconds_per_step = seconds_per_token * self.tokens_per_step()
+        state.measured_at_step, state.measured_train_seconds = state.step, state.train_seconds
+        by_time = steps_for_minutes(train.max_minutes, state.step, state.train_seconds, state.seconds_per_step)
+        end = min(e for e in (by_time, self._end_without_time()) if e)
+        state.plan = Plan(end, state.plan.segment_start,
+                          decay_start(state.plan.segment_start, train.warmup_steps, end, measured_at=state.step))
+        log.info("time budget: %g minutes of training at %.3f s a step (measured over %d steps): it ends at step %d%s",
+                 train.max_minutes, state.seconds_per_step, len(timed), by_time,
+                 "" if end == by_time else f"; another budget ends training first, at step {end}")
+
+
+__all__ = ["Budget", "MEASURE_UNTIL_STEP", "UNTIMED_STEPS", "MIN_TIMED_STEPS", "BUDGET_KEYS", "budget_values", "Plan",
            "linear_rate", "decay_start", "steps_for_epochs", "steps_for_minutes", "reconcile"]

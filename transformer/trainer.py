@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import statistics
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -24,8 +23,7 @@ from tqdm import tqdm
 
 from . import checkpoint, distributed
 from .batching import Batch, PairCorpus, make_batch, shard_batch
-from .budget import (MEASURE_UNTIL_STEP, MIN_TIMED_STEPS, UNTIMED_STEPS, Plan, budget_values, decay_start, reconcile,
-                     steps_for_epochs, steps_for_minutes)
+from .budget import Budget, Plan
 from .checkpoint_manager import CheckpointManager
 from .config import Config
 from .errors import UserError
@@ -107,7 +105,6 @@ class Trainer:
         self.show_progress = show_progress and distributed.is_main()
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self._batch_lists: dict[int, list] = {}
-        self._timed_steps: list[float] = []  # this session's step times, for a time budget's measurement
         # Training runs through one module, the model with its loss. Under torchrun DDP wraps it: it
         # copies rank 0's weights to every rank, then averages gradients over ranks during backward.
         # Compiled, it is this wrapper that torch.compile sees: checkpoints keep the plain model's
@@ -120,7 +117,7 @@ class Trainer:
             else self._loss_module
         if state.world_size != self.world_size:
             self._adapt_data_position()
-        self._plan_budget()
+        self.budget = Budget(self.train_config, state, lambda epoch: len(self._batches(epoch)), self._tokens_per_step)
 
     def _batches(self, epoch: int) -> list:
         """The global batches of `epoch`: every rank builds the same ones, world_size times the
@@ -129,6 +126,12 @@ class Trainer:
             self._batch_lists = {epoch: self.corpus.batches(self.train_config.batch_tokens * self.world_size,
                                                             self.train_config.seed, epoch)}
         return self._batch_lists[epoch]
+
+    def _tokens_per_step(self) -> float:
+        """Source + target tokens (with EOS) of an average step over the first epoch, all ranks."""
+        corpus = self.corpus
+        tokens = int(corpus.src_lengths.sum() + corpus.tgt_lengths.sum()) + 2 * len(corpus)
+        return tokens / math.ceil(len(self._batches(0)) / self.train_config.accumulate_batches)
 
     def _adapt_data_position(self) -> None:
         """Map a data position saved by a run with another number of processes onto this one's.
@@ -149,69 +152,7 @@ class Trainer:
     # ------------------------------------------------------------------ budgets
 
     def finished(self) -> bool:
-        return bool(self.state.end_step) and self.state.step >= self.state.end_step
-
-    def _end_without_time(self) -> int:
-        """The end step of the step and epoch budgets, from the current position (0 = neither is set)."""
-        train, state = self.train_config, self.state
-        ends = [train.max_steps] if train.max_steps else []
-        if train.max_epochs:
-            ends.append(steps_for_epochs(train.max_epochs, state.epoch, state.batch_in_epoch, state.step,
-                                         lambda epoch: len(self._batches(epoch)), train.accumulate_batches))
-        return min(ends, default=0)
-
-    def _plan_budget(self) -> None:
-        """Turn the budget settings into the end step: at a run's start, or when a resume changed them."""
-        train, state = self.train_config, self.state
-        values = budget_values(train)
-        # While a time budget is unmeasured, a step or epoch budget may still end training first.
-        self._end_before_measuring = self._end_without_time() if train.max_minutes and not state.seconds_per_step \
-            else 0
-        if state.budget == values:
-            return
-        end = self._end_without_time()
-        if train.max_minutes and state.seconds_per_step:
-            end = min(e for e in (end, steps_for_minutes(train.max_minutes, state.measured_at_step,
-                                                         state.measured_train_seconds, state.seconds_per_step)) if e)
-        elif train.max_minutes:
-            end = 0  # measured in this session's first steps (_measure_time_budget)
-        if not state.budget or not state.end_step:  # a new run, or one whose time budget is still unmeasured
-            state.plan = Plan(end, state.segment_start, decay_start(state.segment_start, train.warmup_steps, end,
-                                                                    state.measured_at_step or state.step))
-        else:
-            changed = ", ".join(f"train.{key}: {state.budget.get(key)} -> {value}" for key, value in values.items()
-                                if state.budget.get(key) != value)
-            plan = reconcile(train, state.step, state.plan, end, changed)
-            if plan is not None and plan != state.plan:
-                if plan.segment_start != state.segment_start:
-                    log.info("%s: the finished linear schedule starts a new segment at step %d: warm-up over %d "
-                             "steps to peak_lr %g, then down to zero at step %d", changed, plan.segment_start,
-                             train.warmup_steps, train.peak_lr, plan.end_step)
-                else:
-                    log.info("%s: training now ends at step %d", changed, plan.end_step)
-                state.plan = plan
-        state.budget = values
-
-    def _measure_time_budget(self, step_seconds: float) -> None:
-        """Once, early in the first session: max_minutes of training at the measured seconds per step
-        becomes the end step (budget.py). Every rank computes the same: it reads rank 0's times."""
-        train, state = self.train_config, self.state
-        if not train.max_minutes or state.seconds_per_step:
-            return
-        self._timed_steps.append(step_seconds)
-        timed = self._timed_steps[UNTIMED_STEPS:]
-        must_end = state.train_seconds >= train.max_minutes * 60 or state.step == self._end_before_measuring
-        if not must_end and (state.step < MEASURE_UNTIL_STEP or len(timed) < MIN_TIMED_STEPS):
-            return
-        state.seconds_per_step = statistics.fmean(timed or self._timed_steps)
-        state.measured_at_step, state.measured_train_seconds = state.step, state.train_seconds
-        by_time = steps_for_minutes(train.max_minutes, state.step, state.train_seconds, state.seconds_per_step)
-        end = min(e for e in (by_time, self._end_without_time()) if e)
-        state.plan = Plan(end, state.segment_start,
-                          decay_start(state.segment_start, train.warmup_steps, end, measured_at=state.step))
-        log.info("time budget: %g minutes of training at %.3f s a step (measured over %d steps) end at step %d%s",
-                 train.max_minutes, state.seconds_per_step, len(timed) or len(self._timed_steps), by_time,
-                 "" if end == by_time else f"; another budget ends training first, at step {end}")
+        return self.budget.finished()
 
     # ------------------------------------------------------------------ one step
 
@@ -322,7 +263,7 @@ class Trainer:
         state.train_seconds += step_seconds
         state.elapsed_seconds = time.monotonic() - self._session_start
         state.target_tokens += int(metrics["target_tokens"])
-        self._measure_time_budget(step_seconds)
+        self.budget.measure(step_seconds, int(metrics["target_tokens"] + metrics["source_tokens"]))
         if state.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
             self._diverged()
         if state.end_step and not progress.total:

@@ -53,9 +53,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine", choices=["torch", "ctranslate2"], default="torch",
                         help="torch (default), or CTranslate2 (pip install -e \".[ctranslate2]\"): the run is exported "
                              "into RUN/ctranslate2/ on first use; --checkpoint may name an export.py directory")
-    parser.add_argument("--int8", action="store_true",
-                        help="int8 linear layers (torch: dynamically quantized; ctranslate2: compute_type int8): "
-                             "faster on a CPU, slightly different output")
+    precision = parser.add_mutually_exclusive_group()
+    precision.add_argument("--int8", action="store_true",
+                           help="int8 linear layers (torch: dynamically quantized; ctranslate2: compute_type int8): "
+                                "faster on a CPU, slightly different output")
+    precision.add_argument("--bf16", action="store_true",
+                           help="the model in bfloat16 (torch engine; a GPU, or a CPU with AVX-512-BF16 or AMX): "
+                                "faster there, slightly different output")
     parser.add_argument("--threads", type=int, default=0, metavar="N",
                         help="CPU threads (default: the engine's own; torch's is one per core)")
     parser.add_argument("--reference", type=Path, action="append", default=[], metavar="FILE",
@@ -95,7 +99,7 @@ def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTra
         raise UserError(f"{args.checkpoint}: a CTranslate2 export, not a checkpoint; add --engine ctranslate2")
     set_threads(args.threads)
     device = select_device(args.device, key="--device")
-    return load_translator(args.run, args.checkpoint, device, int8=args.int8, **overrides)
+    return load_translator(args.run, args.checkpoint, device, int8=args.int8, bf16=args.bf16, **overrides)
 
 
 def _alignment_layer(args: argparse.Namespace, translator: Translator) -> int:
@@ -126,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--threads must be 0 (the engine's default) or more, got {args.threads}")
         if args.alignment_layer is not None and not args.alignment:
             raise UserError("--alignment-layer needs --alignment")
+        if args.bf16 and args.engine != "torch":
+            raise UserError("--bf16 is for the default --engine torch: CTranslate2 offers no bf16 on a CPU "
+                            "(use --int8 for its fast path)")
         if (args.attention or args.alignment) and args.engine != "torch":
             raise UserError("--attention and --alignment read the model's attention: use the default --engine torch")
         translator = load_engine(args, beam)

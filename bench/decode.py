@@ -3,8 +3,8 @@
     python bench/decode.py --run runs/base
 
 Prints sentences/s and output tokens/s for greedy and beam 5, with the incremental cache and
-recomputing the whole prefix, at batch sizes 64 and 1, and with int8 dynamically quantized linear
-layers (medians over repeats); BLEU and chrF of greedy and beam 5, fp32 and int8, against all
+recomputing the whole prefix, at batch sizes 64 and 1, with int8 dynamically quantized linear
+layers and, on a CPU with bf16 units, with the model in bf16 (medians over repeats); BLEU and chrF of greedy and beam 5, fp32 and int8, against all
 references; the wall time and peak RSS of a cold one-sentence `translate.py` call.
 
 Where ctranslate2 is installed, the same for CTranslate2 side by side (`side_by_side`):
@@ -36,6 +36,7 @@ import torch  # noqa: E402
 from transformer.decode import translate  # noqa: E402
 from transformer.inference import load_translator  # noqa: E402
 from transformer.metrics import score  # noqa: E402
+from transformer.runtime import fast_bf16  # noqa: E402
 from transformer.translation import translate_texts  # noqa: E402
 
 
@@ -122,20 +123,23 @@ def side_by_side(run: Path, sources: list[str], references: list[list[str]], slo
           f"CT2_USE_MKL={os.environ.get('CT2_USE_MKL', '')!r}")
     for line in ctranslate2_backend(model_dir):
         print(f"  {line}")
-    print(f"{'search':<8} {'engine':<17} {'batch':>5} {'sentences':>9} {'sent/s':>8} {'tok/s':>8} {'ours/this':>9} "
+    ours_kinds = ["fp32", "bf16"] if ("greedy", "bf16", True, 64, True) in speed else ["fp32"]
+    ratio_heads = " ".join(f"{kind + '/this':>9}" for kind in ours_kinds)
+    print(f"{'search':<8} {'engine':<17} {'batch':>5} {'sentences':>9} {'sent/s':>8} {'tok/s':>8} {ratio_heads} "
           f"{'identical':>9}  quality")
     for beam in (1, 5):
         name = "greedy" if beam == 1 else f"beam {beam}"
         for kind, translator in engines.items():
             for batch, texts in ((64, sources), (1, slow)):
                 sent_s, tok_s, outputs = timed_ct2(translator, texts, beam, batch, repeats if texts is sources else 1)
-                ratio = speed[name, "fp32", True, batch, texts is sources] / sent_s
+                ratios = " ".join(f"{speed[name, ours_kind, True, batch, texts is sources] / sent_s:>8.2f}x"
+                                  for ours_kind in ours_kinds)
                 identical = sum(a == b for a, b in zip(outputs, ours[name])) / len(texts)
                 quality = f"{score(outputs, references)}" if texts is sources else ""
                 print(f"{name:<8} {'ctranslate2 ' + kind:<17} {batch:>5} {len(texts):>9} {sent_s:>8.1f} {tok_s:>8.0f} "
-                      f"{ratio:>8.2f}x {identical:>9.1%}  {quality}")
-    print("ours/this: our fp32 cached sentences/s at the same search, batch size and sentences, over this "
-          "engine's; identical: share of outputs equal to our fp32 output")
+                      f"{ratios} {identical:>9.1%}  {quality}")
+    print("fp32/this (bf16/this): our fp32 (bf16) cached sentences/s at the same search, batch size and sentences, "
+          "over this engine's; identical: share of outputs equal to our fp32 output")
     test_split = run / "heldout" / "test.en"
     split_size = len(test_split.read_text(encoding="utf-8").splitlines())
     for engine in ("torch", "ctranslate2"):
@@ -163,6 +167,9 @@ def main() -> None:
 
     translator = load_translator(args.run, device="cpu")
     int8 = load_translator(args.run, device="cpu", int8=True)
+    # bf16 only where the CPU has bf16 units (AVX-512-BF16, AMX): elsewhere PyTorch emulates it, slowly.
+    bf16 = load_translator(args.run, device="cpu", bf16=True) if fast_bf16(torch.device("cpu")) else None
+    kinds = {id(translator): "fp32", id(int8): "int8", id(bf16): "bf16"}
     sources, references = read_heldout(args.run, args.sentences)
     slow = sources[: args.slow_sentences]
     print(f"run: {args.run}  checkpoint: {translator.checkpoint}  test sentences: {len(sources)} "
@@ -173,12 +180,14 @@ def main() -> None:
         name = "greedy" if beam == 1 else f"beam {beam}"
         # The slow settings run on the first `--slow-sentences` test sentences; cached decoding is timed
         # on those too, so the cached / recomputed ratio compares the same sentences.
-        settings = ((translator, True, 64, sources), (translator, True, 64, slow), (translator, False, 64, slow),
-                    (translator, True, 1, slow), (int8, True, 64, sources))
+        settings = [(translator, True, 64, sources), (translator, True, 64, slow), (translator, False, 64, slow),
+                    (translator, True, 1, slow), (int8, True, 64, sources)]
+        if bf16 is not None:
+            settings += [(bf16, True, 64, sources), (bf16, True, 1, slow)]
         for model, use_cache, batch, texts in settings:
             repeats = args.repeats if texts is sources else 1
             sent_s, tok_s, outputs = timed(model, texts, beam, batch, use_cache, repeats)
-            kind = "int8" if model is int8 else "fp32"
+            kind = kinds[id(model)]
             print(f"{name:<8} {kind:<6} {'yes' if use_cache else 'no':<6} {batch:>5} {len(texts):>9} "
                   f"{sent_s:>8.1f} {tok_s:>8.0f}")
             speed[name, kind, use_cache, batch, texts is sources] = sent_s
@@ -186,8 +195,10 @@ def main() -> None:
                 quality[f"{name} {kind}"] = score(outputs, references)
                 ours.setdefault(name, outputs)  # fp32 comes first: what CTranslate2 is compared with
     for name in ("greedy", "beam 5"):
+        bf16_ratio = (f"; bf16 / fp32: {speed[name, 'bf16', True, 64, True] / speed[name, 'fp32', True, 64, True]:.2f}x"
+                      if bf16 is not None else "")
         print(f"{name}: int8 / fp32 speed (cached, batch 64): "
-              f"{speed[name, 'int8', True, 64, True] / speed[name, 'fp32', True, 64, True]:.2f}x; cached / "
+              f"{speed[name, 'int8', True, 64, True] / speed[name, 'fp32', True, 64, True]:.2f}x{bf16_ratio}; cached / "
               f"recomputed (fp32, batch 64, the same {len(slow)} sentences): "
               f"{speed[name, 'fp32', True, 64, False] / speed[name, 'fp32', False, 64, False]:.2f}x")
     # The cache saves work in proportion to the output length: Tatoeba outputs average about 6

@@ -431,6 +431,26 @@ def test_translate_on_cuda_without_a_gpu_is_one_line(trained_run: Path, capsys):
     assert user_error(capsys) == "--device: 'cuda' requested but CUDA is not available here; use auto or cpu"
 
 
+def test_translate_bf16_where_the_hardware_emulates_it_is_one_line(trained_run: Path, capsys, monkeypatch):
+    import transformer.inference
+    monkeypatch.setattr(transformer.inference, "fast_bf16", lambda device: False)
+    assert translate(trained_run, "--bf16", "Hi.") == 2
+    assert user_error(capsys) == ("bf16 translation: this cpu has no fast bf16 units (a CPU needs AVX-512-BF16 or "
+                                  "AMX) and would emulate them, far slower than fp32; leave out bf16")
+    assert translate(trained_run, "--bf16", "--engine", "ctranslate2", "Hi.") == 2
+    assert user_error(capsys).startswith("--bf16 is for the default --engine torch")
+
+
+def test_translate_bf16_translates_where_the_hardware_runs_it(trained_run: Path, tmp_path: Path, capsys,
+                                                              monkeypatch):
+    import transformer.inference
+    monkeypatch.setattr(transformer.inference, "fast_bf16", lambda device: True)  # correct anywhere, if slow
+    (tmp_path / "in.en").write_text("I'm cold.\n\nGo.\n", encoding="utf-8")
+    assert translate(trained_run, "--bf16", "--quiet", "--input", str(tmp_path / "in.en")) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[0] and lines[2]
+
+
 def test_translate_input_and_output_errors_are_one_line(trained_run: Path, tmp_path: Path, capsys):
     (tmp_path / "latin1.en").write_bytes("Go.\nCaf\u00e9.\n".encode("latin-1"))
     assert translate(trained_run, "--input", str(tmp_path / "latin1.en")) == 2

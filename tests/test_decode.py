@@ -396,6 +396,19 @@ def test_a_checkpoint_with_fused_cross_attention_weights_loads_into_the_split_pr
                                    copy_model(batch.src, batch.tgt_in, batch.src_pad_mask))
 
 
+def test_a_bf16_model_searches_as_the_fp32_one_does(copy_model):
+    """translate.py --bf16 casts the whole model: both searches run on bf16 logits and mostly agree."""
+    half = copy.deepcopy(copy_model).to(torch.bfloat16)
+    sources = random_sources(8, 40, lengths=(2, 6), vocab=copy_model.tgt_vocab_size)
+    max_lengths = [len(s) + 4 for s in sources]
+    exact, bf16 = greedy(copy_model, sources, max_lengths), greedy(half, sources, max_lengths)
+    assert sum(a == b for a, b in zip(bf16, exact)) >= 0.9 * len(sources)
+    exact_beam = [h[0].tokens for h in beam(copy_model, sources, max_lengths, 3)]
+    bf16_beam = beam(half, sources, max_lengths, 3)
+    assert all(isinstance(h[0].score, float) and math.isfinite(h[0].score) for h in bf16_beam)
+    assert sum(h[0].tokens == e for h, e in zip(bf16_beam, exact_beam)) >= 0.9 * len(sources)
+
+
 def test_int8_model_quantizes_every_linear_layer_and_still_translates(copy_model):
     quantized = quantize_int8(copy.deepcopy(copy_model))
     modules = list(quantized.modules())

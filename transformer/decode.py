@@ -106,7 +106,9 @@ def greedy_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, max_len
         done = ended | (row_max <= step + 1)
         if bool(done.all()):
             break
-        prefix = torch.cat([prefix, next_token[:, None]], dim=1)
+        # The cache holds every earlier position: it needs only the newest token.
+        recompute = step_decoder.cache is None
+        prefix = torch.cat([prefix, next_token[:, None]], dim=1) if recompute else next_token[:, None]
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             rows, row_max, prefix = rows[keep], row_max[keep], prefix[keep]

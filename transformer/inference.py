@@ -14,9 +14,10 @@ from . import checkpoint
 from .attention import AttendedTranslation, translate_with_attention
 from .config import DecodeConfig
 from .decode import translate_n_best
-from .errors import CheckpointError
+from .errors import CheckpointError, UserError
 from .model import Transformer
 from .quantize import quantize_int8
+from .runtime import fast_bf16
 from .rundir import find_checkpoint, load_decode_config, run_dir_of
 from .text import clean_text
 from .tokenizer import Tokenizers, load_tokenizers, tokenizer_fingerprint
@@ -45,19 +46,32 @@ class Translator:
 
 
 def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None, device: torch.device | str = "cpu",
-                    runs_root: Path = Path("runs"), int8: bool = False, **decode_overrides) -> Translator:
+                    runs_root: Path = Path("runs"), int8: bool = False, bf16: bool = False,
+                    **decode_overrides) -> Translator:
     """The best checkpoint of `run` (default: the newest run under `runs_root`), or `checkpoint_dir`.
 
-    `int8` quantizes the linear layers for faster CPU translation (see quantize.py).
+    `int8` quantizes the linear layers for faster CPU translation (see quantize.py). `bf16` casts the
+    whole model to bfloat16, where the hardware runs it fast (runtime.fast_bf16): its matmuls then
+    run on the bf16 units (AVX-512-BF16 or AMX on a CPU), and layer norms and softmax still
+    accumulate in fp32 inside PyTorch's kernels. Both change the output slightly.
     `decode_overrides` replace fields of the run's decode config (beam_size, batch_size, ...).
     """
     found = find_checkpoint(run, checkpoint_dir, runs_root)
     model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
     decode = dataclasses.replace(load_decode_config(run_dir_of(found)),
                                  **{k: v for k, v in decode_overrides.items() if v is not None})
+    if int8 and bf16:
+        raise UserError("choose one of int8 and bf16")
     if int8:
         model = quantize_int8(model)
-    log.info("translating with %s (step %s%s)", found, meta.get("step"), ", int8" if int8 else "")
+    if bf16:
+        if not fast_bf16(torch.device(device)):
+            raise UserError(f"bf16 translation: this {torch.device(device).type} has no fast bf16 units (a CPU "
+                            "needs AVX-512-BF16 or AMX) and would emulate them, far slower than fp32; "
+                            "leave out bf16")
+        model = model.to(torch.bfloat16)
+    log.info("translating with %s (step %s%s)", found, meta.get("step"),
+             ", int8" if int8 else ", bf16" if bf16 else "")
     return Translator(model, tokenizers, decode, torch.device(device), found)
 
 

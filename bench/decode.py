@@ -1,11 +1,13 @@
 """Translation speed and quality of a trained run on its own held-out test split.
 
     python bench/decode.py --run runs/base
+    python bench/decode.py --run runs/base --compare runs/old   # translation speed of two models
 
 Prints sentences/s and output tokens/s for greedy and beam 5, with the incremental cache and
 recomputing the whole prefix, at batch sizes 64 and 1, with int8 dynamically quantized linear
-layers and, on a CPU with bf16 units, with the model in bf16 (medians over repeats); BLEU and chrF of greedy and beam 5, fp32 and int8, against all
-references; the wall time and peak RSS of a cold one-sentence `translate.py` call.
+layers and, on a CPU with bf16 units, with the model in bf16 (medians over repeats); BLEU and chrF
+of greedy and beam 5 for each, against all references; the wall time and peak RSS of a cold
+one-sentence `translate.py` call.
 
 Where ctranslate2 is installed, the same for CTranslate2 side by side (`side_by_side`):
 fp32 and int8 on one export of the same weights, the same sentences, batch sizes and threads, one
@@ -151,9 +153,27 @@ def side_by_side(run: Path, sources: list[str], references: list[list[str]], slo
               f"wall, peak RSS {split_rss:.2f} GiB")
 
 
+def compare_runs(runs: list[Path], sentences: int, repeats: int) -> None:
+    """Translation speed of several runs' models, one after the other in this process: the same
+    sentences (the first run's test split), fp32, cached, batch 64, greedy and beam 5."""
+    sources, _ = read_heldout(runs[0], sentences)
+    print(f"{len(sources)} sentences of {runs[0]}/heldout/test.en; fp32, cached, batch 64, median of {repeats}")
+    print(f"{'run':<32} {'parameters':>10} {'vocab':>6} {'greedy sent/s':>13} {'beam 5 sent/s':>13}")
+    first = {}
+    for run in runs:
+        translator = load_translator(run, device="cpu")
+        speeds = [timed(translator, sources, beam, 64, True, repeats)[0] for beam in (1, 5)]
+        first = first or dict(zip((1, 5), speeds))
+        parameters = sum(p.numel() for p in translator.model.parameters())
+        print(f"{str(run):<32} {parameters:>10,} {translator.model.tgt_vocab_size:>6} "
+              + " ".join(f"{speed:>7.1f} ({speed / first[beam]:.2f}x)" for beam, speed in zip((1, 5), speeds)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, required=True, help="a trained run directory")
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="RUN",
+                        help="only compare the translation speed of --run and these runs (ratios to --run)")
     parser.add_argument("--sentences", type=int, default=0, help="test sentences to use (0 = all)")
     parser.add_argument("--slow-sentences", type=int, default=300,
                         help="sentences for the slow settings (no cache, batch size 1)")
@@ -164,6 +184,10 @@ def main() -> None:
                         help="CPU threads of both engines (torch, and CTranslate2's intra_threads)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compare:
+        logging.getLogger("transformer.translation").setLevel(logging.ERROR)
+        compare_runs([args.run, *args.compare], args.sentences, args.repeats)
+        return
 
     translator = load_translator(args.run, device="cpu")
     int8 = load_translator(args.run, device="cpu", int8=True)

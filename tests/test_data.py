@@ -8,7 +8,6 @@ import hashlib
 import logging
 import os
 import random
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,12 +20,9 @@ from hypothesis import strategies as st
 from conftest import SOURCE_COLUMN, TARGET_COLUMN, write_csv
 from transformer.config import DataConfig, load_config
 from transformer import data
-from transformer.data import (
-    arrow_batches, encode_splits, iter_texts, load_pairs, split_pairs, token_lengths,
-)
+from transformer.data import encode_splits, iter_texts, load_pairs, split_pairs
 from transformer.errors import DataError
 from transformer.text import clean_text
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_DATA = ROOT / "data" / "eng_-french.csv"

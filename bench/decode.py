@@ -193,7 +193,6 @@ def main() -> None:
     int8 = load_translator(args.run, device="cpu", int8=True)
     # bf16 only where the CPU has bf16 units (AVX-512-BF16, AMX): elsewhere PyTorch emulates it, slowly.
     bf16 = load_translator(args.run, device="cpu", bf16=True) if fast_bf16(torch.device("cpu")) else None
-    kinds = {id(translator): "fp32", id(int8): "int8", id(bf16): "bf16"}
     sources, references = read_heldout(args.run, args.sentences)
     slow = sources[: args.slow_sentences]
     print(f"run: {args.run}  checkpoint: {translator.checkpoint}  test sentences: {len(sources)} "
@@ -204,14 +203,14 @@ def main() -> None:
         name = "greedy" if beam == 1 else f"beam {beam}"
         # The slow settings run on the first `--slow-sentences` test sentences; cached decoding is timed
         # on those too, so the cached / recomputed ratio compares the same sentences.
-        settings = [(translator, True, 64, sources), (translator, True, 64, slow), (translator, False, 64, slow),
-                    (translator, True, 1, slow), (int8, True, 64, sources)]
+        settings = [("fp32", translator, True, 64, sources), ("fp32", translator, True, 64, slow),
+                    ("fp32", translator, False, 64, slow), ("fp32", translator, True, 1, slow),
+                    ("int8", int8, True, 64, sources)]
         if bf16 is not None:
-            settings += [(bf16, True, 64, sources), (bf16, True, 1, slow)]
-        for model, use_cache, batch, texts in settings:
+            settings += [("bf16", bf16, True, 64, sources), ("bf16", bf16, True, 1, slow)]
+        for kind, model, use_cache, batch, texts in settings:
             repeats = args.repeats if texts is sources else 1
             sent_s, tok_s, outputs = timed(model, texts, beam, batch, use_cache, repeats)
-            kind = kinds[id(model)]
             print(f"{name:<8} {kind:<6} {'yes' if use_cache else 'no':<6} {batch:>5} {len(texts):>9} "
                   f"{sent_s:>8.1f} {tok_s:>8.0f}")
             speed[name, kind, use_cache, batch, texts is sources] = sent_s

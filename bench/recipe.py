@@ -9,7 +9,8 @@ overrides, then score its best checkpoint on the whole valid split.
 Trains with `python train.py` in a child process (its own allocator setting and threads, as a user
 runs it) into runs/recipe/<name>; rerunning the same command resumes or finds the run finished, and
 only scores again. Prints one markdown row for bench/recipe.md: updates, minutes of training (a time
-budget is met to within a few per cent), target tokens/s over the training time, peak RSS of training, valid BLEU/chrF greedy and beam 5, then the command. The
+budget is met to within a few per cent), target tokens/s over the training time, peak RSS of
+training, valid BLEU/chrF greedy and beam 5, then the command. The
 valid split is all of heldout/valid.* (the run's own BLEU during training uses a sample of it).
 Run it on an otherwise idle machine: updates in a time budget depend on the speed it measures.
 """

@@ -98,6 +98,7 @@ def greedy_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, max_len
     rows = torch.arange(batch, device=device)  # sentence of each working row
     row_max = max_lengths
     prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
+    recompute = step_decoder.cache is None  # else the cache holds every earlier position
     for step in range(longest):
         next_token = step_decoder.logits(prefix).argmax(-1)  # (N,)
         ended = next_token == EOS_ID
@@ -106,8 +107,6 @@ def greedy_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, max_len
         done = ended | (row_max <= step + 1)
         if bool(done.all()):
             break
-        # The cache holds every earlier position: it needs only the newest token.
-        recompute = step_decoder.cache is None
         prefix = torch.cat([prefix, next_token[:, None]], dim=1) if recompute else next_token[:, None]
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)

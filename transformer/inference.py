@@ -56,19 +56,18 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     accumulate in fp32 inside PyTorch's kernels. Both change the output slightly.
     `decode_overrides` replace fields of the run's decode config (beam_size, batch_size, ...).
     """
+    if int8 and bf16:
+        raise UserError("choose one of int8 and bf16")
+    if bf16 and not fast_bf16(torch.device(device)):
+        raise UserError(f"bf16 translation: this {torch.device(device).type} has no fast bf16 units (a CPU "
+                        "needs AVX-512-BF16 or AMX) and would emulate them, far slower than fp32; leave out bf16")
     found = find_checkpoint(run, checkpoint_dir, runs_root)
     model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
     decode = dataclasses.replace(load_decode_config(run_dir_of(found)),
                                  **{k: v for k, v in decode_overrides.items() if v is not None})
-    if int8 and bf16:
-        raise UserError("choose one of int8 and bf16")
     if int8:
         model = quantize_int8(model)
     if bf16:
-        if not fast_bf16(torch.device(device)):
-            raise UserError(f"bf16 translation: this {torch.device(device).type} has no fast bf16 units (a CPU "
-                            "needs AVX-512-BF16 or AMX) and would emulate them, far slower than fp32; "
-                            "leave out bf16")
         model = model.to(torch.bfloat16)
     log.info("translating with %s (step %s%s)", found, meta.get("step"),
              ", int8" if int8 else ", bf16" if bf16 else "")

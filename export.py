@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from transformer.errors import UserError
-from transformer.export import export_run
-from transformer.logs import setup_logging
+from transformer.export.ctranslate2 import export_run
+from transformer.training.logs import setup_logging
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

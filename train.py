@@ -24,13 +24,13 @@ os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")
 
 import datasets
 
-from transformer import distributed
-from transformer.allocator import reuse_freed_memory
-from transformer.checkpoint import CHECKPOINTS, step_dir_name
+from transformer.training import distributed
+from transformer.training.allocator import reuse_freed_memory
+from transformer.checkpoints.files import CHECKPOINTS, step_dir_name
 from transformer.config import load_config
 from transformer.errors import CheckpointError, UserError
-from transformer.logs import setup_logging
-from transformer.run import train
+from transformer.training.logs import setup_logging
+from transformer.training.run import train
 from transformer.runtime import select_device, set_threads
 
 

@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Iterable, TextIO
 # No module that imports torch here: the torch engine's modules are imported in `load_engine`, so that
 # `--engine ctranslate2` starts without torch (and matplotlib only loads for --attention).
 from transformer.errors import UserError
-from transformer.line_translation import (STREAM_CHUNK, attention_directory, read_references, score_report,
+from transformer.translation.lines import (STREAM_CHUNK, attention_directory, read_references, score_report,
                                           translate_stream)
-from transformer.logs import setup_logging
-from transformer.text import iter_lines, read_lines
+from transformer.training.logs import setup_logging
+from transformer.data.text import iter_lines, read_lines
 
 if TYPE_CHECKING:
-    from transformer.ct2_engine import CTranslate2Translator
-    from transformer.inference import Translator
+    from transformer.translation.ct2_engine import CTranslate2Translator
+    from transformer.translation.torch_engine import Translator
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,7 +83,7 @@ def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTra
     overrides = dict(beam_size=beam, batch_size=args.batch_size, length_penalty=args.length_penalty,
                      max_length_a=args.max_length_a, max_length_b=args.max_length_b)
     if args.engine == "ctranslate2":
-        from transformer.ct2_engine import differences_from_torch, load_ct2_translator
+        from transformer.translation.ct2_engine import differences_from_torch, load_ct2_translator
 
         translator = load_ct2_translator(args.run, args.checkpoint, device=args.device, int8=args.int8,
                                          threads=args.threads, **overrides)
@@ -91,8 +91,8 @@ def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTra
             for note in differences_from_torch(translator.decode, args.n_best, translator.patience):
                 print(f"note: {note}", file=sys.stderr)
         return translator
-    from transformer.ct2_engine import EXPORT_INFO
-    from transformer.inference import load_translator
+    from transformer.translation.ct2_engine import EXPORT_INFO
+    from transformer.translation.torch_engine import load_translator
     from transformer.runtime import select_device, set_threads
 
     if args.checkpoint is not None and (args.checkpoint / EXPORT_INFO).is_file():

@@ -98,10 +98,10 @@ def measure(data: Path, tokenizer_dir: Path, cache_dir: Path, batch_tokens: int)
     """Run the data stage once in this process; called in a fresh process (--child)."""
     import datasets
 
-    from transformer.batching import PairCorpus
+    from transformer.data.batching import PairCorpus
     from transformer.config import DataConfig
-    from transformer.data import encode_splits, load_pairs, split_pairs
-    from transformer.tokenizer import load_tokenizers
+    from transformer.data.pairs import encode_splits, load_pairs, split_pairs
+    from transformer.data.tokenizer import load_tokenizers
 
     datasets.disable_progress_bars()
     rss_imports = _peak_rss_mb(resource.RUSAGE_SELF)
@@ -155,8 +155,8 @@ def run_child(data: Path, tokenizer_dir: Path, work: Path, repo: Path, batch_tok
 def train_tokenizer_once(data: Path, work: Path) -> Path:
     """BPE on the 1x corpus's training split, with the default tokenizer config, saved under `work`."""
     from transformer.config import DataConfig, TokenizerConfig
-    from transformer.data import SOURCE, TARGET, iter_texts, load_pairs, split_pairs
-    from transformer.tokenizer import save_tokenizers, train_tokenizers
+    from transformer.data.pairs import SOURCE, TARGET, iter_texts, load_pairs, split_pairs
+    from transformer.data.tokenizer import save_tokenizers, train_tokenizers
 
     config = DataConfig(path=str(data))
     pairs, _ = load_pairs(config, cache_dir=work / "tokenizer-cache")

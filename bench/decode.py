@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from transformer.decode import translate  # noqa: E402
-from transformer.inference import load_translator  # noqa: E402
-from transformer.metrics import score  # noqa: E402
+from transformer.translation.search import translate  # noqa: E402
+from transformer.translation.torch_engine import load_translator  # noqa: E402
+from transformer.translation.metrics import score  # noqa: E402
 from transformer.runtime import fast_bf16  # noqa: E402
-from transformer.translation import translate_texts  # noqa: E402
+from transformer.translation.texts import translate_texts  # noqa: E402
 
 
 def read_heldout(run: Path, limit: int) -> tuple[list[str], list[list[str]]]:
@@ -113,10 +113,10 @@ def side_by_side(run: Path, sources: list[str], references: list[list[str]], slo
     """CTranslate2 fp32 and int8 on one export of the run's best checkpoint, beside our fp32 figures."""
     import ctranslate2
 
-    from transformer.ct2_engine import load_ct2_translator
+    from transformer.translation.ct2_engine import load_ct2_translator
 
     # Characters never seen in training are named by translate.py; here the warning would repeat per call.
-    logging.getLogger("transformer.translation").setLevel(logging.ERROR)
+    logging.getLogger("transformer.translation.texts").setLevel(logging.ERROR)
     engines = {kind: load_ct2_translator(run, device="cpu", int8=kind == "int8", threads=threads)
                for kind in ("fp32", "int8")}
     model_dir = engines["fp32"].model_dir
@@ -185,7 +185,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.compare:
-        logging.getLogger("transformer.translation").setLevel(logging.ERROR)
+        logging.getLogger("transformer.translation.texts").setLevel(logging.ERROR)
         compare_runs([args.run, *args.compare], args.sentences, args.repeats)
         return
 

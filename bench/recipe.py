@@ -28,12 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from transformer.checkpoint import read_meta  # noqa: E402
-from transformer.decode import translate  # noqa: E402
-from transformer.inference import load_translator  # noqa: E402
-from transformer.metrics import score  # noqa: E402
-from transformer.rundir import find_checkpoint, read_run_state  # noqa: E402
-from transformer.text import read_lines  # noqa: E402
+from transformer.checkpoints.files import read_meta  # noqa: E402
+from transformer.translation.search import translate  # noqa: E402
+from transformer.translation.torch_engine import load_translator  # noqa: E402
+from transformer.translation.metrics import score  # noqa: E402
+from transformer.checkpoints.rundir import find_checkpoint, read_run_state  # noqa: E402
+from transformer.data.text import read_lines  # noqa: E402
 
 
 def heldout(run: Path, split: str) -> tuple[list[str], list[list[str]]]:

@@ -31,17 +31,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from transformer.allocator import reuse_freed_memory  # noqa: E402
-from transformer.batching import PairCorpus  # noqa: E402
+from transformer.training.allocator import reuse_freed_memory  # noqa: E402
+from transformer.data.batching import PairCorpus  # noqa: E402
 from transformer.config import load_config  # noqa: E402
-from transformer.data import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs  # noqa: E402
-from transformer.batching import Batch  # noqa: E402
-from transformer.loss import TrainingLoss, batch_loss  # noqa: E402
+from transformer.data.pairs import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs  # noqa: E402
+from transformer.data.batching import Batch  # noqa: E402
+from transformer.training.loss import TrainingLoss, batch_loss  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
-from transformer.optim import build_optimizer  # noqa: E402
+from transformer.training.optim import build_optimizer  # noqa: E402
 from transformer.runtime import autocast, fast_bf16, resolve_precision, seed_everything  # noqa: E402
-from transformer.tokenizer import PAD_ID  # noqa: E402
-from transformer.tokenizer import load_tokenizers, train_tokenizers  # noqa: E402
+from transformer.data.tokenizer import PAD_ID  # noqa: E402
+from transformer.data.tokenizer import load_tokenizers, train_tokenizers  # noqa: E402
 
 
 def matmul_peak(precision: str, size: int = 2048, repeats: int = 10) -> float:

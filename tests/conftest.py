@@ -14,10 +14,10 @@ import datasets
 import pytest
 import torch
 
-from transformer import run
+from transformer.training import run
 from transformer.config import Config, config_from_dict, config_to_dict
-from transformer.data import EncodedSplits, Splits, encode_splits, iter_texts, load_pairs, split_pairs
-from transformer.tokenizer import Tokenizers, train_tokenizers
+from transformer.data.pairs import EncodedSplits, Splits, encode_splits, iter_texts, load_pairs, split_pairs
+from transformer.data.tokenizer import Tokenizers, train_tokenizers
 
 NBSP, NNBSP = "\u00a0", "\u202f"  # French puts one of these before ! ? : ;
 

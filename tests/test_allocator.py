@@ -16,7 +16,7 @@ import pytest
 PROBE = r"""
 import resource, sys
 import torch
-from transformer.allocator import reuse_freed_memory
+from transformer.training.allocator import reuse_freed_memory
 
 SIZES_MB = (136, 16, 64, 34)
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer.attention import (hard_alignment, record_attention, teacher_forced_attention,
+from transformer.translation.attention import (hard_alignment, record_attention, teacher_forced_attention,
                                    translate_with_attention)
-from transformer.batching import source_tensor
+from transformer.data.batching import source_tensor
 from transformer.config import DecodeConfig, ModelConfig
-from transformer.decode import greedy_search, max_output_lengths, translate_n_best
+from transformer.translation.search import greedy_search, max_output_lengths, translate_n_best
 from transformer.model import Transformer
-from transformer.quantize import quantize_int8
-from transformer.tokenizer import BOS_ID, EOS, EOS_ID
+from transformer.translation.quantize import quantize_int8
+from transformer.data.tokenizer import BOS_ID, EOS, EOS_ID
 
 VOCAB = 40
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)

@@ -13,13 +13,13 @@ import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer.attention import AttendedTranslation, SentenceAttention
-from transformer.attention_plots import (attention_figure, figure_pixels, log_attention_images,
+from transformer.translation.attention import AttendedTranslation, SentenceAttention
+from transformer.translation.attention_plots import (attention_figure, figure_pixels, log_attention_images,
                                          save_cross_attention_png, subword_label)
 from transformer.config import DecodeConfig, ModelConfig
-from transformer.logs import TENSORBOARD_DIR, TensorBoard
+from transformer.training.logs import TENSORBOARD_DIR, TensorBoard
 from transformer.model import Transformer
-from transformer.tokenizer import Tokenizers
+from transformer.data.tokenizer import Tokenizers
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.batching import Batch, PairCorpus, make_batch, pad_rows, source_tensor, token_batches
-from transformer.data import token_lengths
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.data.batching import Batch, PairCorpus, make_batch, pad_rows, source_tensor, token_batches
+from transformer.data.pairs import token_lengths
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 PROPERTY = settings(max_examples=150, deadline=None, derandomize=True, database=None)
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer import checkpoint
-from transformer.budget import MEASURE_UNTIL_STEP, Plan, reconcile, steps_for_epochs, steps_for_minutes
-from transformer.checkpoint_manager import STATE_FILE, read_run_state
+from transformer.checkpoints import files as checkpoint
+from transformer.training.budget import MEASURE_UNTIL_STEP, Plan, reconcile, steps_for_epochs, steps_for_minutes
+from transformer.checkpoints.manager import STATE_FILE, read_run_state
 from transformer.config import Config, TrainConfig
 from transformer.errors import ConfigError
-from transformer.run import train
+from transformer.training.run import train
 
 
 def lr_by_step(run_dir: Path) -> dict[int, float]:

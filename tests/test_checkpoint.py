@@ -14,14 +14,16 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-from transformer import checkpoint, run
-from transformer.checkpoint_manager import CheckpointManager, find_checkpoint, read_run_state
+from transformer.checkpoints import files as checkpoint
+
+from transformer.training import run
+from transformer.checkpoints.manager import CheckpointManager, find_checkpoint, read_run_state
 from transformer.config import Config, ModelConfig, TokenizerConfig, config_from_dict, config_to_dict
 from transformer.errors import CheckpointError
-from transformer.inference import load_translator
+from transformer.translation.torch_engine import load_translator
 from transformer.model import Transformer
 from transformer.runtime import rng_state
-from transformer.tokenizer import save_tokenizers, train_tokenizers
+from transformer.data.tokenizer import save_tokenizers, train_tokenizers
 
 
 @pytest.fixture(scope="module")

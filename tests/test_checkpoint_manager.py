@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from transformer import checkpoint, trainer
-from transformer.checkpoint_manager import STATE_FILE, CheckpointManager, find_checkpoint, read_run_state
-from transformer.evaluate import EvaluationResult
-from transformer.metrics import Scores
+from transformer.checkpoints import files as checkpoint
+
+from transformer.training import trainer
+from transformer.checkpoints.manager import STATE_FILE, CheckpointManager, find_checkpoint, read_run_state
+from transformer.training.validation import EvaluationResult
+from transformer.translation.metrics import Scores
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

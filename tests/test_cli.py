@@ -23,10 +23,12 @@ from safetensors import SafetensorError
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, train_tiny_run, write_csv
-from transformer import checkpoint, run, trainer
+from transformer.checkpoints import files as checkpoint
+from transformer.training import run
+from transformer.training import trainer
 from transformer.config import Config
-from transformer.data import MAX_CHARS_PER_TOKEN
-from transformer.inference import load_translator
+from transformer.data.pairs import MAX_CHARS_PER_TOKEN
+from transformer.translation.torch_engine import load_translator
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -264,7 +266,7 @@ def test_resuming_after_the_data_file_changed_is_refused(tmp_path: Path, capsys)
 
 def test_a_tokenizer_left_by_a_run_killed_before_its_first_checkpoint_is_retrained(tmp_path: Path, tiny_csv: Path,
                                                                                    tiny_tokenizers):
-    from transformer.tokenizer import load_tokenizers, save_tokenizers
+    from transformer.data.tokenizer import load_tokenizers, save_tokenizers
 
     save_tokenizers(tiny_tokenizers, tmp_path / "run" / "tokenizer")  # 200 subwords, no checkpoint beside it
     assert tiny_tokenizers.source_vocab_size == 200
@@ -281,8 +283,8 @@ def test_the_malloc_setting_is_the_cli_s_and_can_be_switched_off(tmp_path: Path,
     assert calls == [] and "malloc:" not in caplog.text
     assert run_train(tmp_path, tiny_csv, "--set", "train.max_steps=4") == 0
     assert calls == [True] and "malloc: freed memory is kept for the next step" in caplog.text
-    import transformer.run
-    assert "allocator" not in transformer.run.__dict__ and "reuse_freed_memory" not in vars(transformer.run)
+    import transformer.training.run
+    assert "allocator" not in transformer.training.run.__dict__ and "reuse_freed_memory" not in vars(transformer.training.run)
 
 
 # --------------------------------------------------------------------------- translate battery
@@ -432,8 +434,8 @@ def test_translate_on_cuda_without_a_gpu_is_one_line(trained_run: Path, capsys):
 
 
 def test_translate_bf16_where_the_hardware_emulates_it_is_one_line(trained_run: Path, capsys, monkeypatch):
-    import transformer.inference
-    monkeypatch.setattr(transformer.inference, "fast_bf16", lambda device: False)
+    import transformer.translation.torch_engine
+    monkeypatch.setattr(transformer.translation.torch_engine, "fast_bf16", lambda device: False)
     assert translate(trained_run, "--bf16", "Hi.") == 2
     assert user_error(capsys) == ("bf16 translation: this cpu has no fast bf16 units (a CPU needs AVX-512-BF16 or "
                                   "AMX) and would emulate them, far slower than fp32; leave out bf16")
@@ -443,8 +445,8 @@ def test_translate_bf16_where_the_hardware_emulates_it_is_one_line(trained_run: 
 
 def test_translate_bf16_translates_where_the_hardware_runs_it(trained_run: Path, tmp_path: Path, capsys,
                                                               monkeypatch):
-    import transformer.inference
-    monkeypatch.setattr(transformer.inference, "fast_bf16", lambda device: True)  # correct anywhere, if slow
+    import transformer.translation.torch_engine
+    monkeypatch.setattr(transformer.translation.torch_engine, "fast_bf16", lambda device: True)  # correct anywhere, if slow
     (tmp_path / "in.en").write_text("I'm cold.\n\nGo.\n", encoding="utf-8")
     assert translate(trained_run, "--bf16", "--quiet", "--input", str(tmp_path / "in.en")) == 0
     lines = capsys.readouterr().out.split("\n")

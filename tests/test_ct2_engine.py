@@ -17,12 +17,12 @@ import torch
 
 from conftest import TINY_PAIRS, train_tiny_run
 from test_cli import stdin_of, user_error
-from transformer import checkpoint
-from transformer.checkpoint_manager import CheckpointManager
+from transformer.checkpoints import files as checkpoint
+from transformer.checkpoints.manager import CheckpointManager
 from transformer.config import Config
-from transformer.ct2_engine import EXPORTS_DIR, load_ct2_translator
-from transformer.inference import load_translator
-from transformer.tokenizer import Tokenizers
+from transformer.translation.ct2_engine import EXPORTS_DIR, load_ct2_translator
+from transformer.translation.torch_engine import load_translator
+from transformer.data.tokenizer import Tokenizers
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -226,7 +226,7 @@ def test_the_run_is_exported_once_per_weights(trained_run: Path, tmp_path: Path,
         raise AssertionError("exported again")
 
     with monkeypatch.context() as patch:
-        patch.setattr("transformer.export.export_checkpoint", no_export)
+        patch.setattr("transformer.export.ctranslate2.export_checkpoint", no_export)
         assert load_ct2_translator(run_dir, device="cpu").model_dir == first
 
     model, meta = checkpoint.load_model(best)  # new best weights: a new export beside the old one

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from conftest import SOURCE_COLUMN, TARGET_COLUMN, write_csv
 from transformer.config import DataConfig, load_config
-from transformer import data
-from transformer.data import encode_splits, iter_texts, load_pairs, split_pairs
+from transformer.data import pairs as data
+from transformer.data.pairs import encode_splits, iter_texts, load_pairs, split_pairs
 from transformer.errors import DataError
-from transformer.text import clean_text
+from transformer.data.text import clean_text
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_DATA = ROOT / "data" / "eng_-french.csv"
@@ -59,7 +59,7 @@ def test_na_like_strings_are_kept(tmp_path: Path):
 def test_empty_rows_are_dropped_and_counted(tmp_path: Path, caplog):
     rows = [("Hi.", "Salut !"), ("", "Vide"), ("Empty", ""), (" \u00a0 ", "Espace"), ("Go.", "Va !"), ("", "")]
     path = write_csv(tmp_path / "empty.csv", rows)
-    with caplog.at_level(logging.WARNING, logger="transformer.data"):
+    with caplog.at_level(logging.WARNING, logger="transformer.data.pairs"):
         pairs, report = load_pairs(config_for(path), cache_dir=tmp_path / "cache")
     assert rows_of(pairs) == [("Hi.", "Salut !"), ("Go.", "Va !")]
     assert (report.rows_read, report.rows_dropped_empty, report.rows_kept) == (6, 4, 2)
@@ -164,7 +164,7 @@ def test_text_files_read_like_the_same_csv(tmp_path: Path, tiny_pairs):
 def test_text_empty_lines_are_dropped_naming_their_lines(tmp_path: Path, caplog):
     source = write_lines(tmp_path / "a.en", ["Hi.", "", "Go.", SOURCE_COLUMN, "Run!"])
     target = write_lines(tmp_path / "a.fr", ["Salut !", "Vide", "\u00a0", TARGET_COLUMN, "Cours !"])
-    with caplog.at_level(logging.WARNING, logger="transformer.data"):
+    with caplog.at_level(logging.WARNING, logger="transformer.data.pairs"):
         pairs, report = load_pairs(text_config(source, target), cache_dir=tmp_path / "cache")
     # Text has no header line, so a line reading like the CSV header is a pair like any other.
     assert rows_of(pairs) == [("Hi.", "Salut !"), (SOURCE_COLUMN, TARGET_COLUMN), ("Run!", "Cours !")]

@@ -12,14 +12,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.batching import make_batch, source_tensor
+from transformer.data.batching import make_batch, source_tensor
 from transformer.config import DecodeConfig, ModelConfig
-from transformer.decode import (Hypothesis, beam_search, gnmt_length_penalty, greedy_search,
+from transformer.translation.search import (Hypothesis, beam_search, gnmt_length_penalty, greedy_search,
                                 max_output_lengths, translate, translate_n_best)
-from transformer import checkpoint
+from transformer.checkpoints import files as checkpoint
 from transformer.model import Transformer
-from transformer.quantize import quantize_int8
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer.translation.quantize import quantize_int8
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 FIRST_WORD = 4  # ids below are the special tokens
 VOCAB = 40
@@ -358,7 +358,7 @@ def test_translate_empty_inputs_never_run_the_model():
 
 def test_translate_restores_training_mode_and_truncates_long_sources(caplog):
     model = tiny_model(0, max_len=8).train()
-    with caplog.at_level(logging.WARNING, logger="transformer.translation"):
+    with caplog.at_level(logging.WARNING, logger="transformer.translation.texts"):
         outputs = translate(["w1 " * 20, "w2 w3"], model, FakeTokenizers(), DecodeConfig(beam_size=2), "cpu")
     assert model.training
     assert len(outputs) == 2 and "truncated" in caplog.text

@@ -26,10 +26,12 @@ import yaml
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer import checkpoint, distributed
-from transformer.batching import PairCorpus, shard_batch
-from transformer.logs import LOG_FILE, TENSORBOARD_DIR, TensorBoard, setup_logging
-from transformer.trainer import Trainer, TrainState
+from transformer.checkpoints import files as checkpoint
+
+from transformer.training import distributed
+from transformer.data.batching import PairCorpus, shard_batch
+from transformer.training.logs import LOG_FILE, TENSORBOARD_DIR, TensorBoard, setup_logging
+from transformer.training.trainer import Trainer, TrainState
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -44,7 +46,7 @@ STOP_AFTER = 2  # the stopped run gets SIGTERM once this step's checkpoint exist
 SLOW_TRAIN = """
 import sys, time
 sys.path.insert(0, {root!r})
-import transformer.trainer as trainer
+import transformer.training.trainer as trainer
 train_step = trainer.Trainer.train_step
 def slow_train_step(self, batches):
     time.sleep({seconds})
@@ -236,8 +238,8 @@ def test_other_ranks_log_only_warnings_prefixed_with_their_rank_and_write_no_log
     handlers, level = list(root.handlers), root.level
     try:
         setup_logging(tmp_path / "run", rank=1)
-        logging.getLogger("transformer.trainer").info("step 10  valid loss 1.0")
-        logging.getLogger("transformer.trainer").warning("step 11: non-finite loss")
+        logging.getLogger("transformer.training.trainer").info("step 10  valid loss 1.0")
+        logging.getLogger("transformer.training.trainer").warning("step 11: non-finite loss")
     finally:
         for handler in list(root.handlers):
             if handler not in handlers:

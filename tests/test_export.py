@@ -15,12 +15,12 @@ from tokenizers import Tokenizer
 
 from conftest import train_tiny_run
 from test_cli import user_error
-from transformer import checkpoint
+from transformer.checkpoints import files as checkpoint
 from transformer.config import Config
-from transformer.ct2_engine import EXPORT_INFO
-from transformer.inference import load_translator
-from transformer.text import clean_text
-from transformer.translation import max_output_length
+from transformer.translation.ct2_engine import EXPORT_INFO
+from transformer.translation.torch_engine import load_translator
+from transformer.data.text import clean_text
+from transformer.translation.texts import max_output_length
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

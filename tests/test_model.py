@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer.batching import Batch, make_batch, source_tensor
+from transformer.data.batching import Batch, make_batch, source_tensor
 from transformer.config import ModelConfig
-from transformer.loss import batch_loss
+from transformer.training.loss import batch_loss
 from transformer.model import FeedForward, Residual, Transformer, count_parameters, sinusoidal_positions
-from transformer.tokenizer import BOS_ID, PAD_ID
+from transformer.data.tokenizer import BOS_ID, PAD_ID
 
 FIRST_WORD = 4  # ids below are the special tokens
 VOCAB = 40

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from transformer.budget import Plan, decay_start
+from transformer.training.budget import Plan, decay_start
 from transformer.config import ModelConfig, TrainConfig
 from transformer.model import Transformer
-from transformer.optim import build_optimizer, learning_rate, set_learning_rate
+from transformer.training.optim import build_optimizer, learning_rate, set_learning_rate
 
 
 def schedule(name: str, warmup: int, **extra) -> TrainConfig:

@@ -23,12 +23,14 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from transformer import checkpoint, trainer
-from transformer.budget import MEASURE_UNTIL_STEP
-from transformer import loss as loss_module
-from transformer.checkpoint_manager import read_run_state
+from transformer.checkpoints import files as checkpoint
+
+from transformer.training import trainer
+from transformer.training.budget import MEASURE_UNTIL_STEP
+from transformer.training import loss as loss_module
+from transformer.checkpoints.manager import read_run_state
 from transformer.errors import CheckpointError
-from transformer.trainer import MAX_NONFINITE_IN_A_ROW
+from transformer.training.trainer import MAX_NONFINITE_IN_A_ROW
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -42,7 +44,7 @@ CHECKPOINT_EVERY = 7  # step 14 is the 2nd step of epoch 5 (3 steps an epoch): m
 # The sleep comes before the step and touches no RNG, so it cannot change what is learned.
 SLOW_TRAIN = """
 import sys, time
-import transformer.trainer as trainer
+import transformer.training.trainer as trainer
 train_step = trainer.Trainer.train_step
 def slow_train_step(self, batches):
     time.sleep({seconds})

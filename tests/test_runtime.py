@@ -15,15 +15,17 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from transformer import checkpoint, run
-from transformer.batching import PairCorpus
-from transformer.checkpoint_manager import find_checkpoint
+from transformer.checkpoints import files as checkpoint
+
+from transformer.training import run
+from transformer.data.batching import PairCorpus
+from transformer.checkpoints.manager import find_checkpoint
 from transformer.errors import ConfigError
-from transformer.logs import TensorBoard
+from transformer.training.logs import TensorBoard
 from transformer.model import Transformer
-from transformer.optim import build_optimizer
+from transformer.training.optim import build_optimizer
 from transformer.runtime import CompiledOrEager, autocast, build_grad_scaler, resolve_precision
-from transformer.trainer import Trainer, TrainState
+from transformer.training.trainer import Trainer, TrainState
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

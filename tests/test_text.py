@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from transformer.errors import UserError
-from transformer.text import clean_text, iter_lines, read_lines
+from transformer.data.text import clean_text, iter_lines, read_lines
 
 
 @pytest.mark.parametrize("raw, clean", [
@@ -67,6 +67,6 @@ def test_a_missing_file_or_a_directory_is_named(tmp_path):
 
 
 def test_the_cleaning_module_does_not_load_datasets():
-    code = "import sys, transformer.text, transformer.inference; print('datasets' in sys.modules)"
+    code = "import sys, transformer.data.text, transformer.translation.torch_engine; print('datasets' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

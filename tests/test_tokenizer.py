@@ -8,9 +8,9 @@ import pytest
 from tokenizers import Tokenizer, models, trainers
 
 from transformer.config import TokenizerConfig
-from transformer.text import clean_text
+from transformer.data.text import clean_text
 from transformer.errors import CheckpointError
-from transformer.tokenizer import (
+from transformer.data.tokenizer import (
     BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID, Tokenizers, load_tokenizers, save_tokenizers,
     tokenizer_fingerprint, train_tokenizers,
 )

@@ -13,19 +13,19 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer import checkpoint
-from transformer import trainer as trainer_module
-from transformer.evaluate import sample_over_lengths, spread_indices
-from transformer.batching import make_batch
+from transformer.checkpoints import files as checkpoint
+from transformer.training import trainer as trainer_module
+from transformer.training.validation import sample_over_lengths, spread_indices
+from transformer.data.batching import make_batch
 from transformer.config import DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
-from transformer.text import clean_text
+from transformer.data.text import clean_text
 from transformer.errors import ConfigError
-from transformer.decode import translate
-from transformer.loss import batch_loss
+from transformer.translation.search import translate
+from transformer.training.loss import batch_loss
 from transformer.model import Transformer
-from transformer.optim import build_optimizer, learning_rate, set_learning_rate
-from transformer.run import train
-from transformer.tokenizer import train_tokenizers
+from transformer.training.optim import build_optimizer, learning_rate, set_learning_rate
+from transformer.training.run import train
+from transformer.data.tokenizer import train_tokenizers
 
 N_PAIRS = 30
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .errors import ConfigError
+from transformer.errors import ConfigError
 
 
 def _require(condition: bool, key: str, expected: str, value: Any) -> None:

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .tokenizer import PAD_ID
+from transformer.config import ModelConfig
+from transformer.data.tokenizer import PAD_ID
 
 
 def _attend_mask(src_pad_mask: Tensor) -> Tensor:

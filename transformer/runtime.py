@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from transformer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from transformer.config import load_config  # noqa: E402
-from transformer.data import SOURCE, TARGET, iter_texts, load_pairs, split_pairs  # noqa: E402
+from transformer.data.pairs import SOURCE, TARGET, iter_texts, load_pairs, split_pairs  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

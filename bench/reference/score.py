@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from transformer.metrics import score  # noqa: E402
+from transformer.translation.metrics import score  # noqa: E402
 
 
 def main() -> None:

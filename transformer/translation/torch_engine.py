@@ -10,18 +10,18 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint
-from .attention import AttendedTranslation, translate_with_attention
-from .config import DecodeConfig
-from .decode import translate_n_best
-from .errors import CheckpointError, UserError
-from .model import Transformer
-from .quantize import quantize_int8
-from .runtime import fast_bf16
-from .rundir import find_checkpoint, load_decode_config, run_dir_of
-from .text import clean_text
-from .tokenizer import Tokenizers, load_tokenizers, tokenizer_fingerprint
-from .translation import warn_unknown_characters
+from transformer.checkpoints import files as checkpoint
+from transformer.translation.attention import AttendedTranslation, translate_with_attention
+from transformer.config import DecodeConfig
+from transformer.translation.search import translate_n_best
+from transformer.errors import CheckpointError, UserError
+from transformer.model import Transformer
+from transformer.translation.quantize import quantize_int8
+from transformer.runtime import fast_bf16
+from transformer.checkpoints.rundir import find_checkpoint, load_decode_config, run_dir_of
+from transformer.data.text import clean_text
+from transformer.data.tokenizer import Tokenizers, load_tokenizers, tokenizer_fingerprint
+from transformer.translation.texts import warn_unknown_characters
 
 log = logging.getLogger(__name__)
 

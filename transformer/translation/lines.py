@@ -10,9 +10,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator, Protocol, TextIO
 
-from .errors import UserError
-from .metrics import score
-from .text import read_lines
+from transformer.errors import UserError
+from transformer.translation.metrics import score
+from transformer.data.text import read_lines
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
 # small enough that a long file streams and memory stays flat.
@@ -68,11 +68,11 @@ def _inspect_chunk(translator, chunk: list[str], n_best: int, first: int, attent
                    alignment_layer: int | None) -> tuple[list[str], list[str]]:
     """(output lines, best translations) of a chunk whose first line is input line `first`; writes
     the attention PNGs and adds the alignments that were asked for."""
-    from .attention import format_alignment  # torch: only once attention is asked for
+    from transformer.translation.attention import format_alignment  # torch: only once attention is asked for
 
     attended = translator.translate_with_attention(chunk, n_best=n_best)
     if attention_dir is not None:
-        from .attention_plots import save_cross_attention_png  # matplotlib: only for pictures
+        from transformer.translation.attention_plots import save_cross_attention_png  # matplotlib: only for pictures
 
         for number, (source, candidates) in enumerate(zip(chunk, attended), start=first):
             if candidates[0].attention is not None:  # a blank line has no picture, and keeps its number

@@ -12,8 +12,8 @@ import warnings
 import torch
 from torch import nn
 
-from .errors import UserError
-from .model import Transformer
+from transformer.errors import UserError
+from transformer.model import Transformer
 
 
 def quantize_int8(model: Transformer) -> Transformer:

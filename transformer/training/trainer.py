@@ -21,19 +21,21 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from . import checkpoint, distributed
-from .batching import Batch, PairCorpus, make_batch, shard_batch
-from .budget import Budget, Plan
-from .checkpoint_manager import CheckpointManager
-from .config import Config
-from .errors import UserError
-from .evaluate import EvaluationResult, EvaluationSet, evaluate
-from .logs import TensorBoard
-from .loss import TrainingLoss
-from .model import Transformer
-from .optim import learning_rate, set_learning_rate
-from .runtime import CompiledOrEager, autocast, rng_state
-from .tokenizer import UNK_ID, Tokenizers
+from transformer.checkpoints import files as checkpoint
+
+from transformer.training import distributed
+from transformer.data.batching import Batch, PairCorpus, make_batch, shard_batch
+from transformer.training.budget import Budget, Plan
+from transformer.checkpoints.manager import CheckpointManager
+from transformer.config import Config
+from transformer.errors import UserError
+from transformer.training.validation import EvaluationResult, EvaluationSet, evaluate
+from transformer.training.logs import TensorBoard
+from transformer.training.loss import TrainingLoss
+from transformer.model import Transformer
+from transformer.training.optim import learning_rate, set_learning_rate
+from transformer.runtime import CompiledOrEager, autocast, rng_state
+from transformer.data.tokenizer import UNK_ID, Tokenizers
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +339,7 @@ class Trainer:
                 log.info("  %s  ->  %s", source, hypothesis)
         if not self.train_config.attention_images:
             return result
-        from .attention_plots import log_attention_images  # imports matplotlib: only once a picture is drawn
+        from transformer.translation.attention_plots import log_attention_images  # imports matplotlib: only once a picture is drawn
         log_attention_images(self.tensorboard, self.model, self.tokenizers, self.config.decode,
                              [s for s, _, _ in result.samples], state.step, self.device)
         return result

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .batching import PairCorpus
-from .config import Config
-from .decode import translate
-from .loss import batch_loss
-from .metrics import Scores, score
-from .model import Transformer
-from .runtime import autocast
-from .tokenizer import Tokenizers
+from transformer.data.batching import PairCorpus
+from transformer.config import Config
+from transformer.translation.search import translate
+from transformer.training.loss import batch_loss
+from transformer.translation.metrics import Scores, score
+from transformer.model import Transformer
+from transformer.runtime import autocast
+from transformer.data.tokenizer import Tokenizers
 
 
 @dataclass

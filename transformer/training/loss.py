@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .batching import Batch
-from .model import Transformer
-from .tokenizer import PAD_ID
+from transformer.data.batching import Batch
+from transformer.model import Transformer
+from transformer.data.tokenizer import PAD_ID
 
 
 def batch_loss(model: Transformer, batch: Batch, label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:

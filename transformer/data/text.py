@@ -9,7 +9,7 @@ import unicodedata
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from .errors import UserError
+from transformer.errors import UserError
 
 # Typographic apostrophes, as web pages and word processors write them. The shipped corpus
 # spells "I'm" and "aujourd'hui" with the ASCII one in 99% of its rows, so a pasted "I’m" would

@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from .config import TrainConfig
-from .errors import ConfigError
+from transformer.config import TrainConfig
+from transformer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from . import checkpoint
-from .errors import CheckpointError
-from .model import Transformer
-from .rundir import (BEST, BEST_METRIC, CHECKPOINTS, STATE_FILE, STATE_FORMAT, Best, RunState, find_checkpoint, read_run_state,
+from transformer.checkpoints import files as checkpoint
+from transformer.errors import CheckpointError
+from transformer.model import Transformer
+from transformer.checkpoints.rundir import (BEST, BEST_METRIC, CHECKPOINTS, STATE_FILE, STATE_FORMAT, Best, RunState, find_checkpoint, read_run_state,
                      step_dir_name)
 
 log = logging.getLogger(__name__)

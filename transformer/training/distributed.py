@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError
+from transformer.errors import ConfigError
 
 # Rank 0 alone prepares the data, trains the tokenizer and validates while the other ranks wait in
 # a collective: on a large corpus that can take longer than torch's default 30-minute timeout.

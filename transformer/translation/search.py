@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .batching import source_tensor
-from .config import DecodeConfig
-from .model import Transformer
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-from .translation import decode_outputs, gnmt_length_penalty, max_output_length, search_texts
+from transformer.data.batching import source_tensor
+from transformer.config import DecodeConfig
+from transformer.model import Transformer
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
+from transformer.translation.texts import decode_outputs, gnmt_length_penalty, max_output_length, search_texts
 
 _NEVER_EMITTED = [PAD_ID, BOS_ID]  # their logits are set to -inf at every step
 

@@ -24,22 +24,24 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from . import checkpoint, distributed
-from .average import average_checkpoints
-from .batching import PairCorpus
-from .checkpoint_manager import STATE_FILE, Best, CheckpointManager
-from .config import Config, config_to_dict, config_to_yaml
-from .data import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs, token_lengths
-from .errors import CheckpointError, ConfigError
-from .evaluate import EvaluationSet, evaluate, sample_over_lengths
-from .logs import TensorBoard
-from .metrics import group_references
-from .model import Transformer, count_parameters
-from .optim import build_optimizer
-from .runtime import build_grad_scaler, resolve_precision, seed_everything, select_device, set_rng_state
-from .text import read_lines
-from .tokenizer import Tokenizers, load_tokenizers, save_tokenizers, tokenizer_fingerprint, train_tokenizers
-from .trainer import Trainer, TrainState
+from transformer.checkpoints import files as checkpoint
+
+from transformer.training import distributed
+from transformer.training.average import average_checkpoints
+from transformer.data.batching import PairCorpus
+from transformer.checkpoints.manager import STATE_FILE, Best, CheckpointManager
+from transformer.config import Config, config_to_dict, config_to_yaml
+from transformer.data.pairs import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs, token_lengths
+from transformer.errors import CheckpointError, ConfigError
+from transformer.training.validation import EvaluationSet, evaluate, sample_over_lengths
+from transformer.training.logs import TensorBoard
+from transformer.translation.metrics import group_references
+from transformer.model import Transformer, count_parameters
+from transformer.training.optim import build_optimizer
+from transformer.runtime import build_grad_scaler, resolve_precision, seed_everything, select_device, set_rng_state
+from transformer.data.text import read_lines
+from transformer.data.tokenizer import Tokenizers, load_tokenizers, save_tokenizers, tokenizer_fingerprint, train_tokenizers
+from transformer.training.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
 

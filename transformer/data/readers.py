@@ -18,8 +18,8 @@ from pathlib import Path
 import datasets
 import pandas as pd
 
-from .config import DataConfig
-from .errors import DataError
+from transformer.config import DataConfig
+from transformer.errors import DataError
 
 _STRING = datasets.Value("string")
 

@@ -21,11 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .config import DataConfig
-from .errors import DataError
-from .readers import describe_input, line_numbers, read_pairs_file
-from .text import clean_text
-from .tokenizer import Tokenizers
+from transformer.config import DataConfig
+from transformer.errors import DataError
+from transformer.data.readers import describe_input, line_numbers, read_pairs_file
+from transformer.data.text import clean_text
+from transformer.data.tokenizer import Tokenizers
 
 logger = logging.getLogger(__name__)
 

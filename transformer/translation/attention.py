@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .batching import pad_rows, source_tensor
-from .config import DecodeConfig
-from .decode import decode_outputs, max_output_lengths, search_n_best
-from .model import Transformer
-from .tokenizer import BOS_ID, EOS, EOS_ID, Tokenizers
+from transformer.data.batching import pad_rows, source_tensor
+from transformer.config import DecodeConfig
+from transformer.translation.search import decode_outputs, max_output_lengths, search_n_best
+from transformer.model import Transformer
+from transformer.data.tokenizer import BOS_ID, EOS, EOS_ID, Tokenizers
 
 @dataclass
 class AttentionMaps:

@@ -16,11 +16,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from .attention import AttendedTranslation, translate_with_attention
-from .config import DecodeConfig
-from .logs import TensorBoard
-from .model import Transformer
-from .tokenizer import SPECIAL_TOKENS, Tokenizers
+from transformer.translation.attention import AttendedTranslation, translate_with_attention
+from transformer.config import DecodeConfig
+from transformer.training.logs import TensorBoard
+from transformer.model import Transformer
+from transformer.data.tokenizer import SPECIAL_TOKENS, Tokenizers
 
 WORD_START = "▁"  # the Metaspace marker of a subword that starts a word (tokenizer.py)
 CONTINUATION = "##"  # how a subword that continues a word is shown (BERT's WordPiece convention)

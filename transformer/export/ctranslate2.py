@@ -16,15 +16,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import checkpoint
-from .config import DecodeConfig
-from .ct2_engine import (EXPORT_FORMAT, EXPORT_INFO, EXPORT_TOKENIZER_DIR, EXPORT_VERSION, import_ctranslate2,
+from transformer.checkpoints import files as checkpoint
+from transformer.config import DecodeConfig
+from transformer.translation.ct2_engine import (EXPORT_FORMAT, EXPORT_INFO, EXPORT_TOKENIZER_DIR, EXPORT_VERSION, import_ctranslate2,
                          read_export_info)
-from .errors import UserError
-from .inference import load_checkpoint_and_tokenizers
-from .model import CrossAttention, FeedForward, SelfAttention, Transformer
-from .rundir import CHECKPOINTS, META_FILE, MODEL_FILE, find_checkpoint, load_decode_config, run_dir_of
-from .tokenizer import (BOS, EOS, JOINT_FILE, PAD, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK, Tokenizers,
+from transformer.errors import UserError
+from transformer.translation.torch_engine import load_checkpoint_and_tokenizers
+from transformer.model import CrossAttention, FeedForward, SelfAttention, Transformer
+from transformer.checkpoints.rundir import CHECKPOINTS, META_FILE, MODEL_FILE, find_checkpoint, load_decode_config, run_dir_of
+from transformer.data.tokenizer import (BOS, EOS, JOINT_FILE, PAD, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK, Tokenizers,
                         save_tokenizers)
 
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import DecodeConfig
-from .errors import CheckpointError, ConfigError, UserError
-from .rundir import MODEL_FILE, find_checkpoint, load_decode_config, read_meta, run_dir_of
-from .text import clean_text
-from .tokenizer import BOS, EOS, PAD, Tokenizers, load_tokenizers
-from .translation import gnmt_length_penalty, max_output_length, translate_texts, warn_unknown_characters
+from transformer.config import DecodeConfig
+from transformer.errors import CheckpointError, ConfigError, UserError
+from transformer.checkpoints.rundir import MODEL_FILE, find_checkpoint, load_decode_config, read_meta, run_dir_of
+from transformer.data.text import clean_text
+from transformer.data.tokenizer import BOS, EOS, PAD, Tokenizers, load_tokenizers
+from transformer.translation.texts import gnmt_length_penalty, max_output_length, translate_texts, warn_unknown_characters
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ def load_ct2_translator(run: Path | None = None, checkpoint_dir: Path | None = N
         model_dir, digest = cached_export_dir(source_checkpoint)
         info = read_export_info(model_dir)
         if info is None or info["checkpoint"]["model_sha256"] != digest:
-            from .export import export_checkpoint  # torch: only to write the export, once
+            from transformer.export.ctranslate2 import export_checkpoint  # torch: only to write the export, once
 
             log.info("exporting %s for CTranslate2 into %s (once: later calls reuse it)", source_checkpoint, model_dir)
             export_checkpoint(source_checkpoint, model_dir, force=True)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclass
@@ -167,7 +167,7 @@ class PairCorpus:
         # Imported here: translate.py uses this module and need not load datasets and pyarrow (slow to import).
         import pyarrow.compute as pc
 
-        from .data import arrow_batches
+        from transformer.data.pairs import arrow_batches
 
         columns = [src_column, tgt_column]
         offsets = {column: np.zeros(len(dataset) + 1, dtype=np.int64) for column in columns}

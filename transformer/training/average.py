@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint
-from .errors import CheckpointError
-from .model import Transformer
+from transformer.checkpoints import files as checkpoint
+from transformer.errors import CheckpointError
+from transformer.model import Transformer
 
 
 @torch.no_grad()

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import Config, DecodeConfig, load_config
-from .errors import CheckpointError
+from transformer.config import Config, DecodeConfig, load_config
+from transformer.errors import CheckpointError
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"  # checkpoints/best: a link to the best checkpoint (a copy in runs of earlier versions)

@@ -30,12 +30,12 @@ from safetensors.torch import load_file as load_safetensors_file
 from safetensors.torch import load_model as load_safetensors_model
 from safetensors.torch import save_file as save_safetensors_file
 
-from .config import ModelConfig
-from .errors import CheckpointError, ConfigError
-from .model import Transformer
+from transformer.config import ModelConfig
+from transformer.errors import CheckpointError, ConfigError
+from transformer.model import Transformer
 # The run directory's layout and meta.json reading live in rundir.py (no torch there); re-exported
 # here, where callers have always found them.
-from .rundir import (AVERAGED, BEST, CHECKPOINTS, META_FILE, MODEL_FILE, RUN_CONFIG,  # noqa: F401
+from transformer.checkpoints.rundir import (AVERAGED, BEST, CHECKPOINTS, META_FILE, MODEL_FILE, RUN_CONFIG,  # noqa: F401
                      TOKENIZER_DIR, TRAINING_FILE, _sha256, list_checkpoints, load_run_config, read_meta,
                      step_dir_name)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from .config import TokenizerConfig
-from .errors import CheckpointError
+from transformer.config import TokenizerConfig
+from transformer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import logging
 import math
 from typing import Callable, TypeVar
 
-from .text import clean_text
-from .tokenizer import UNK, UNK_ID, Tokenizers
+from transformer.data.text import clean_text
+from transformer.data.tokenizer import UNK, UNK_ID, Tokenizers
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import math
 import torch
 from torch import nn
 
-from .budget import Plan, linear_rate
-from .config import ModelConfig, TrainConfig
+from transformer.training.budget import Plan, linear_rate
+from transformer.config import ModelConfig, TrainConfig
 
 
 def learning_rate(step: int, train: TrainConfig, model: ModelConfig, plan: Plan | None = None) -> float:

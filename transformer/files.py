@@ -1,0 +1,90 @@
+"""Writing files so that a reader sees the old content or the new, never half of either: every
+atomic write of the project goes through here. A temporary file (or directory) is written beside
+the destination, flushed to disk, then renamed over it in one step; a failure leaves the old
+destination as it was and removes the temporary. What a run directory holds, and who may replace
+it, is checkpoints/rundir.py's business; this module only knows how.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+TEMPORARY_PREFIX = ".tmp-"  # every temporary this module makes starts with it, then the final name
+
+
+def temporary_path(path: Path) -> Path:
+    """The temporary that stands in for `path` while it is written: hidden, in the same directory
+    (a rename is only atomic within one filesystem), and unique to this process."""
+    return path.with_name(f"{TEMPORARY_PREFIX}{path.name}-{os.getpid()}")
+
+
+def fsync_directory(path: Path) -> None:
+    """Make a rename inside `path` survive a power cut, where the filesystem allows."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems (and Windows) cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temporary for writing; on a clean exit it replaces `path`, on an exception it is
+    removed and `path` keeps its old content. Text modes write UTF-8 with '\\n' line ends."""
+    path = Path(path)
+    tmp = temporary_path(path)
+    text = "b" not in mode
+    try:
+        with open(tmp, mode, **({"encoding": "utf-8", "newline": "\n"} if text else {})) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    with atomic_writer(path) as handle:
+        handle.write(text)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def publish_directory(tmp: Path, final: Path) -> None:
+    """Make the fully written directory `tmp` appear as `final` in one rename, replacing an older
+    `final` (moved aside first, then removed): a reader sees the old directory or the new one."""
+    fsync_directory(tmp)
+    old = None
+    if final.exists():
+        old = final.with_name(f"{TEMPORARY_PREFIX}old-{final.name}-{os.getpid()}")
+        os.replace(final, old)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        if old is not None:
+            os.replace(old, final)
+        raise
+    fsync_directory(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (through links, `..` or another spelling); False if either is missing."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

@@ -26,12 +26,12 @@ import datasets
 
 from transformer.training import distributed
 from transformer.training.allocator import reuse_freed_memory
-from transformer.checkpoints.files import CHECKPOINTS, step_dir_name
+from transformer.checkpoints.rundir import CHECKPOINTS, MissingRunState, RunDirectory, step_dir_name
 from transformer.config import load_config
 from transformer.errors import CheckpointError, UserError
+from transformer.runtime import select_device, set_threads
 from transformer.training.logs import setup_logging
 from transformer.training.run import train
-from transformer.runtime import select_device, set_threads
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="CPU training: keep memory freed by one step for the next (glibc's malloc; "
                              "default on, see transformer/allocator.py); --no-reuse-freed-memory keeps glibc's "
                              "defaults")
+    parser.add_argument("--rebuild-state", action="store_true",
+                        help="the run lost its state.json: write it anew from the checkpoints on disk (every intact "
+                             "one kept, the newest resumed, the best validated one best), then train on")
     return parser.parse_args(argv)
 
 
@@ -84,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, args.overrides)
         run_dir = args.run_dir or Path("runs") / config.name
+        # Before the log file opens in it: a folder that is not a run gets nothing written into it.
+        RunDirectory.check_trainable(run_dir, rebuilding=args.rebuild_state)
         try:
             setup_logging(run_dir, rank=rank)
         except OSError as error:
@@ -97,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
                                             "(--no-reuse-freed-memory to keep glibc's defaults)")
         for signum in previous_handlers:
             signal.signal(signum, request_stop)
-        outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress)
+        outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress,
+                        rebuild_state=args.rebuild_state)
+    except MissingRunState as error:
+        print(f"{f'[rank {rank}] ' if rank else ''}error: {error}. Rebuild it from the checkpoints on disk and "
+              f"train on with: {resume_command(args)} --rebuild-state", file=sys.stderr)
+        return 2
     except UserError as error:
         print(f"{f'[rank {rank}] ' if rank else ''}error: {error}", file=sys.stderr)
         return 2

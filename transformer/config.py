@@ -127,14 +127,12 @@ class TrainConfig:
     # fast (GPUs with bf16, CPUs with AMX / AVX-512-BF16), else fp32; fp16 = autocast with a
     # gradient scaler (fp16's narrow range underflows small gradients), CUDA only
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    compile: bool = False  # torch.compile the training forward pass; falls back to eager if it fails
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     log_every: int = 50
     valid_every: int = 500
     valid_max_pairs: int = 0  # translate at most this many valid pairs for BLEU; 0 = all
     checkpoint_every: int = 500
     keep_checkpoints: int = 3  # newest step checkpoints kept, besides the best one
-    average_last: int = 0  # at the end, average the newest N step checkpoints (0 = don't; see average.py)
     n_valid_samples: int = 3  # sample translations logged at each validation
     attention_images: bool = True  # and their attention maps, as TensorBoard images (matplotlib)
 
@@ -148,8 +146,6 @@ class TrainConfig:
             value = getattr(self, key)
             _require(value >= 0, f"train.{key}", "an integer >= 0", value)
         _require(self.max_minutes >= 0, "train.max_minutes", "a number >= 0", self.max_minutes)
-        _require(self.average_last == 0 or 2 <= self.average_last <= self.keep_checkpoints, "train.average_last",
-                 f"0 or an integer from 2 to train.keep_checkpoints ({self.keep_checkpoints})", self.average_last)
         if not (self.max_steps or self.max_epochs or self.max_minutes):
             raise ConfigError("train: set at least one budget: max_steps, max_epochs or max_minutes")
         for key in ("lr_factor", "peak_lr"):

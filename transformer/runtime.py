@@ -1,12 +1,12 @@
-"""Where and how tensors run: device choice, thread count, seeding, mixed precision and its
-gradient scaler, compilation, RNG state. Nothing here knows about models or data."""
+"""Where and how tensors run: device choice, thread count, seeding, mixed precision, RNG state.
+Nothing here knows about models or data."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import random
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,47 +83,6 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
         dtype = torch.bfloat16 if precision == "bf16" else torch.float16
         return torch.autocast(device_type=device.type, dtype=dtype)
     return contextlib.nullcontext()
-
-
-def build_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
-    """fp16 only: its 5-bit exponent flushes small gradients to zero, so the loss is scaled up
-    before backward and the gradients down before the update (Micikevicius et al., 2018). bf16
-    has fp32's range and needs no scaling."""
-    if precision != "fp16":
-        return None
-    return torch.amp.GradScaler(device.type)
-
-
-class CompiledOrEager:
-    """`fn` through torch.compile, or `fn` itself where compiling fails.
-
-    torch.compile fails in ways that depend on the platform (no C++ compiler, an unsupported Python
-    or operator), often only when the first call compiles. Training should not die of it: the first
-    failure, at wrapping or at any call (a new batch shape can trigger a recompile), is logged as a
-    warning and every later call runs `fn` eagerly. A failed call is retried eagerly with the same
-    arguments, which is safe for a forward pass: it has changed nothing but, perhaps, the RNG.
-    """
-
-    def __init__(self, fn: Callable[..., Any], what: str) -> None:
-        self.fn, self.what = fn, what
-        self.compiled: Callable[..., Any] | None
-        try:
-            self.compiled = torch.compile(fn)
-        except Exception as error:  # noqa: BLE001 - any failure means: run eagerly
-            self._fall_back(error)
-
-    def _fall_back(self, error: Exception) -> None:
-        log.warning("train.compile: torch.compile failed for the %s (%s: %s); running it without compiling",
-                    self.what, type(error).__name__, str(error).strip().splitlines()[0] if str(error).strip() else "")
-        self.compiled = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.compiled is not None:
-            try:
-                return self.compiled(*args, **kwargs)
-            except Exception as error:  # noqa: BLE001
-                self._fall_back(error)
-        return self.fn(*args, **kwargs)
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,32 +1,58 @@
-"""The layout of a run directory: file names, the run state (state.json: which checkpoints exist and
-which is best), which checkpoint translation uses, a checkpoint's meta.json and the run's config.
-Reading only, and no torch, so that translate.py's CTranslate2 engine finds its model without
-loading it; checkpoint.py writes checkpoints and reads their weights, checkpoint_manager.py writes
-the run state.
+"""The run directory: its layout, and the only code that creates, replaces or deletes anything in it.
+
+    config.yaml  state.json  tokenizer/  heldout/  checkpoints/step_*/  checkpoints/best -> step_*/
+    tensorboard/  train.log  .lock  ctranslate2/<weights hash>/ (translate.py's cached export)
+
+A folder becomes a run when `RunDirectory.create` writes its state.json; a non-empty folder
+without one is refused, never written into. state.json is the commit point: it names the step
+checkpoints kept, the newest and the best. A missing or damaged one is refused with the command
+that rebuilds it, never read as permission to delete. Only names this module could have written
+are accepted, and it deletes only what it wrote: temporaries of its own saves, and checkpoints it
+published. The readers at the bottom need no torch, so the CTranslate2 engine finds its model
+without loading it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
+import os
 import re
-from dataclasses import dataclass, field
+import shutil
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from transformer.config import Config, DecodeConfig, load_config
 from transformer.errors import CheckpointError
+from transformer.files import TEMPORARY_PREFIX, publish_directory, temporary_path, write_json_atomic, write_text_atomic
 
+log = logging.getLogger(__name__)
+
+RUN_CONFIG = "config.yaml"  # the resolved config the run was started with
+STATE_FILE = "state.json"  # which checkpoints exist, which is newest, which is best
+STATE_FORMAT = 2
+TOKENIZER_DIR = "tokenizer"
+HELDOUT_DIR = "heldout"  # <name>.en and <name>.fr.1..K: distinct sources and their references
 CHECKPOINTS = "checkpoints"
-BEST = "best"  # checkpoints/best: a link to the best checkpoint (a copy in runs of earlier versions)
-STATE_FILE = "state.json"  # the run state: which checkpoints exist, which is newest, which is best
-STATE_FORMAT = 1
-BEST_METRIC = "valid_bleu"  # higher is better
-AVERAGED = "averaged"  # weights-only mean of the newest step checkpoints (average.py)
+BEST = "best"  # checkpoints/best: a link to the best checkpoint, for people and tools that look there
+TENSORBOARD_DIR = "tensorboard"
+LOG_FILE = "train.log"
+LOCK_FILE = ".lock"
+EXPORTS_DIR = "ctranslate2"
 MODEL_FILE, TRAINING_FILE, META_FILE = "model.safetensors", "training.pt", "meta.json"
-RUN_CONFIG = "config.yaml"  # the resolved config, saved in the run directory
-TOKENIZER_DIR = "tokenizer"  # the run's tokenizer files, next to its checkpoints
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+CHECKPOINT_FILES = {MODEL_FILE, TRAINING_FILE, META_FILE}
+CHECKPOINT_FORMAT = 2  # in meta.json: what this version writes and reads
+BEST_METRIC = "valid_bleu"  # higher is better
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+# What a failed first start may leave in a folder that is not a run yet (train.py opens its log first).
+_BEFORE_A_RUN = {LOG_FILE, LOCK_FILE}
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
 
 
 def _sha256(path: Path) -> str:
@@ -37,44 +63,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
+# ---------------------------------------------------------------------------------------------- state
 
 
-def read_meta(checkpoint: Path, verify: bool = True, need_training_state: bool = False) -> dict[str, Any]:
-    """Read meta.json of `checkpoint` and (with `verify`) check the size and SHA-256 of its files."""
-    checkpoint = Path(checkpoint)
-    meta_path = checkpoint / META_FILE
-    if not meta_path.is_file():
-        raise CheckpointError(f"{checkpoint}: not a checkpoint ({META_FILE} is missing)")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{meta_path}: unreadable ({error})") from None
-    if not isinstance(meta, dict) or "files" not in meta or "model_config" not in meta:
-        raise CheckpointError(f"{meta_path}: not a checkpoint description of this project")
-    if verify:
-        names = [MODEL_FILE] + ([TRAINING_FILE] if need_training_state else [])
-        for name in names:
-            expected = meta["files"].get(name)
-            path = checkpoint / name
-            if expected is None or not path.is_file():
-                raise CheckpointError(f"{path}: missing from the checkpoint")
-            size = path.stat().st_size
-            if size != expected["bytes"]:
-                raise CheckpointError(f"{path}: truncated or corrupt ({size} bytes, expected {expected['bytes']})")
-            if _sha256(path) != expected["sha256"]:
-                raise CheckpointError(f"{path}: corrupt (SHA-256 differs from the one recorded at save time)")
-    return meta
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Step checkpoints of a run, oldest first (temporary and best directories excluded)."""
-    directory = Path(run_dir) / CHECKPOINTS
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found)]
+class MissingRunState(CheckpointError):
+    """A run whose state.json is gone: it can be rebuilt from the checkpoints on disk."""
 
 
 @dataclass(frozen=True)
@@ -100,73 +93,331 @@ class RunState:
     format: int = STATE_FORMAT
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], path: Path) -> "RunState":
+    def from_json(cls, data: Any, path: Path) -> "RunState":
         try:
+            if data.get("format") != STATE_FORMAT:
+                raise CheckpointError(f"{path}: run state format {data.get('format')}, but this version reads format "
+                                      f"{STATE_FORMAT}: the run was trained by another version of this project")
             best = Best(**data["best"]) if data.get("best") else None
-            state = cls(latest=data.get("latest"), kept=list(data.get("kept", [])), best=best,
-                        format=int(data.get("format", 0)))
-        except (TypeError, ValueError, KeyError) as error:
+            state = cls(latest=data.get("latest"), kept=list(data.get("kept", [])), best=best)
+        except (TypeError, ValueError, KeyError, AttributeError) as error:
             raise CheckpointError(f"{path}: not a run state of this project ({error})") from None
-        if state.format != STATE_FORMAT:
-            raise CheckpointError(f"{path}: run state format {state.format}, but this version reads "
-                                  f"format {STATE_FORMAT}")
+        names = state.kept + [name for name in (state.latest, best and best.checkpoint) if name is not None]
+        for name in names:
+            if not isinstance(name, str) or not _STEP_DIR.match(name):
+                raise CheckpointError(f"{path}: names the checkpoint {name!r}, which this project never writes; "
+                                      "the file was edited or damaged")
+        if state.latest is not None and state.latest not in state.kept or best and best.checkpoint not in state.kept:
+            raise CheckpointError(f"{path}: names checkpoints it does not keep; the file was edited or damaged")
         return state
 
 
 def read_run_state(run_dir: Path) -> RunState | None:
-    """The run state of `run_dir`, or None if it has none (a new run, or one of an earlier version)."""
+    """The run state of `run_dir`, or None where it has no state.json."""
     path = Path(run_dir) / STATE_FILE
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({error})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: not a run state of this project")
+        raise CheckpointError(f"{path}: unreadable ({getattr(error, 'strerror', None) or error})") from None
     return RunState.from_json(data, path)
+
+
+# ---------------------------------------------------------------------------------------------- the owner
+
+
+class RunDirectory:
+    """One run's folder. Every write into it goes through a method here, and every name it is given
+    to touch is checked against the names it writes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.checkpoints = self.path / CHECKPOINTS
+        self.state_file = self.path / STATE_FILE
+        self.config_file = self.path / RUN_CONFIG
+        self.tokenizer_dir = self.path / TOKENIZER_DIR
+        self.heldout_dir = self.path / HELDOUT_DIR
+        self.tensorboard_dir = self.path / TENSORBOARD_DIR
+
+    # -------------------------------------------------------------- what the folder is
+
+    @staticmethod
+    def check_trainable(path: Path, rebuilding: bool = False) -> None:
+        """Refuse a folder that holds files and is not a run (training would mix its files with the
+        user's), and a run that lost its state.json, unless `rebuilding` it."""
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise CheckpointError(f"{path}: is a file, not a run directory")
+        if not path.is_dir() or (path / STATE_FILE).exists():
+            return
+        if list_checkpoints(path):
+            if rebuilding:
+                return
+            raise MissingRunState(f"{path / STATE_FILE}: missing, so which checkpoints this run keeps, and which is "
+                                  "best, is unknown; nothing was changed")
+        others = sorted(p.name for p in path.iterdir() if p.name not in _BEFORE_A_RUN)
+        if others:
+            raise CheckpointError(
+                f"{path}: is not empty and is not a run of this project (no {STATE_FILE}; it holds "
+                f"{', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); nothing was written. Choose a new "
+                "or empty run directory")
+
+    def is_run(self) -> bool:
+        return self.state_file.exists()
+
+    def create(self) -> None:
+        """Make the folder a run (an empty run state) if it is not one yet."""
+        self.check_trainable(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not self.is_run():
+            self.commit_state(RunState())
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Held while training: two processes training one run would interleave their checkpoints.
+        The OS releases it when the process ends, even on SIGKILL."""
+        try:
+            import fcntl
+        except ImportError:  # Windows has no flock; the run goes unguarded there
+            yield
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / LOCK_FILE, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise CheckpointError(f"{self.path} is being trained by another process; wait for it to stop, "
+                                      "or train in another run directory") from None
+            except OSError as error:  # e.g. a network filesystem without locks
+                log.warning("cannot lock %s (%s); make sure no other process trains in it", self.path, error.strerror)
+            yield
+
+    # -------------------------------------------------------------- files of the run
+
+    def state(self) -> RunState:
+        state = read_run_state(self.path)
+        if state is None:
+            raise MissingRunState(f"{self.state_file}: missing, so which checkpoints this run keeps, and which is "
+                                  "best, is unknown; nothing was changed")
+        return state
+
+    def commit_state(self, state: RunState) -> None:
+        """Replace state.json in one rename, then point checkpoints/best at the best checkpoint."""
+        try:
+            write_json_atomic(self.state_file, asdict(state))
+        except OSError as error:
+            raise CheckpointError(f"cannot write the run state {self.state_file}: {error.strerror or error}. "
+                                  "Training stopped so that no work goes unsaved; fix that, then rerun to "
+                                  "resume") from error
+        self._link_best(state.best.checkpoint if state.best else None)
+
+    def write_config(self, text: str) -> None:
+        write_text_atomic(self.config_file, text)
+
+    def replace_tokenizer(self, save: Callable[[Path], None]) -> None:
+        """`save(directory)` writes the tokenizer files into a fresh directory, which then replaces tokenizer/."""
+        tmp = temporary_path(self.tokenizer_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            save(tmp)
+            publish_directory(tmp, self.tokenizer_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def write_heldout(self, name: str, sources: list[str], references: list[list[str]]) -> None:
+        """`<name>.en` (distinct sources) and `<name>.fr.1..K`, line-aligned references, blank where a
+        sentence has fewer than K. (The suffixes name the shipped pair; the files hold whatever
+        source and target the data has.)"""
+        directory = self.heldout_dir
+        directory.mkdir(exist_ok=True)
+        width = max((len(r) for r in references), default=0)
+        for stale in directory.glob(f"{name}.fr.*"):  # a rewrite with fewer references leaves none behind
+            if stale.name.rpartition(".")[2].isdigit() and int(stale.name.rpartition(".")[2]) > width:
+                stale.unlink()
+        write_text_atomic(directory / f"{name}.en", "".join(s + "\n" for s in sources))
+        for k in range(width):
+            write_text_atomic(directory / f"{name}.fr.{k + 1}",
+                              "".join((refs[k] if k < len(refs) else "") + "\n" for refs in references))
+
+    def read_heldout(self, name: str) -> tuple[list[str], list[list[str]]] | None:
+        """What `write_heldout` wrote, or None if it is not there."""
+        from transformer.data.text import read_lines  # no torch, no datasets
+
+        directory = self.heldout_dir
+        if not (directory / f"{name}.en").is_file():
+            return None
+        sources = read_lines(directory / f"{name}.en", "held-out file")
+        streams = [read_lines(directory / f"{name}.fr.{k}", "held-out file")
+                   for k in range(1, len(list(directory.glob(f"{name}.fr.*"))) + 1)]
+        if any(len(stream) != len(sources) for stream in streams):
+            raise CheckpointError(f"{directory}: the {name} files differ in length; they were edited by hand")
+        return sources, [[stream[i] for stream in streams if stream[i]] for i in range(len(sources))]
+
+    # -------------------------------------------------------------- checkpoints
+
+    def checkpoint(self, name: str) -> Path:
+        """The path of step checkpoint `name`, which must be a name this module writes."""
+        if not _STEP_DIR.match(name):
+            raise CheckpointError(f"{self.checkpoints}: {name!r} is not a checkpoint name this project writes")
+        return self.checkpoints / name
+
+    def step_checkpoints(self) -> list[Path]:
+        return list_checkpoints(self.path)
+
+    def publish_checkpoint(self, step: int, write: Callable[[Path], None]) -> Path:
+        """`write(directory)` fills a fresh temporary directory, which then appears as step_<step> in one
+        rename. Returns the checkpoint's path."""
+        final = self.checkpoint(step_dir_name(step))
+        tmp = temporary_path(final)
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            if write(tmp) is False:  # the same content is on disk already: leave it untouched
+                shutil.rmtree(tmp, ignore_errors=True)
+                return final
+            publish_directory(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
+
+    def remove_checkpoint(self, name: str, why: str, announce: bool = True) -> None:
+        """Delete a step checkpoint this project wrote (only our files in it); anything else stays."""
+        path = self.checkpoint(name)
+        if not path.is_dir() or path.is_symlink():
+            return
+        foreign = [p.name for p in path.iterdir() if p.name not in CHECKPOINT_FILES]
+        if foreign:
+            log.warning("not removing %s (%s): it holds files this project did not write: %s", path, why,
+                        ", ".join(sorted(foreign)[:3]))
+            return
+        log.log(logging.INFO if announce else logging.DEBUG, "removing %s: %s", path, why)
+        shutil.rmtree(path)
+
+    def move_aside(self, name: str) -> Path:
+        """Keep a damaged checkpoint for inspection, out of the way of the names training writes."""
+        aside = self.checkpoints / f"corrupt-{name}-{os.getpid()}"
+        log.warning("moving the damaged %s aside to %s", self.checkpoint(name), aside)
+        os.replace(self.checkpoint(name), aside)
+        return aside
+
+    def remove_temporaries(self) -> None:
+        """Clean up after a save that was killed midway (call while holding the lock). A temporary
+        checkpoint is deleted; a checkpoint moved aside to be replaced is put back if its
+        replacement never appeared."""
+        if not self.checkpoints.is_dir():
+            return
+        prefix_old = f"{TEMPORARY_PREFIX}old-"
+        for path in self.checkpoints.iterdir():
+            if path.name.startswith(prefix_old):
+                name = path.name[len(prefix_old):].rsplit("-", 1)[0]
+                if _STEP_DIR.match(name) and not (self.checkpoints / name).exists():
+                    log.warning("restoring %s from %s, left by an interrupted save", self.checkpoints / name, path)
+                    os.replace(path, self.checkpoints / name)
+                elif _STEP_DIR.match(name):
+                    shutil.rmtree(path)
+            elif path.name.startswith(TEMPORARY_PREFIX) and _STEP_DIR.match(path.name[len(TEMPORARY_PREFIX):]
+                                                                             .rsplit("-", 1)[0]):
+                log.info("removing %s, left by an interrupted save", path)
+                shutil.rmtree(path)
+
+    def _link_best(self, target: str | None) -> None:
+        """Point checkpoints/best at `target` (a relative link, replaced in one rename)."""
+        link = self.checkpoints / BEST
+        if link.is_symlink() and os.readlink(link) == target:
+            return
+        if link.exists() and not link.is_symlink():
+            log.warning("%s is not the link this project keeps there; leaving it alone", link)
+            return
+        if target is None:
+            if link.is_symlink():
+                link.unlink()
+            return
+        tmp = temporary_path(link)
+        try:
+            tmp.unlink(missing_ok=True)
+            os.symlink(target, tmp)
+            os.replace(tmp, link)
+        except OSError as error:  # e.g. a filesystem without links: state.json still says which one
+            tmp.unlink(missing_ok=True)
+            log.warning("cannot link %s to %s (%s); translate.py finds the best checkpoint through %s anyway",
+                        link, target, error.strerror or error, STATE_FILE)
+
+
+# ---------------------------------------------------------------------------------------------- readers
+
+
+def read_meta(checkpoint: Path, verify: bool = True, need_training_state: bool = False) -> dict[str, Any]:
+    """Read meta.json of `checkpoint` and (with `verify`) check the size and SHA-256 of its files."""
+    checkpoint = Path(checkpoint)
+    meta_path = checkpoint / META_FILE
+    if not meta_path.is_file():
+        raise CheckpointError(f"{checkpoint}: not a checkpoint ({META_FILE} is missing)")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{meta_path}: unreadable ({error})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict) or "model_config" not in meta:
+        raise CheckpointError(f"{meta_path}: not a checkpoint description of this project")
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{meta_path}: checkpoint format {meta.get('format')}, but this version reads format "
+                              f"{CHECKPOINT_FORMAT}: it was written by another version of this project")
+    if verify:
+        for name in [MODEL_FILE] + ([TRAINING_FILE] if need_training_state else []):
+            expected, path = meta["files"].get(name), checkpoint / name
+            if not isinstance(expected, dict) or not path.is_file():
+                raise CheckpointError(f"{path}: missing from the checkpoint")
+            size = path.stat().st_size
+            if size != expected.get("bytes"):
+                raise CheckpointError(f"{path}: truncated or corrupt ({size} bytes, expected {expected.get('bytes')})")
+            if _sha256(path) != expected.get("sha256"):
+                raise CheckpointError(f"{path}: corrupt (SHA-256 differs from the one recorded at save time)")
+    return meta
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Step checkpoints of a run on disk, oldest first (temporaries and the best link excluded)."""
+    directory = Path(run_dir) / CHECKPOINTS
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir()
+             if (m := _STEP_DIR.match(p.name)) and p.is_dir() and not p.is_symlink()]
+    return [p for _, p in sorted(found)]
 
 
 def find_checkpoint(run: Path | None = None, checkpoint_dir: Path | None = None,
                     runs_root: Path = Path("runs")) -> Path:
     """The checkpoint translation should use: `checkpoint_dir` if given; else the best (or newest) one
-    of `run`; else of the run under `runs_root` whose run state or checkpoints changed last."""
+    of `run`; else of the run under `runs_root` whose run state changed last."""
     if checkpoint_dir is not None:
         checkpoint_dir = Path(checkpoint_dir)
         if not (checkpoint_dir / META_FILE).is_file():
-            looks_like_run = (checkpoint_dir / CHECKPOINTS).is_dir()
-            hint = f"; it looks like a run directory: use --run {checkpoint_dir}" if looks_like_run else ""
+            looks_like_run = (checkpoint_dir / STATE_FILE).is_file()
+            hint = "; it looks like a run directory: pass it as the run instead" if looks_like_run else ""
             raise CheckpointError(f"{checkpoint_dir}: not a checkpoint directory (no {META_FILE}){hint}")
         return checkpoint_dir
     if run is None:
-        candidates = []
-        if Path(runs_root).is_dir():
-            for run_dir in Path(runs_root).iterdir():
-                written = [p.stat().st_mtime for p in (run_dir / CHECKPOINTS).glob(f"*/{META_FILE}")]
-                if written:
-                    candidates.append((max(written), run_dir))
+        root = Path(runs_root)
+        candidates = sorted((path.stat().st_mtime, run_dir) for run_dir in (root.iterdir() if root.is_dir() else [])
+                            if (path := run_dir / STATE_FILE).is_file() and list_checkpoints(run_dir))
         if not candidates:
-            raise CheckpointError(
-                f"no trained run found under {runs_root}/: train one first "
-                "(python train.py --config configs/base.yaml) or pass --run DIR / --checkpoint DIR"
-            )
-        run = max(candidates)[1]
+            raise CheckpointError(f"no trained run found under {root}/: train one first "
+                                  "(python train.py --config configs/base.yaml) or name a run or checkpoint")
+        run = candidates[-1][1]
     run = Path(run)
     if not run.is_dir():
         raise CheckpointError(f"run directory not found: {run}")
     state = read_run_state(run)
-    if state is not None:
-        name = state.best.checkpoint if state.best else state.latest
-        if name is None:
-            raise CheckpointError(f"{run}: has no checkpoint yet (train it first, or wait for its first save)")
-        return run / CHECKPOINTS / name
-    legacy_best = run / CHECKPOINTS / BEST  # runs of earlier versions kept a copy there
-    if (legacy_best / META_FILE).is_file():
-        return legacy_best
-    steps = list_checkpoints(run)
-    if not steps:
+    if state is None:
+        raise CheckpointError(f"{run}: not a run of this project ({STATE_FILE} is missing)")
+    name = state.best.checkpoint if state.best else state.latest
+    if name is None:
         raise CheckpointError(f"{run}: has no checkpoint yet (train it first, or wait for its first save)")
-    return steps[-1]
+    return run / CHECKPOINTS / name
 
 
 def load_run_config(run_dir: Path) -> Config:

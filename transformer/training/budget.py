@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from dataclasses import dataclass, field
+from typing import Callable
 
 from transformer.config import TrainConfig
 from transformer.errors import ConfigError
@@ -42,7 +42,7 @@ def budget_values(train: TrainConfig) -> dict[str, float]:
 
 @dataclass
 class Plan:
-    """The end step and, for `linear`, the current schedule segment. Lives in TrainState."""
+    """The end step and, for `linear`, the current schedule segment."""
 
     end_step: int  # the last step; 0 while a time budget is still being measured
     segment_start: int  # linear: the step before the segment's first (0, or where a raised budget restarted)
@@ -106,69 +106,86 @@ def reconcile(train: TrainConfig, step: int, plan: Plan, new_end: int, budget_ch
         "schedule segment with its own warm-up")
 
 
-class BudgetState(Protocol):
-    """The fields of the training state (trainer.TrainState) that a budget reads and records."""
+@dataclass
+class BudgetState:
+    """Everything a run's budget knows, as one value of the training state (saved in checkpoints):
+    the plan, the budget settings it was computed from, and the time budget's one measurement."""
+
+    plan: Plan = field(default_factory=lambda: Plan(0, 0, 0))
+    settings: dict = field(default_factory=dict)  # budget_values() the plan was computed from
+    seconds_per_step: float = 0.0  # 0 while a time budget is still being measured
+    measured_at_step: int = 0
+    measured_train_seconds: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BudgetState":
+        return cls(**dict(data, plan=Plan(**data["plan"])))
+
+
+@dataclass
+class Position:
+    """Where training is, as the budget needs it."""
 
     step: int
     epoch: int
     batch_in_epoch: int
     train_seconds: float
-    plan: Plan
-    budget: dict
-    seconds_per_step: float
-    measured_at_step: int
-    measured_train_seconds: float
 
 
 class Budget:
     """A run's budget as steps: plans the end step at the start of a session (or reconciles a changed
     budget with the recorded plan), measures a time budget once in the first steps, and says when
-    training is finished. Records everything in `state`, so that it travels with the checkpoints."""
+    training is finished. Everything it decides is in `self.state`, which travels with checkpoints."""
 
-    def __init__(self, train: TrainConfig, state: BudgetState, batches_in_epoch: Callable[[int], int],
-                 tokens_per_step: Callable[[], float]) -> None:
-        """`batches_in_epoch(epoch)`: the global batches of that epoch; `tokens_per_step()`: the
-        source + target tokens of an average step over an epoch (what a step's time scales with)."""
+    def __init__(self, train: TrainConfig, state: BudgetState, position: Position,
+                 batches_in_epoch: Callable[[int], int], tokens_per_step: float) -> None:
+        """`batches_in_epoch(epoch)`: the global batches of that epoch (a property of the data);
+        `tokens_per_step`: the source + target tokens of an average step over an epoch (what a
+        step's time scales with)."""
         self.train, self.state = train, state
         self.batches_in_epoch, self.tokens_per_step = batches_in_epoch, tokens_per_step
         self._timed: list[tuple[float, int]] = []  # this session's (step seconds, step tokens)
         # While a time budget is unmeasured, a step or epoch budget may still end training first.
-        self._end_before_measuring = self._end_without_time() if train.max_minutes and not state.seconds_per_step \
-            else 0
-        self._plan()
+        self._end_before_measuring = self._end_without_time(position) \
+            if train.max_minutes and not state.seconds_per_step else 0
+        self._plan(position)
 
-    def finished(self) -> bool:
-        return bool(self.state.plan.end_step) and self.state.step >= self.state.plan.end_step
+    @property
+    def end_step(self) -> int:
+        return self.state.plan.end_step
 
-    def _end_without_time(self) -> int:
-        """The end step of the step and epoch budgets, from the current position (0 = neither is set)."""
-        train, state = self.train, self.state
+    def finished(self, step: int) -> bool:
+        return bool(self.end_step) and step >= self.end_step
+
+    def _end_without_time(self, position: Position) -> int:
+        """The end step of the step and epoch budgets, from `position` (0 = neither is set)."""
+        train = self.train
         ends = [train.max_steps] if train.max_steps else []
         if train.max_epochs:
-            ends.append(steps_for_epochs(train.max_epochs, state.epoch, state.batch_in_epoch, state.step,
+            ends.append(steps_for_epochs(train.max_epochs, position.epoch, position.batch_in_epoch, position.step,
                                          self.batches_in_epoch, train.accumulate_batches))
         return min(ends, default=0)
 
-    def _plan(self) -> None:
+    def _plan(self, position: Position) -> None:
         """Turn the budget settings into the end step: at a run's start, or when a resume changed them."""
         train, state = self.train, self.state
         values = budget_values(train)
-        if state.budget == values:
+        if state.settings == values:
             return
-        end = self._end_without_time()
+        end = self._end_without_time(position)
         if train.max_minutes and state.seconds_per_step:
             end = min(e for e in (end, steps_for_minutes(train.max_minutes, state.measured_at_step,
                                                          state.measured_train_seconds, state.seconds_per_step)) if e)
         elif train.max_minutes:
             end = 0  # measured in this session's first steps (`measure`)
         plan = state.plan
-        if not state.budget or not plan.end_step:  # a new run, or one whose time budget is still unmeasured
+        if not state.settings or not plan.end_step:  # a new run, or one whose time budget is still unmeasured
             state.plan = Plan(end, plan.segment_start, decay_start(plan.segment_start, train.warmup_steps, end,
-                                                                   state.measured_at_step or state.step))
+                                                                   state.measured_at_step or position.step))
         else:
-            changed = ", ".join(f"train.{key}: {state.budget.get(key)} -> {value}" for key, value in values.items()
-                                if state.budget.get(key) != value)
-            new = reconcile(train, state.step, plan, end, changed)
+            changed = ", ".join(f"train.{key}: {state.settings.get(key)} -> {value}"
+                                for key, value in values.items() if state.settings.get(key) != value)
+            new = reconcile(train, position.step, plan, end, changed)
             if new is not None and new != plan:
                 if new.segment_start != plan.segment_start:
                     log.info("%s: the finished linear schedule starts a new segment at step %d: warm-up over %d "
@@ -177,9 +194,9 @@ class Budget:
                 else:
                     log.info("%s: training now ends at step %d", changed, new.end_step)
                 state.plan = new
-        state.budget = values
+        state.settings = values
 
-    def measure(self, step_seconds: float, step_tokens: int) -> None:
+    def measure(self, position: Position, step_seconds: float, step_tokens: int) -> None:
         """After each step (its time and source + target tokens): once, early in the first session,
         max_minutes of training at the measured seconds per step becomes the end step. Under torchrun
         every rank passes rank 0's step times and the global tokens, so all compute the same end."""
@@ -188,21 +205,22 @@ class Budget:
             return
         self._timed.append((step_seconds, step_tokens))
         timed = self._timed[UNTIMED_STEPS:]
-        must_end = state.train_seconds >= train.max_minutes * 60 or state.step == self._end_before_measuring
-        if not must_end and (state.step < MEASURE_UNTIL_STEP or len(timed) < MIN_TIMED_STEPS):
+        must_end = position.train_seconds >= train.max_minutes * 60 or position.step == self._end_before_measuring
+        if not must_end and (position.step < MEASURE_UNTIL_STEP or len(timed) < MIN_TIMED_STEPS):
             return
         timed = timed or self._timed
         seconds_per_token = sum(seconds for seconds, _ in timed) / max(sum(tokens for _, tokens in timed), 1)
-        state.seconds_per_step = seconds_per_token * self.tokens_per_step()
-        state.measured_at_step, state.measured_train_seconds = state.step, state.train_seconds
-        by_time = steps_for_minutes(train.max_minutes, state.step, state.train_seconds, state.seconds_per_step)
-        end = min(e for e in (by_time, self._end_without_time()) if e)
+        state.seconds_per_step = seconds_per_token * self.tokens_per_step
+        state.measured_at_step, state.measured_train_seconds = position.step, position.train_seconds
+        by_time = steps_for_minutes(train.max_minutes, position.step, position.train_seconds, state.seconds_per_step)
+        end = min(e for e in (by_time, self._end_without_time(position)) if e)
         state.plan = Plan(end, state.plan.segment_start,
-                          decay_start(state.plan.segment_start, train.warmup_steps, end, measured_at=state.step))
+                          decay_start(state.plan.segment_start, train.warmup_steps, end, measured_at=position.step))
         log.info("time budget: %g minutes of training at %.3f s a step (measured over %d steps): it ends at step %d%s",
                  train.max_minutes, state.seconds_per_step, len(timed), by_time,
                  "" if end == by_time else f"; another budget ends training first, at step {end}")
 
 
-__all__ = ["Budget", "MEASURE_UNTIL_STEP", "UNTIMED_STEPS", "MIN_TIMED_STEPS", "BUDGET_KEYS", "budget_values", "Plan",
-           "linear_rate", "decay_start", "steps_for_epochs", "steps_for_minutes", "reconcile"]
+__all__ = ["Budget", "BudgetState", "Position", "MEASURE_UNTIL_STEP", "UNTIMED_STEPS", "MIN_TIMED_STEPS",
+           "BUDGET_KEYS", "budget_values", "Plan", "linear_rate", "decay_start", "steps_for_epochs",
+           "steps_for_minutes", "reconcile"]

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-TENSORBOARD_DIR = "tensorboard"
-LOG_FILE = "train.log"
+from transformer.checkpoints.rundir import LOG_FILE
 
 
 class _TqdmHandler(logging.StreamHandler):
@@ -56,38 +55,46 @@ def setup_logging(run_dir: Path | None = None, level: int = logging.INFO, rank: 
 
 
 class TensorBoard:
-    """A thin wrapper so the trainer can log a dict of scalars in one call; disabled = no-op."""
+    """A thin wrapper so the trainer can log a dict of scalars in one call; disabled = no-op. The event
+    file is opened at the first write, so a session refused before training leaves none behind."""
 
-    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
-        # Imported here, not at the top: tensorboard is slow to import, and translate.py, which
-        # uses this module's logging only, starts cold on every call.
-        from torch.utils.tensorboard import SummaryWriter
+    def __init__(self, directory: Path, enabled: bool = True) -> None:
+        self.directory, self._enabled = Path(directory), enabled
+        self._writer = None
 
-        self.writer = SummaryWriter(str(Path(run_dir) / TENSORBOARD_DIR)) if enabled else None
+    @property
+    def writer(self):
+        if self._writer is None and self._enabled:
+            # Imported here, not at the top: tensorboard is slow to import, and translate.py, which
+            # uses this module's logging only, starts cold on every call.
+            from torch.utils.tensorboard import SummaryWriter
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        if self.writer is not None:
-            for tag, value in values.items():
-                self.writer.add_scalar(tag, value, step)
+            self._writer = SummaryWriter(str(self.directory))
+        return self._writer
 
     @property
     def enabled(self) -> bool:
         """False on a disabled writer: callers can skip the work of making what it would drop."""
-        return self.writer is not None
+        return self._enabled
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self._enabled:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, step)
 
     def text(self, step: int, tag: str, text: str) -> None:
-        if self.writer is not None:
+        if self._enabled:
             self.writer.add_text(tag, text, step)
 
     def image(self, step: int, tag: str, image: np.ndarray) -> None:
         """image: an (height, width, 3) uint8 RGB array, e.g. attention_plots.figure_pixels."""
-        if self.writer is not None:
+        if self._enabled:
             self.writer.add_image(tag, image, step, dataformats="HWC")
 
     def flush(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if self._writer is not None:
+            self._writer.close()

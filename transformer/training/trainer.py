@@ -14,28 +14,25 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from transformer.checkpoints import files as checkpoint
-
-from transformer.training import distributed
-from transformer.data.batching import Batch, PairCorpus, make_batch, shard_batch
-from transformer.training.budget import Budget, Plan
 from transformer.checkpoints.manager import CheckpointManager
 from transformer.config import Config
-from transformer.errors import UserError
-from transformer.training.validation import EvaluationResult, EvaluationSet, evaluate
+from transformer.data.batching import Batch, PairCorpus, make_batch, shard_batch
+from transformer.data.tokenizer import UNK_ID, Tokenizers
+from transformer.errors import CheckpointError, UserError
+from transformer.model import Transformer
+from transformer.runtime import autocast, rng_state, set_rng_state
+from transformer.training import distributed
+from transformer.training.budget import Budget, BudgetState, Position
 from transformer.training.logs import TensorBoard
 from transformer.training.loss import TrainingLoss
-from transformer.model import Transformer
 from transformer.training.optim import learning_rate, set_learning_rate
-from transformer.runtime import CompiledOrEager, autocast, rng_state
-from transformer.data.tokenizer import UNK_ID, Tokenizers
+from transformer.training.validation import EvaluationResult, EvaluationSet, evaluate
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +51,7 @@ class TrainingDiverged(UserError):
 @dataclass
 class TrainState:
     """Where training is. Saved in every checkpoint's meta.json; enough to resume exactly. Which
-    checkpoint is best is the run state's business (checkpoint_manager.py), not this."""
+    checkpoint is best is the checkpoint manager's business, not this."""
 
     step: int = 0  # optimiser steps done
     epoch: int = 0  # current epoch, from 0
@@ -67,73 +64,123 @@ class TrainState:
     # Processes that trained: a global batch holds world_size x batch_tokens tokens, so the data
     # position above counts batches of that size.
     world_size: int = 1
-    # The budget as steps (budget.py): the last step, the linear schedule's current segment, the
-    # budget settings they were computed from, and the time budget's one measurement.
-    end_step: int = 0  # 0 while a time budget is still being measured
-    segment_start: int = 0
-    decay_start: int = 0
-    budget: dict = field(default_factory=dict)
-    seconds_per_step: float = 0.0
-    measured_at_step: int = 0
-    measured_train_seconds: float = 0.0
+    budget: BudgetState = field(default_factory=BudgetState)  # the budget as steps: budget.py's
 
     @property
-    def plan(self) -> Plan:
-        return Plan(self.end_step, self.segment_start, self.decay_start)
+    def end_step(self) -> int:
+        return self.budget.plan.end_step
 
-    @plan.setter
-    def plan(self, plan: Plan) -> None:
-        self.end_step, self.segment_start, self.decay_start = plan.end_step, plan.segment_start, plan.decay_start
+    @property
+    def position(self) -> Position:
+        return Position(self.step, self.epoch, self.batch_in_epoch, self.train_seconds)
 
     @classmethod
-    def from_meta(cls, state: dict) -> "TrainState":
+    def from_dict(cls, data: dict[str, Any]) -> "TrainState":
         names = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in state.items() if key in names})
+        values = {key: value for key, value in data.items() if key in names}
+        return cls(**dict(values, budget=BudgetState.from_dict(data["budget"])))
+
+
+@dataclass
+class TrainingData:
+    """What the trainer trains and validates on, and the fingerprints checkpoints record."""
+
+    corpus: PairCorpus
+    valid: EvaluationSet
+    tokenizers: Tokenizers
+    fingerprints: dict[str, str]  # tokenizer_fingerprint, data_fingerprint
 
 
 class Trainer:
     """Runs optimiser steps over token-budget batches until the budget's end step or a stop request."""
 
-    def __init__(self, config: Config, model: Transformer, optimizer: torch.optim.Optimizer,
-                 corpus: PairCorpus, valid: EvaluationSet, tokenizers: Tokenizers, run_dir: Path,
-                 tensorboard: TensorBoard, device: torch.device, state: TrainState,
-                 manager: CheckpointManager | None, fingerprints: dict[str, str], show_progress: bool = True,
-                 grad_scaler: torch.amp.GradScaler | None = None) -> None:
+    def __init__(self, config: Config, model: Transformer, optimizer: torch.optim.Optimizer, data: TrainingData,
+                 device: torch.device, checkpoints: CheckpointManager | None, tensorboard: TensorBoard,
+                 show_progress: bool = True) -> None:
+        """`checkpoints`: rank 0's checkpoint manager (None on the other ranks)."""
         self.config, self.train_config = config, config.train
-        self.model, self.optimizer, self.corpus, self.valid = model, optimizer, corpus, valid
-        self.tokenizers, self.run_dir, self.tensorboard = tokenizers, Path(run_dir), tensorboard
-        self.device, self.state, self.grad_scaler = device, state, grad_scaler
-        self.manager, self.fingerprints = manager, fingerprints  # manager: rank 0 only
+        self.model, self.optimizer, self.data, self.device = model, optimizer, data, device
+        self.checkpoints, self.tensorboard = checkpoints, tensorboard
         self.show_progress = show_progress and distributed.is_main()
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
+        # fp16 only: its 5-bit exponent flushes small gradients to zero, so the loss is scaled up before
+        # backward and the gradients down before the update (Micikevicius et al., 2018). Disabled, every
+        # call passes straight through: bf16 has fp32's range and needs no scaling.
+        self.grad_scaler = torch.amp.GradScaler(device.type, enabled=self.train_config.precision == "fp16")
         self._batch_lists: dict[int, list] = {}
         # Training runs through one module, the model with its loss. Under torchrun DDP wraps it: it
         # copies rank 0's weights to every rank, then averages gradients over ranks during backward.
-        # Compiled, it is this wrapper that torch.compile sees: checkpoints keep the plain model's
-        # parameter names, and validation and translation, whose shapes change every step, stay eager.
-        self._loss_module: torch.nn.Module = TrainingLoss(model, self.train_config.label_smoothing)
+        self._loss: torch.nn.Module = TrainingLoss(model, self.train_config.label_smoothing)
         if self.world_size > 1:
-            self._loss_module = DistributedDataParallel(
-                self._loss_module, device_ids=[device.index] if device.type == "cuda" else None)
-        self._loss = CompiledOrEager(self._loss_module, "training forward pass") if self.train_config.compile \
-            else self._loss_module
-        if state.world_size != self.world_size:
-            self._adapt_data_position()
-        self.budget = Budget(self.train_config, state, lambda epoch: len(self._batches(epoch)), self._tokens_per_step)
+            self._loss = DistributedDataParallel(self._loss, device_ids=[device.index] if device.type == "cuda"
+                                                 else None)
+        self.state = TrainState(world_size=self.world_size)
+        self.budget = self._budget()
+
+    def _budget(self) -> Budget:
+        return Budget(self.train_config, self.state.budget, self.state.position,
+                      lambda epoch: len(self._batches(epoch)), self._tokens_per_step())
 
     def _batches(self, epoch: int) -> list:
         """The global batches of `epoch`: every rank builds the same ones, world_size times the
         per-rank budget (with one process: exactly the batches of a plain run)."""
         if epoch not in self._batch_lists:
-            self._batch_lists = {epoch: self.corpus.batches(self.train_config.batch_tokens * self.world_size,
-                                                            self.train_config.seed, epoch)}
+            self._batch_lists = {epoch: self.data.corpus.batches(self.train_config.batch_tokens * self.world_size,
+                                                                 self.train_config.seed, epoch)}
         return self._batch_lists[epoch]
 
     def _tokens_per_step(self) -> float:
         """Source + target tokens (with EOS) of an average step over the first epoch, all ranks."""
-        corpus = self.corpus
+        corpus = self.data.corpus
         tokens = int(corpus.src_lengths.sum() + corpus.tgt_lengths.sum()) + 2 * len(corpus)
         return tokens / math.ceil(len(self._batches(0)) / self.train_config.accumulate_batches)
+
+    def finished(self) -> bool:
+        return self.budget.finished(self.state.step)
+
+    # ------------------------------------------------------------------ saving and resuming
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs apart from the weights: {"training": tensors and numbers, "meta": JSON}.
+        Every rank calls it at the same steps (it gathers each rank's RNG state)."""
+        rng_states = distributed.gather_objects(rng_state())
+        training: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng": rng_states[0]}
+        if len(rng_states) > 1:
+            training["rank_rng"] = rng_states
+        if self.grad_scaler.is_enabled():
+            training["grad_scaler"] = self.grad_scaler.state_dict()
+        meta = {"state": asdict(self.state), "config_name": self.config.name, **self.data.fingerprints}
+        return {"training": training, "meta": meta}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's `state_dict()`, after checking that it was trained on these pairs
+        with these tokenizer files (the weights are loaded already)."""
+        meta, training = state["meta"], state["training"]
+        if meta.get("tokenizer_fingerprint") != self.data.fingerprints["tokenizer_fingerprint"]:
+            raise CheckpointError("was trained with other tokenizer files than the run's tokenizer/ holds")
+        if meta.get("data_fingerprint") != self.data.fingerprints["data_fingerprint"]:
+            raise CheckpointError("was trained on other sentence pairs: the data file changed since this run "
+                                  "started. Train on the new data in a new run directory")
+        self.state = TrainState.from_dict(meta["state"])
+        self.optimizer.load_state_dict(training["optimizer"])
+        if self.grad_scaler.is_enabled() and "grad_scaler" in training:
+            self.grad_scaler.load_state_dict(training["grad_scaler"])
+        self._restore_rng(training)
+        if self.state.world_size != self.world_size:
+            self._adapt_data_position()
+        self.budget = self._budget()
+
+    def _restore_rng(self, training: dict[str, Any]) -> None:
+        """Rank 0 restores the state saved as `rng` (a single-process run's); another rank its own from
+        `rank_rng` if the run had as many processes, else (fewer or more than before) a fresh stream
+        seeded from (seed, rank, step): deterministic, but not the stream it would have drawn."""
+        per_rank = training.get("rank_rng")
+        if self.rank == 0:
+            set_rng_state(training["rng"])
+        elif per_rank is not None and len(per_rank) == self.world_size:
+            set_rng_state(per_rank[self.rank])
+        else:
+            torch.manual_seed(distributed.seed_for_rank(self.train_config.seed, self.rank, self.state.step))
 
     def _adapt_data_position(self) -> None:
         """Map a data position saved by a run with another number of processes onto this one's.
@@ -143,7 +190,7 @@ class Trainer:
         The epoch stays; which pairs of this epoch are seen again or skipped is approximate.
         """
         train, state = self.train_config, self.state
-        old = len(self.corpus.batches(train.batch_tokens * state.world_size, train.seed, state.epoch))
+        old = len(self.data.corpus.batches(train.batch_tokens * state.world_size, train.seed, state.epoch))
         new = len(self._batches(state.epoch))
         position = min(new, round(state.batch_in_epoch * new / max(old, 1)))
         log.warning("resuming a run trained by %d process(es) with %d: batch %d of %d in epoch %d becomes batch %d "
@@ -151,12 +198,33 @@ class Trainer:
                     state.world_size, self.world_size, state.batch_in_epoch, old, state.epoch + 1, position, new)
         state.batch_in_epoch, state.world_size = position, self.world_size
 
-    # ------------------------------------------------------------------ budgets
+    # ------------------------------------------------------------------ the loop
 
-    def finished(self) -> bool:
-        return self.budget.finished()
-
-    # ------------------------------------------------------------------ one step
+    def run(self, should_stop: Callable[[], bool] = lambda: False) -> TrainState:
+        """Train until the budget's end step or until `should_stop()`; every step, the last and a
+        stopped one included, ends in `_end_step`."""
+        state = self.state
+        if self.finished():
+            return state
+        self._window, self._session_start = _Window(), time.monotonic() - state.elapsed_seconds
+        progress = tqdm(total=state.end_step or None, initial=state.step, unit="step", dynamic_ncols=True,
+                        disable=not self.show_progress, desc=self.config.name)
+        try:
+            stop = False
+            while not stop:
+                batches = self._batches(state.epoch)
+                indices = batches[state.batch_in_epoch: state.batch_in_epoch + self.train_config.accumulate_batches]
+                shards = [shard_batch(i, self.rank, self.world_size) for i in indices]
+                started = time.monotonic()
+                metrics = self.train_step([self.data.corpus.batch(s) for s in shards if len(s)])
+                state.step, state.batch_in_epoch = state.step + 1, state.batch_in_epoch + len(indices)
+                if state.batch_in_epoch >= len(batches):  # the epoch ran to its end
+                    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+                stop = self._end_step(metrics, time.monotonic() - started, should_stop, progress)
+        finally:
+            progress.close()
+            self.tensorboard.flush()
+        return state
 
     def train_step(self, batches: list[Batch]) -> dict[str, float]:
         """One optimiser step over `batches` (gradient accumulation; under torchrun, this rank's
@@ -169,8 +237,8 @@ class Trainer:
         runs one pass weighted zero, since every rank must join that reduction. Loss, token counts
         and gradient norm returned are global.
         """
-        model, train, scaler, world = self.model, self.train_config, self.grad_scaler, self.world_size
-        model.train()
+        train, scaler, world, state = self.train_config, self.grad_scaler, self.world_size, self.state
+        self.model.train()
         n_tokens, n_src_tokens = map(int, distributed.all_reduce_sum(
             [sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)]))
         self.optimizer.zero_grad(set_to_none=True)
@@ -179,79 +247,36 @@ class Trainer:
         for index, (batch, weight) in enumerate(passes):
             batch = batch.to(self.device)
             syncs = index == len(passes) - 1 or world == 1
-            with contextlib.nullcontext() if syncs else self._loss_module.no_sync():
+            with contextlib.nullcontext() if syncs else self._loss.no_sync():
                 with autocast(self.device, train.precision):
                     loss, nll = self._loss(batch.src, batch.tgt_in, batch.tgt_out)
-                scaled = loss * weight * world / n_tokens
-                (scaler.scale(scaled) if scaler is not None else scaled).backward()
-            loss_sum += weight * float(loss.detach())
-            nll_sum += weight * float(nll)
-        lr = learning_rate(self.state.step + 1, train, self.config.model, self.state.plan)
+                scaler.scale(loss * weight * world / n_tokens).backward()
+            loss_sum, nll_sum = loss_sum + weight * float(loss.detach()), nll_sum + weight * float(nll)
+        lr = learning_rate(state.step + 1, train, self.config.model, state.budget.plan)
         set_learning_rate(self.optimizer, lr)
-        if scaler is not None:
-            scaler.unscale_(self.optimizer)  # the scale is the same on every rank: so are the gradients
-        max_norm = train.clip_grad_norm if train.clip_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+        scaler.unscale_(self.optimizer)  # the scale is the same on every rank: so are the gradients
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.clip_grad_norm or math.inf))
         # Every rank holds the same summed gradients, so each finds the same norm; the sum of the
         # flags makes sure all ranks take the same branch below (or their weights would part ways).
         loss_sum, nll_sum, ranks_nonfinite = distributed.all_reduce_sum(
             [loss_sum, nll_sum, float(not math.isfinite(grad_norm))])
-        loss_finite, grads_finite = math.isfinite(loss_sum), ranks_nonfinite == 0
-        if scaler is not None and loss_finite:
-            # fp16: overflowing gradients are routine, not divergence. The scaler skips this update
-            # and lowers its scale (step() finds the inf itself); nothing is counted.
-            if not grads_finite:
+        # fp16 gradients that overflow are routine, not divergence: the scaler skips that update itself
+        # and lowers its scale, and nothing is counted.
+        finite = math.isfinite(loss_sum) and (ranks_nonfinite == 0 or scaler.is_enabled())
+        if finite:
+            if ranks_nonfinite:
                 log.info("step %d: fp16 gradients overflowed; update skipped, loss scale lowered from %g",
-                         self.state.step + 1, scaler.get_scale())
+                         state.step + 1, scaler.get_scale())
             scaler.step(self.optimizer)
-            scaler.update()
-            self.state.nonfinite_in_a_row = 0
-            finite = True
-        elif loss_finite and grads_finite:
-            self.optimizer.step()
-            self.state.nonfinite_in_a_row = 0
-            finite = True
+            state.nonfinite_in_a_row = 0
         else:
             self.optimizer.zero_grad(set_to_none=True)
-            if scaler is not None:
-                scaler.update()  # unscale_ recorded the inf: the scale goes down
-            self.state.nonfinite_steps += 1
-            self.state.nonfinite_in_a_row += 1
+            state.nonfinite_steps, state.nonfinite_in_a_row = state.nonfinite_steps + 1, state.nonfinite_in_a_row + 1
             log.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); update skipped",
-                        self.state.step + 1, loss_sum, grad_norm)
-            finite = False
+                        state.step + 1, loss_sum, grad_norm)
+        scaler.update()  # fp16: a recorded inf lowers the scale
         return {"loss": loss_sum / max(n_tokens, 1), "nll": nll_sum / max(n_tokens, 1), "lr": lr,
                 "grad_norm": grad_norm, "target_tokens": n_tokens, "source_tokens": n_src_tokens, "finite": finite}
-
-    # ------------------------------------------------------------------ the loop
-
-    def run(self, should_stop: Callable[[], bool] = lambda: False) -> TrainState:
-        """Train until the budget's end step or until `should_stop()`; every step, the last and a
-        stopped one included, ends in `_end_step`."""
-        train, state = self.train_config, self.state
-        if self.finished():
-            return state
-        self._window = _Window()
-        self._session_start = time.monotonic() - state.elapsed_seconds
-        progress = tqdm(total=state.end_step or None, initial=state.step, unit="step", dynamic_ncols=True,
-                        disable=not self.show_progress, desc=self.config.name)
-        try:
-            stop = False
-            while not stop:
-                batches = self._batches(state.epoch)
-                indices = batches[state.batch_in_epoch: state.batch_in_epoch + train.accumulate_batches]
-                started = time.monotonic()
-                shards = [shard_batch(i, self.rank, self.world_size) for i in indices]
-                metrics = self.train_step([self.corpus.batch(s) for s in shards if len(s)])
-                state.step += 1
-                state.batch_in_epoch += len(indices)
-                if state.batch_in_epoch >= len(batches):  # the epoch ran to its end
-                    state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-                stop = self._end_step(metrics, time.monotonic() - started, should_stop, progress)
-        finally:
-            progress.close()
-            self.tensorboard.flush()
-        return state
 
     def _end_step(self, metrics: dict[str, float], step_seconds: float, should_stop: Callable[[], bool],
                   progress: tqdm) -> bool:
@@ -265,7 +290,7 @@ class Trainer:
         state.train_seconds += step_seconds
         state.elapsed_seconds = time.monotonic() - self._session_start
         state.target_tokens += int(metrics["target_tokens"])
-        self.budget.measure(step_seconds, int(metrics["target_tokens"] + metrics["source_tokens"]))
+        self.budget.measure(state.position, step_seconds, int(metrics["target_tokens"] + metrics["source_tokens"]))
         if state.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
             self._diverged()
         if state.end_step and not progress.total:
@@ -300,13 +325,13 @@ class Trainer:
         # No save here: skipped steps left the weights as they were, and the newest checkpoint
         # (possibly from inside this streak) holds exactly those.
         state = self.state
-        saved = checkpoint.list_checkpoints(self.run_dir)
-        kept = f"the last checkpoint, {saved[-1]}, is intact" if saved else "no checkpoint was saved yet"
+        latest = self.checkpoints.state.latest if self.checkpoints else None
+        kept = f"the last checkpoint, {latest}, is intact" if latest else "no checkpoint was saved yet"
         raise TrainingDiverged(
             f"step {state.step}: the loss or gradient was not finite for {MAX_NONFINITE_IN_A_ROW} steps in a row "
-            f"({state.nonfinite_steps} skipped in all), so training stopped; {kept}. Start a new run (--run-dir) "
-            "with a lower learning rate (train.lr_factor / train.peak_lr), a longer train.warmup_steps, or "
-            "train.precision: fp32.")
+            f"({state.nonfinite_steps} skipped in all), so training stopped; {kept}. Start a new run in another "
+            "run directory with a lower learning rate (train.lr_factor / train.peak_lr), a longer "
+            "train.warmup_steps, or train.precision: fp32.")
 
     # ------------------------------------------------------------------ validation and saving
 
@@ -318,12 +343,12 @@ class Trainer:
             result = self._evaluate()
             metrics = {"valid_nll": result.loss, "valid_perplexity": result.perplexity,
                        "valid_bleu": result.scores.bleu, "valid_chrf": result.scores.chrf}
-            if self.manager.improves(metrics):
+            if self.checkpoints.improves(metrics):
                 log.info("  new best BLEU %.2f at step %d", result.scores.bleu, self.state.step)
         return distributed.broadcast_object(metrics)
 
     def _evaluate(self) -> EvaluationResult:
-        result = evaluate(self.model, self.valid, self.tokenizers, self.config, self.device)
+        result = evaluate(self.model, self.data.valid, self.data.tokenizers, self.config, self.device)
         state = self.state
         log.info("step %d  valid nll %.3f  ppl %.2f  %s", state.step, result.loss, result.perplexity, result.scores)
         self.tensorboard.scalars(state.step, {
@@ -339,23 +364,18 @@ class Trainer:
                 log.info("  %s  ->  %s", source, hypothesis)
         if not self.train_config.attention_images:
             return result
-        from transformer.translation.attention_plots import log_attention_images  # imports matplotlib: only once a picture is drawn
-        log_attention_images(self.tensorboard, self.model, self.tokenizers, self.config.decode,
+        from transformer.translation.attention_plots import log_attention_images  # matplotlib: only to draw
+
+        log_attention_images(self.tensorboard, self.model, self.data.tokenizers, self.config.decode,
                              [s for s, _, _ in result.samples], state.step, self.device)
         return result
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Checkpoint this step, with its validation `metrics` if it was validated. Every rank calls
-        this at the same steps: each sends its RNG state, and rank 0 writes them all."""
-        rng_states = distributed.gather_objects(rng_state())
-        if not distributed.is_main():
-            return
-        meta = {"step": self.state.step, "state": asdict(self.state), "config_name": self.config.name,
-                **self.fingerprints}
-        scaler = self.grad_scaler
-        self.manager.save(self.model, self.optimizer, meta, rng_states[0], metrics=metrics,
-                          grad_scaler_state=scaler.state_dict() if scaler is not None else None,
-                          rank_rng_states=rng_states if len(rng_states) > 1 else None)
+        this at the same steps (`state_dict` gathers every rank's RNG state); rank 0 writes."""
+        state = self.state_dict()
+        if self.checkpoints is not None:
+            self.checkpoints.save(self.state.step, self.model, state, metrics)
 
 
 class _Window:

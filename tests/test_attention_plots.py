@@ -17,7 +17,8 @@ from transformer.translation.attention import AttendedTranslation, SentenceAtten
 from transformer.translation.attention_plots import (attention_figure, figure_pixels, log_attention_images,
                                          save_cross_attention_png, subword_label)
 from transformer.config import DecodeConfig, ModelConfig
-from transformer.training.logs import TENSORBOARD_DIR, TensorBoard
+from transformer.checkpoints.rundir import TENSORBOARD_DIR
+from transformer.training.logs import TensorBoard
 from transformer.model import Transformer
 from transformer.data.tokenizer import Tokenizers
 
@@ -101,7 +102,7 @@ def image_tags(log_dir: Path) -> list[str]:
 
 def test_validation_images_land_under_attention(tmp_path: Path, tiny_model: Transformer,
                                                 tiny_tokenizers: Tokenizers):
-    tensorboard = TensorBoard(tmp_path)
+    tensorboard = TensorBoard(tmp_path / TENSORBOARD_DIR)
     tiny_model.train()
     log_attention_images(tensorboard, tiny_model, tiny_tokenizers, DecodeConfig(beam_size=4),
                          ["I'm cold.", " ", "Où est la gare ?"], 7, "cpu")

@@ -13,8 +13,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.checkpoints import files as checkpoint
+from transformer.checkpoints import rundir
 from transformer.training.budget import MEASURE_UNTIL_STEP, Plan, reconcile, steps_for_epochs, steps_for_minutes
-from transformer.checkpoints.manager import STATE_FILE, read_run_state
+from transformer.checkpoints.rundir import STATE_FILE, read_run_state
 from transformer.config import Config, TrainConfig
 from transformer.errors import ConfigError
 from transformer.training.run import train
@@ -57,14 +58,15 @@ def test_a_time_budget_is_measured_once_and_recorded(tiny_config, tmp_path, data
     run_dir = tmp_path / "run"
     outcome = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
     state = outcome.state
-    assert state.measured_at_step == MEASURE_UNTIL_STEP and state.seconds_per_step > 0
-    assert state.step == state.end_step == steps_for_minutes(0.03, MEASURE_UNTIL_STEP, state.measured_train_seconds,
-                                                             state.seconds_per_step)
-    assert f"time budget: 0.03 minutes of training at {state.seconds_per_step:.3f} s a step" in caplog.text
-    assert state.budget == {"max_steps": 0, "max_epochs": 0, "max_minutes": 0.03}
+    assert state.budget.measured_at_step == MEASURE_UNTIL_STEP and state.budget.seconds_per_step > 0
+    assert state.step == state.end_step == steps_for_minutes(0.03, MEASURE_UNTIL_STEP, state.budget.measured_train_seconds,
+                                                             state.budget.seconds_per_step)
+    assert f"time budget: 0.03 minutes of training at {state.budget.seconds_per_step:.3f} s a step" in caplog.text
+    assert state.budget.settings == {"max_steps": 0, "max_epochs": 0, "max_minutes": 0.03}
     # The measurement travels with the checkpoint: a rerun finds the run finished, whatever the clock says.
-    meta = checkpoint.read_meta(run_dir / "checkpoints" / checkpoint.step_dir_name(state.step))
-    assert meta["state"]["end_step"] == state.end_step and meta["state"]["seconds_per_step"] == state.seconds_per_step
+    meta = checkpoint.read_meta(run_dir / "checkpoints" / rundir.step_dir_name(state.step))
+    assert meta["state"]["budget"]["plan"]["end_step"] == state.end_step
+    assert meta["state"]["budget"]["seconds_per_step"] == state.budget.seconds_per_step
     again = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
     assert again.already_finished and again.state.step == state.step
     # The schedule was a function of the step: warm-up to the measurement, then the line to the recorded end.
@@ -82,7 +84,7 @@ def test_raising_the_budget_of_a_finished_linear_run_starts_a_new_segment(tiny_c
     train(configured(tiny_config, max_steps=20), run_dir, show_progress=False, data_cache_dir=datasets_cache)
     outcome = train(configured(tiny_config, max_steps=30), run_dir, show_progress=False,
                     data_cache_dir=datasets_cache)
-    assert outcome.state.step == 30 and (outcome.state.segment_start, outcome.state.decay_start) == (20, 24)
+    assert outcome.state.step == 30 and (outcome.state.budget.plan.segment_start, outcome.state.budget.plan.decay_start) == (20, 24)
     assert ("train.max_steps: 20 -> 30: the finished linear schedule starts a new segment at step 20: warm-up over 4 "
             "steps to peak_lr 0.002, then down to zero at step 30") in caplog.text
     rates = lr_by_step(run_dir)
@@ -115,4 +117,4 @@ def test_a_schedule_that_ignores_the_end_just_moves_the_stop(tiny_config, tmp_pa
     longer = dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=25))
     assert train(longer, run_dir, show_progress=False, data_cache_dir=datasets_cache).state.step == 25
     meta = json.loads((run_dir / "checkpoints" / "step_00000025" / "meta.json").read_text())
-    assert meta["state"]["end_step"] == 25
+    assert meta["state"]["budget"]["plan"]["end_step"] == 25

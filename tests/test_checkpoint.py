@@ -15,9 +15,11 @@ import torch
 from safetensors import SafetensorError
 
 from transformer.checkpoints import files as checkpoint
+from transformer.checkpoints import rundir
 
 from transformer.training import run
-from transformer.checkpoints.manager import CheckpointManager, find_checkpoint, read_run_state
+from transformer.checkpoints.manager import CheckpointManager
+from transformer.checkpoints.rundir import RunDirectory, find_checkpoint, read_run_state
 from transformer.config import Config, ModelConfig, TokenizerConfig, config_from_dict, config_to_dict
 from transformer.errors import CheckpointError
 from transformer.translation.torch_engine import load_translator
@@ -48,8 +50,19 @@ def run_dir(trained: Path, tmp_path: Path) -> Path:
     return copy
 
 
+def save_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Optimizer, step: int,
+                    rng: dict | None = None, **training) -> Path:
+    """Save `model` and `optimizer` (and more `training` state) as step `step` of the run, as the trainer does."""
+    state = {"training": {"optimizer": optimizer.state_dict(), "rng": rng or {}, **training},
+             "meta": {"state": {"step": step}}}
+    run = RunDirectory(run_dir)
+    if not run.is_run():
+        run.create()
+    return CheckpointManager(run, keep=5).save(step, model, state)
+
+
 def step_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(step)
+    return run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(step)
 
 
 def rerecord(ckpt: Path, name: str) -> None:
@@ -64,7 +77,7 @@ def rerecord(ckpt: Path, name: str) -> None:
 
 
 def test_checkpoint_layout_and_integrity_record(trained: Path):
-    names = sorted(p.name for p in (trained / checkpoint.CHECKPOINTS).iterdir())
+    names = sorted(p.name for p in (trained / rundir.CHECKPOINTS).iterdir())
     assert names == ["best", "step_00000005", "step_00000010"]  # no temporary left behind
     ckpt = step_dir(trained, 10)
     meta = checkpoint.read_meta(ckpt, verify=True, need_training_state=True)
@@ -79,38 +92,39 @@ def test_an_interrupted_save_is_invisible_and_cleaned_up(run_dir: Path, monkeypa
     model, _ = checkpoint.load_model(step_dir(run_dir, 10))
     optimizer = torch.optim.Adam(model.parameters())
 
-    def killed(*args, **kwargs):  # dies after the weights are written, before the rest
+    def interrupted(*args, **kwargs):  # Ctrl-C after the weights are written, before the rest
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoint.torch, "save", killed)
+    monkeypatch.setattr(checkpoint.torch, "save", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save_checkpoint(run_dir, model, optimizer, {"step": 11}, {})
-    leftovers = list((run_dir / checkpoint.CHECKPOINTS).glob(".tmp-step_00000011-*"))
-    assert len(leftovers) == 1 and (leftovers[0] / checkpoint.MODEL_FILE).is_file()
-    assert checkpoint.list_checkpoints(run_dir)[-1] == step_dir(run_dir, 10)  # readers never see step 11
-    assert CheckpointManager(run_dir, keep=5).resume_point() == step_dir(run_dir, 10)
-    assert not leftovers[0].exists()  # cleaned up by the resume
+        save_checkpoint(run_dir, model, optimizer, 11)
+    assert rundir.list_checkpoints(run_dir)[-1] == step_dir(run_dir, 10)  # readers never see step 11
+    assert not list((run_dir / rundir.CHECKPOINTS).glob(".tmp-*"))
+    # SIGKILL cleans nothing up: what it leaves is the temporary directory of the save.
+    leftover = run_dir / rundir.CHECKPOINTS / ".tmp-step_00000011-12345"
+    shutil.copytree(step_dir(run_dir, 10), leftover)
+    assert CheckpointManager(RunDirectory(run_dir), keep=5).resume_point() == step_dir(run_dir, 10)
+    assert not leftover.exists()  # cleaned up by the resume
 
 
 def test_a_checkpoint_moved_aside_by_a_killed_replacement_is_put_back(run_dir: Path):
     ckpt = step_dir(run_dir, 10)
-    aside = ckpt.with_name(".old-step_00000010-12345")  # _publish was killed between its two renames
+    aside = ckpt.with_name(".tmp-old-step_00000010-12345")  # a replacement was killed between its two renames
     os.replace(ckpt, aside)
-    checkpoint.remove_temporaries(run_dir)
+    RunDirectory(run_dir).remove_temporaries()
     assert (ckpt / checkpoint.META_FILE).is_file() and not aside.exists()
 
 
 def test_saving_the_same_checkpoint_again_changes_nothing_on_disk(run_dir: Path):
     model, meta = checkpoint.load_model(step_dir(run_dir, 10))
     optimizer = torch.optim.Adam(model.parameters())
-    state = {"step": 12, "state": {"step": 12}}
-    first = checkpoint.save_checkpoint(run_dir, model, optimizer, state, {"torch": torch.zeros(3)})
+    first = save_checkpoint(run_dir, model, optimizer, 12, {"torch": torch.zeros(3)})
     written = {p.name: p.stat().st_mtime_ns for p in first.iterdir()}
-    assert checkpoint.save_checkpoint(run_dir, model, optimizer, state, {"torch": torch.zeros(3)}) == first
+    assert save_checkpoint(run_dir, model, optimizer, 12, {"torch": torch.zeros(3)}) == first
     assert {p.name: p.stat().st_mtime_ns for p in first.iterdir()} == written
     with torch.no_grad():
         model.output.weight.add_(1.0)  # other content: replaced
-    checkpoint.save_checkpoint(run_dir, model, optimizer, state, {"torch": torch.zeros(3)})
+    save_checkpoint(run_dir, model, optimizer, 12, {"torch": torch.zeros(3)})
     assert checkpoint.read_meta(first)["files"] != checkpoint.read_meta(step_dir(run_dir, 10))["files"]
     assert (first / checkpoint.MODEL_FILE).stat().st_mtime_ns != written[checkpoint.MODEL_FILE]
 
@@ -147,11 +161,11 @@ def test_a_failed_write_names_the_checkpoint_and_leaves_nothing_half_written(
     else:
         monkeypatch.setattr(checkpoint, target, replacement)
     with pytest.raises(CheckpointError) as error:
-        checkpoint.save_checkpoint(run_dir, model, torch.optim.Adam(model.parameters()), {"step": 11}, {})
+        save_checkpoint(run_dir, model, torch.optim.Adam(model.parameters()), 11)
     assert str(error.value) == (
         f"cannot write checkpoint {step_dir(run_dir, 11)}: {reason}. Training stopped so that no work goes "
         "unsaved; free space or fix permissions, then rerun to resume.")
-    assert sorted(p.name for p in (run_dir / checkpoint.CHECKPOINTS).iterdir()) == [
+    assert sorted(p.name for p in (run_dir / rundir.CHECKPOINTS).iterdir()) == [
         "best", "step_00000005", "step_00000010"]
 
 
@@ -163,8 +177,8 @@ def test_a_failure_that_is_not_about_the_disk_keeps_its_traceback(run_dir: Path,
 
     monkeypatch.setattr(checkpoint.torch, "save", buggy)
     with pytest.raises(RuntimeError, match="a bug"):
-        checkpoint.save_checkpoint(run_dir, model, torch.optim.Adam(model.parameters()), {"step": 11}, {})
-    assert not list((run_dir / checkpoint.CHECKPOINTS).glob(".tmp-*"))
+        save_checkpoint(run_dir, model, torch.optim.Adam(model.parameters()), 11)
+    assert not list((run_dir / rundir.CHECKPOINTS).glob(".tmp-*"))
 
 
 # --------------------------------------------------------------------------- integrity on load
@@ -178,10 +192,10 @@ def test_a_truncated_checkpoint_is_detected_and_the_previous_one_used(run_dir: P
     with pytest.raises(CheckpointError, match=rf"^{weights}: truncated or corrupt \({size - 100} bytes, "
                                               rf"expected {size}\)$"):
         checkpoint.read_meta(step_dir(run_dir, 10))
-    assert CheckpointManager(run_dir, keep=5).resume_point() == step_dir(run_dir, 5)
+    assert CheckpointManager(RunDirectory(run_dir), keep=5).resume_point() == step_dir(run_dir, 5)
     assert f"skipping checkpoint: {weights}: truncated" in caplog.text
     assert read_run_state(run_dir).latest == "step_00000005"  # the damaged one is out of the run state
-    assert [p.name for p in (run_dir / checkpoint.CHECKPOINTS).glob("corrupt-step_00000010-*")]
+    assert [p.name for p in (run_dir / rundir.CHECKPOINTS).glob("corrupt-step_00000010-*")]
 
 
 def test_flipped_bytes_are_detected_by_the_checksum(run_dir: Path):
@@ -300,7 +314,7 @@ def test_a_checkpoint_names_config_keys_and_vocabulary_sizes_that_differ(trained
 
 
 def test_a_tokenizer_of_another_vocabulary_is_refused_naming_the_sizes(run_dir: Path, tiny_splits):
-    tokenizer_dir = run_dir / checkpoint.TOKENIZER_DIR
+    tokenizer_dir = run_dir / rundir.TOKENIZER_DIR
     shutil.rmtree(tokenizer_dir)
     smaller = train_tokenizers((s for s in tiny_splits.train["source"]), (t for t in tiny_splits.train["target"]),
                                TokenizerConfig(vocab_size=150, min_frequency=1))
@@ -310,11 +324,11 @@ def test_a_tokenizer_of_another_vocabulary_is_refused_naming_the_sizes(run_dir: 
         load_translator(run_dir)
     assert str(error.value) == (
         f"{best}: its vocabulary sizes (source, target) are (200, 200) but the tokenizers in "
-        f"{run_dir.resolve() / checkpoint.TOKENIZER_DIR} have (150, 150); they belong to another run")
+        f"{run_dir.resolve() / rundir.TOKENIZER_DIR} have (150, 150); they belong to another run")
 
 
 def test_a_tokenizer_with_the_same_size_but_other_files_is_refused(run_dir: Path):
-    joint = run_dir / checkpoint.TOKENIZER_DIR / "joint.json"
+    joint = run_dir / rundir.TOKENIZER_DIR / "joint.json"
     joint.write_text(json.dumps(json.loads(joint.read_text()), indent=1))  # same tokenizer, other bytes
     with pytest.raises(CheckpointError, match="was trained with other tokenizer files than those in"):
         load_translator(run_dir)
@@ -326,13 +340,12 @@ def test_training_state_holds_every_ranks_rng_and_the_grad_scaler_without_pickle
     optimizer = torch.optim.Adam(model.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0)  # fp16's scaler (CUDA) has the same state
     ranks = [rng_state(), {"torch": torch.Generator().manual_seed(7).get_state()}]
-    path = checkpoint.save_checkpoint(tmp_path, model, optimizer, {"step": 3}, ranks[0],
-                                      grad_scaler_state=scaler.state_dict(), rank_rng_states=ranks)
+    path = save_checkpoint(tmp_path, model, optimizer, 3, ranks[0], grad_scaler=scaler.state_dict(), rank_rng=ranks)
     loaded = checkpoint.load_training_state(path)  # weights_only: plain numbers and tensors only
     assert loaded["grad_scaler"] == scaler.state_dict()
     restored = torch.amp.GradScaler("cpu")
     restored.load_state_dict(loaded["grad_scaler"])
     assert restored.get_scale() == 256.0
     assert [torch.equal(a["torch"], b["torch"]) for a, b in zip(loaded["rank_rng"], ranks)] == [True, True]
-    plain = checkpoint.save_checkpoint(tmp_path, model, optimizer, {"step": 4}, ranks[0])
+    plain = save_checkpoint(tmp_path, model, optimizer, 4, ranks[0])
     assert set(checkpoint.load_training_state(plain)) == {"optimizer", "rng"}  # one process, no scaler

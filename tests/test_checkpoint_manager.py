@@ -19,9 +19,12 @@ import pytest
 import yaml
 
 from transformer.checkpoints import files as checkpoint
+from transformer.checkpoints import rundir
 
 from transformer.training import trainer
-from transformer.checkpoints.manager import STATE_FILE, CheckpointManager, find_checkpoint, read_run_state
+from transformer.checkpoints.manager import CheckpointManager
+from transformer.errors import CheckpointError
+from transformer.checkpoints.rundir import STATE_FILE, RunDirectory, find_checkpoint, read_run_state
 from transformer.training.validation import EvaluationResult
 from transformer.translation.metrics import Scores
 
@@ -78,7 +81,7 @@ def train_run(config: Path, run_dir: Path, *overrides: str) -> int:
 
 def best_files(run_dir: Path) -> dict[str, bytes]:
     """What a reader of checkpoints/best sees: the link's target and every file's bytes."""
-    best = run_dir / checkpoint.CHECKPOINTS / checkpoint.BEST
+    best = run_dir / rundir.CHECKPOINTS / rundir.BEST
     return {"->": os.readlink(best).encode(), **{p.name: p.read_bytes() for p in sorted(best.iterdir())}}
 
 
@@ -95,7 +98,7 @@ def test_a_run_ending_off_the_validation_cycle_validates_and_records_its_last_st
     last = checkpoint.read_meta(run_dir / "checkpoints" / "step_00000045")
     assert last["metrics"] == state.best.metrics == {"valid_nll": 1.0, "valid_perplexity": math.e,
                                                      "valid_bleu": 20.0, "valid_chrf": 10.0}
-    assert checkpoint.read_meta(run_dir / "checkpoints" / checkpoint.BEST)["step"] == 45
+    assert checkpoint.read_meta(run_dir / "checkpoints" / rundir.BEST)["step"] == 45
     assert "best valid BLEU 20.00 at step 45" in capsys.readouterr().err
 
 
@@ -127,7 +130,7 @@ def test_rerunning_a_finished_run_changes_nothing_and_raising_its_budget_keeps_b
     assert train_run(config, run_dir, "train.max_steps=75") == 0
     state = read_run_state(run_dir)
     assert (state.best.step, state.best.score) == (75, 40.0) and state.kept == ["step_00000075"]
-    assert os.readlink(run_dir / "checkpoints" / checkpoint.BEST) == "step_00000075"
+    assert os.readlink(run_dir / "checkpoints" / rundir.BEST) == "step_00000075"
     assert find_checkpoint(run_dir) == run_dir / "checkpoints" / "step_00000075"
     assert scripted.validated == [30, 45, 60, 75]
 
@@ -142,7 +145,7 @@ def test_a_save_killed_before_the_run_state_recorded_it_is_undone(tmp_path: Path
     # step directory that state.json does not name.
     orphan = run_dir / "checkpoints" / "step_00000050"
     shutil.copytree(run_dir / "checkpoints" / "step_00000045", orphan)
-    assert CheckpointManager(run_dir, keep=1).resume_point() == run_dir / "checkpoints" / "step_00000045"
+    assert CheckpointManager(RunDirectory(run_dir), keep=1).resume_point() == run_dir / "checkpoints" / "step_00000045"
     assert not orphan.exists() and (run_dir / STATE_FILE).read_bytes() == state_bytes
     assert "its save was interrupted before the run state recorded it" in caplog.text
 
@@ -160,27 +163,22 @@ def test_a_damaged_best_checkpoint_is_dropped_and_the_next_validation_sets_a_new
     assert state.best.step == 60 and state.best.score == 1.0  # redone from step 30: 45 was not validated again
 
 
-def test_a_run_of_an_earlier_version_is_refused_for_training_but_still_translates(tmp_path: Path, tiny_csv: Path,
-                                                                                 scripted, capsys):
+def test_a_run_of_an_earlier_version_is_refused_with_one_line(tmp_path: Path, tiny_csv: Path, scripted, capsys):
     scripted.scores.update({30: 5.0, 45: 6.0})
     config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv), tmp_path / "run"
     assert train_run(config, run_dir) == 0
-    # Make it look like a run of an earlier version: no state.json, checkpoints without the
-    # manager's mark, a copy (not a link) in checkpoints/best.
-    (run_dir / STATE_FILE).unlink()
-    best = run_dir / "checkpoints" / checkpoint.BEST
-    target = best.resolve()
-    best.unlink()
-    shutil.copytree(target, best)
-    for meta_path in (run_dir / "checkpoints").glob("*/meta.json"):
-        meta = json.loads(meta_path.read_text())
-        meta.pop("manager_format")
-        meta_path.write_text(json.dumps(meta))
-    assert find_checkpoint(run_dir) == best  # translation still finds its best copy
+    # What the previous version wrote: run state format 1, checkpoints without a format.
+    state = json.loads((run_dir / STATE_FILE).read_text())
+    (run_dir / STATE_FILE).write_text(json.dumps(dict(state, format=1)))
     assert train_run(config, run_dir, "train.max_steps=60") == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: {run_dir}: was trained by an earlier version of this project (it has no state.json), so it cannot "
-        "be resumed; translate.py still reads it. Train in a new --run-dir")
+        f"error: {run_dir / STATE_FILE}: run state format 1, but this version reads format 2: the run was trained "
+        "by another version of this project")
+    (run_dir / STATE_FILE).write_text(json.dumps(state))
+    meta_path = run_dir / "checkpoints" / "step_00000045" / "meta.json"
+    meta_path.write_text(json.dumps({k: v for k, v in json.loads(meta_path.read_text()).items() if k != "format"}))
+    with pytest.raises(CheckpointError, match=f"^{meta_path}: checkpoint format None, but this version reads format 2"):
+        rundir.read_meta(meta_path.parent)
 
 
 def test_the_run_state_is_replaced_in_one_rename(tmp_path: Path, tiny_csv: Path, scripted, monkeypatch):

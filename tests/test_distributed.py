@@ -27,11 +27,14 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.checkpoints import files as checkpoint
+from transformer.checkpoints import rundir
 
 from transformer.training import distributed
 from transformer.data.batching import PairCorpus, shard_batch
-from transformer.training.logs import LOG_FILE, TENSORBOARD_DIR, TensorBoard, setup_logging
-from transformer.training.trainer import Trainer, TrainState
+from transformer.checkpoints.rundir import TENSORBOARD_DIR
+from transformer.training.logs import LOG_FILE, TensorBoard, setup_logging
+from transformer.training.budget import BudgetState, Plan
+from transformer.training.trainer import TrainingData, Trainer, TrainState
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -91,7 +94,7 @@ def run_2_ranks(config: Path, run_dir: Path, *extra: str) -> subprocess.Complete
 
 
 def step_checkpoint(run_dir: Path, step: int) -> Path:
-    return run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(step)
+    return run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(step)
 
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -197,7 +200,7 @@ def test_sigterm_to_torchrun_stops_both_ranks_with_a_checkpoint_then_resume_matc
     process.wait(timeout=60)
     err = log.read_text(encoding="utf-8")
     assert err.count("SIGTERM received: finishing this step and saving a checkpoint") == 2, err  # both ranks
-    stopped = checkpoint.list_checkpoints(run_dir)[-1]
+    stopped = rundir.list_checkpoints(run_dir)[-1]
     stop_step = checkpoint.read_meta(stopped, verify=True, need_training_state=True)["step"]
     assert STOP_AFTER <= stop_step < MAX_STEPS, err
     assert f"stopped at step {stop_step}; saved {stopped}. Resume with: torchrun --nproc_per_node=2 " in err
@@ -276,11 +279,13 @@ def test_resuming_with_another_world_size_keeps_the_fraction_of_the_epoch(tiny_c
     # Saved by 2 processes (global batches of 128 tokens); resumed by this one (64).
     saved_batches = len(corpus.batches(train.batch_tokens * 2, train.seed, 3))
     own_batches = len(corpus.batches(train.batch_tokens, train.seed, 3))
-    state = TrainState(step=40, epoch=3, batch_in_epoch=saved_batches // 2, world_size=2, end_step=60,
-                       budget={"max_steps": 60, "max_epochs": 0, "max_minutes": 0.0})
+    state = TrainState(step=40, epoch=3, batch_in_epoch=saved_batches // 2, world_size=2,
+                       budget=BudgetState(Plan(60, 0, 0), {"max_steps": 60, "max_epochs": 0, "max_minutes": 0.0}))
+    trainer = Trainer(config, None, None, TrainingData(corpus, None, None, {}), torch.device("cpu"), None,
+                      TensorBoard(tmp_path, enabled=False), show_progress=False)
+    trainer.state = state
     with caplog.at_level(logging.WARNING):
-        Trainer(config, None, None, corpus, None, None, tmp_path, TensorBoard(tmp_path, enabled=False),
-                torch.device("cpu"), state, None, {}, show_progress=False)
+        trainer._adapt_data_position()
     assert state.epoch == 3 and state.world_size == 1
     assert state.batch_in_epoch == round(saved_batches // 2 * own_batches / saved_batches)
     assert "resuming a run trained by 2 process(es) with 1" in caplog.text and "approximate" in caplog.text

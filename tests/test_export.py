@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 from conftest import train_tiny_run
 from test_cli import user_error
 from transformer.checkpoints import files as checkpoint
+from transformer.checkpoints import rundir
 from transformer.config import Config
 from transformer.translation.ct2_engine import EXPORT_INFO
 from transformer.translation.torch_engine import load_translator
@@ -46,7 +47,7 @@ def test_the_export_is_self_contained_and_follows_its_own_description(trained_ru
     deployed = tmp_path / "elsewhere"
     shutil.move(tmp_path / "export", deployed)  # nothing in it points back to the run
     info = json.loads((deployed / EXPORT_INFO).read_text(encoding="utf-8"))
-    best = trained_run / checkpoint.CHECKPOINTS / checkpoint.BEST
+    best = trained_run / rundir.CHECKPOINTS / rundir.BEST
     assert info["checkpoint"]["model_sha256"] == checkpoint.read_meta(best)["files"][checkpoint.MODEL_FILE]["sha256"]
     torch_translator = load_translator(trained_run, beam_size=1)
     assert info["decode"]["beam_size"] == 2 and info["special_tokens"] == {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3}
@@ -88,8 +89,8 @@ def test_an_occupied_directory_is_refused_unless_it_holds_an_export_or_force(tra
     (tmp_path / "file").write_text("")
     assert export(trained_run, tmp_path / "file") == 2
     assert user_error(capsys) == f"{tmp_path / 'file'} exists and is not a directory"
-    best = trained_run / checkpoint.CHECKPOINTS / checkpoint.BEST
-    for precious in (trained_run, best, trained_run / checkpoint.CHECKPOINTS):  # --force would delete them
+    best = trained_run / rundir.CHECKPOINTS / rundir.BEST
+    for precious in (trained_run, best, trained_run / rundir.CHECKPOINTS):  # --force would delete them
         assert export(trained_run, precious, "--force") == 2
         assert user_error(capsys) == f"{precious} holds a run or a checkpoint; export into a directory of its own"
     assert (best / checkpoint.MODEL_FILE).is_file()

@@ -24,11 +24,12 @@ import yaml
 from safetensors.torch import load_file
 
 from transformer.checkpoints import files as checkpoint
+from transformer.checkpoints import rundir
 
 from transformer.training import trainer
 from transformer.training.budget import MEASURE_UNTIL_STEP
 from transformer.training import loss as loss_module
-from transformer.checkpoints.manager import read_run_state
+from transformer.checkpoints.rundir import read_run_state
 from transformer.errors import CheckpointError
 from transformer.training.trainer import MAX_NONFINITE_IN_A_ROW
 
@@ -84,7 +85,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory, config_file: Path) -
     """The final checkpoint of the run left alone for MAX_STEPS steps."""
     run_dir = tmp_path_factory.mktemp("uninterrupted")
     assert train_cli.main(cli_args(config_file, run_dir)) == 0
-    return run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(MAX_STEPS)
+    return run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(MAX_STEPS)
 
 
 def _flat_tensors(value, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -109,9 +110,9 @@ def assert_same_training(expected: Path, actual: Path) -> None:
     assert state_a.keys() == state_b.keys()
     assert [k for k in state_a if not torch.equal(state_a[k], state_b[k])] == []
     meta_a, meta_b = checkpoint.read_meta(expected), checkpoint.read_meta(actual)
-    for key in ("step", "epoch", "batch_in_epoch", "target_tokens", "nonfinite_steps", "end_step", "segment_start",
-                "decay_start"):
+    for key in ("step", "epoch", "batch_in_epoch", "target_tokens", "nonfinite_steps"):
         assert meta_a["state"][key] == meta_b["state"][key], key
+    assert meta_a["state"]["budget"]["plan"] == meta_b["state"]["budget"]["plan"]
 
 
 def start_slow_run(config: Path, run_dir: Path, log: Path, seconds_per_step: float = 0.1) -> subprocess.Popen:
@@ -149,7 +150,7 @@ def test_sigkill_at_an_arbitrary_step_then_resume_gives_identical_weights(
     wait_for_checkpoint(process, run_dir, 2 * CHECKPOINT_EVERY, log)
     os.kill(process.pid, signal.SIGKILL)  # no chance to save anything: mid-step, maybe mid-write
     assert process.wait(timeout=30) == -signal.SIGKILL
-    latest = run_dir / checkpoint.CHECKPOINTS / read_run_state(run_dir).latest
+    latest = run_dir / rundir.CHECKPOINTS / read_run_state(run_dir).latest
     assert recorded_step(run_dir) >= 2 * CHECKPOINT_EVERY
     resumed_state = checkpoint.read_meta(latest)["state"]
     assert resumed_state["epoch"] >= 1 and resumed_state["batch_in_epoch"] % 5 != 0  # mid-epoch, not at a boundary
@@ -158,7 +159,7 @@ def test_sigkill_at_an_arbitrary_step_then_resume_gives_identical_weights(
     err = capsys.readouterr().err
     assert f"resuming from {latest}" in err
     assert f"done: {MAX_STEPS} steps" in err
-    assert_same_training(uninterrupted, run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(MAX_STEPS))
+    assert_same_training(uninterrupted, run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(MAX_STEPS))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -172,7 +173,7 @@ def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_
     err = log.read_text()
     assert "Traceback" not in err
     assert f"{signum.name} received: finishing this step and saving a checkpoint" in err
-    newest = checkpoint.list_checkpoints(run_dir)[-1]
+    newest = rundir.list_checkpoints(run_dir)[-1]
     stop_step = checkpoint.read_meta(newest)["step"]
     assert CHECKPOINT_EVERY < stop_step < MAX_STEPS  # saved at the stop, not only at the regular steps
     resume_hint = [line for line in err.splitlines() if line.startswith(f"stopped at step {stop_step};")]
@@ -182,7 +183,7 @@ def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_
 
     assert train_cli.main(cli_args(config_file, run_dir)) == 0
     assert f"resuming from {newest} (step {stop_step}," in capsys.readouterr().err
-    assert_same_training(uninterrupted, run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(MAX_STEPS))
+    assert_same_training(uninterrupted, run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(MAX_STEPS))
 
 
 def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_step_budget(
@@ -197,16 +198,16 @@ def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_s
     wait_for_checkpoint(process, run_dir, MEASURE_UNTIL_STEP + 1, log)
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait(timeout=30) == -signal.SIGKILL
-    latest = run_dir / checkpoint.CHECKPOINTS / read_run_state(run_dir).latest
+    latest = run_dir / rundir.CHECKPOINTS / read_run_state(run_dir).latest
     recorded = checkpoint.read_meta(latest)["state"]
-    end_step = recorded["end_step"]
-    assert recorded["measured_at_step"] == MEASURE_UNTIL_STEP and end_step > recorded["step"]
+    end_step = recorded["budget"]["plan"]["end_step"]
+    assert recorded["budget"]["measured_at_step"] == MEASURE_UNTIL_STEP and end_step > recorded["step"]
 
     assert train_cli.main(cli_args(timed, run_dir)) == 0
     assert f"done: {end_step} steps" in capsys.readouterr().err
     steps = write_config(tmp_path / "steps.yaml", tiny_csv, max_steps=end_step, **linear)
     assert train_cli.main(cli_args(steps, tmp_path / "steps")) == 0
-    final = checkpoint.CHECKPOINTS + "/" + checkpoint.step_dir_name(end_step)
+    final = rundir.CHECKPOINTS + "/" + rundir.step_dir_name(end_step)
     assert_same_training(tmp_path / "steps" / final, run_dir / final)
 
 
@@ -214,8 +215,8 @@ def test_resume_skips_a_truncated_newest_checkpoint_and_still_matches(
         tmp_path: Path, config_file: Path, uninterrupted: Path, capsys):
     run_dir = tmp_path / "truncated"
     assert train_cli.main(cli_args(config_file, run_dir) + ["--set", "train.max_steps=21"]) == 0
-    *_, previous, newest = checkpoint.list_checkpoints(run_dir)
-    assert newest.name == checkpoint.step_dir_name(21)
+    *_, previous, newest = rundir.list_checkpoints(run_dir)
+    assert newest.name == rundir.step_dir_name(21)
     previous_step = checkpoint.read_meta(previous)["step"]
     weights = newest / checkpoint.MODEL_FILE
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a torn write
@@ -225,18 +226,18 @@ def test_resume_skips_a_truncated_newest_checkpoint_and_still_matches(
     assert f"skipping checkpoint: {weights}: truncated or corrupt" in err
     assert f"resuming from {previous} (step {previous_step}," in err
     assert f"moving the damaged {newest} aside" in err
-    assert_same_training(uninterrupted, run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(MAX_STEPS))
+    assert_same_training(uninterrupted, run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(MAX_STEPS))
 
 
 def test_a_run_with_only_damaged_checkpoints_is_not_silently_restarted(tmp_path: Path, config_file: Path, capsys):
     run_dir = tmp_path / "damaged"
     assert train_cli.main(cli_args(config_file, run_dir) + ["--set", "train.max_steps=7"]) == 0
-    only = checkpoint.list_checkpoints(run_dir)[0]
+    only = rundir.list_checkpoints(run_dir)[0]
     (only / checkpoint.TRAINING_FILE).write_bytes(b"garbage")
     assert train_cli.main(cli_args(config_file, run_dir)) == 2
     err = capsys.readouterr().err
     assert f"{run_dir}: none of its 1 checkpoints is intact" in err and "Traceback" not in err
-    assert checkpoint.list_checkpoints(run_dir) == [only]  # nothing overwritten
+    assert rundir.list_checkpoints(run_dir) == [only]  # nothing overwritten
 
 
 def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
@@ -268,11 +269,11 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
     run_dir = tmp_path / "nan"
     assert train_cli.main(cli_args(config_file, run_dir)) == 2
     last_bad = max(nan_loss_steps)
-    saved = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_dir_name(14)
+    saved = run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(14)
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"error: step {last_bad}: the loss or gradient was not finite for {MAX_NONFINITE_IN_A_ROW} steps in a row "
         f"({MAX_NONFINITE_IN_A_ROW + 1} skipped in all), so training stopped; the last checkpoint, {saved}, is "
-        "intact. Start a new run (--run-dir) with a lower learning rate (train.lr_factor / train.peak_lr), "
+        "intact. Start a new run in another run directory with a lower learning rate (train.lr_factor / train.peak_lr), "
         "a longer train.warmup_steps, or train.precision: fp32.")
     assert "step 3: non-finite loss or gradient (loss " in caplog.text and "update skipped" in caplog.text
 
@@ -282,7 +283,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
     assert same(2, 3) and not same(3, 4)  # skipped, then training went on
     assert all(same(11, step) for step in nan_loss_steps)  # no skipped step moved a weight
     assert max(params_after) == last_bad  # stopped right there
-    assert checkpoint.list_checkpoints(run_dir)[-1] == saved
+    assert rundir.list_checkpoints(run_dir)[-1] == saved
     meta = checkpoint.read_meta(saved, verify=True, need_training_state=True)
     assert meta["state"]["nonfinite_steps"] == 4 and meta["state"]["nonfinite_in_a_row"] == 3  # 3; 12, 13, 14
     model, _ = checkpoint.load_model(saved)

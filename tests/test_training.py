@@ -13,13 +13,12 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer.checkpoints import files as checkpoint
+from transformer.checkpoints import rundir
 from transformer.training import trainer as trainer_module
 from transformer.training.validation import sample_over_lengths, spread_indices
 from transformer.data.batching import make_batch
 from transformer.config import DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer.data.text import clean_text
-from transformer.errors import ConfigError
 from transformer.translation.search import translate
 from transformer.training.loss import batch_loss
 from transformer.model import Transformer
@@ -97,9 +96,9 @@ def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, 
     assert outcome.state.target_tokens > 0 and outcome.state.nonfinite_steps == 0
 
     # The run directory is a self-contained artifact.
-    assert checkpoint.load_run_config(run_dir) == tiny_config
+    assert rundir.load_run_config(run_dir) == tiny_config
     assert (run_dir / "tokenizer" / "joint.json").is_file()
-    steps = checkpoint.list_checkpoints(run_dir)
+    steps = rundir.list_checkpoints(run_dir)
     assert [path.name for path in steps] == ["step_00000010", "step_00000020", "step_00000030"]
     for path in steps:
         for name in ("model.safetensors", "meta.json", "training.pt"):
@@ -143,43 +142,11 @@ def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, 
     again = train(tiny_config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
     assert again.already_finished and again.state.step == again.state.end_step == 30
     assert again.resumed_from == steps[-1] and again.best == outcome.best
-    after = {path.name: (path / "meta.json").stat().st_mtime_ns for path in checkpoint.list_checkpoints(run_dir)}
+    after = {path.name: (path / "meta.json").stat().st_mtime_ns for path in rundir.list_checkpoints(run_dir)}
     assert after == before
 
 
 # --------------------------------------------------------------------------- checkpoint averaging
-
-
-def test_average_last_writes_the_mean_of_the_newest_checkpoints(tiny_config, tmp_path, datasets_cache):
-    config = dataclasses.replace(tiny_config, train=dataclasses.replace(tiny_config.train, average_last=3))
-    run_dir = tmp_path / "run"
-    outcome = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
-    steps = checkpoint.list_checkpoints(run_dir)
-    averaged = run_dir / "checkpoints" / "averaged"
-    meta = checkpoint.read_meta(averaged)  # verifies the recorded SHA-256 too
-    assert meta["averaged_steps"] == [10, 20, 30] and "valid_bleu" in meta["metrics"]
-
-    model, _ = checkpoint.load_model(averaged)
-    singles = [checkpoint.load_model(path)[0].state_dict() for path in steps]
-    for name, tensor in model.state_dict().items():
-        torch.testing.assert_close(tensor, sum(s[name] for s in singles) / 3, rtol=1e-6, atol=1e-7)
-    assert model.output.weight is model.src_embedding.weight  # still one tied matrix
-
-    # best is whichever scored higher on valid BLEU: the averaged weights or the best single step
-    best_meta = checkpoint.read_meta(run_dir / "checkpoints" / "best")
-    single = [checkpoint.read_meta(path)["metrics"]["valid_bleu"] for path in steps]
-    if meta["metrics"]["valid_bleu"] > max(single):
-        assert best_meta.get("averaged_steps") == [10, 20, 30] and outcome.best.checkpoint == "averaged"
-    else:
-        assert best_meta["step"] == 10 * (single.index(max(single)) + 1) and "averaged_steps" not in best_meta
-
-    # Rerunning the finished run neither retrains nor re-averages.
-    written = (averaged / "model.safetensors").stat().st_mtime_ns
-    again = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
-    assert again.already_finished
-    assert (averaged / "model.safetensors").stat().st_mtime_ns == written
-    assert checkpoint.read_meta(run_dir / "checkpoints" / "best").get("averaged_steps") == best_meta.get(
-        "averaged_steps")
 
 
 @pytest.mark.parametrize("budget", [{"max_steps": 20}, {"max_steps": 0, "max_epochs": 40}])
@@ -203,16 +170,6 @@ def test_linear_schedule_reaches_zero_when_the_budget_ends(tiny_config, tmp_path
     else:  # the epoch budget was turned into the step count of 40 epochs' batches
         assert outcome.state.end_step == steps > 20
     assert 0 < rates[-1][1] <= 2e-3 * 0.1  # the last step's share of the budget: one of more than ten
-
-
-def test_average_last_must_fit_the_kept_checkpoints():
-    with pytest.raises(ConfigError, match="train.average_last"):
-        TrainConfig(max_steps=10, keep_checkpoints=3, average_last=5)
-    with pytest.raises(ConfigError, match="train.average_last"):
-        TrainConfig(max_steps=10, average_last=1)
-
-
-# --------------------------------------------------------------------------- the validation sample
 
 
 def test_the_validation_sample_spreads_over_the_length_range():

@@ -272,14 +272,19 @@ class RunDirectory:
         rename. Returns the checkpoint's path."""
         final = self.checkpoint(step_dir_name(step))
         tmp = temporary_path(final)
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
         try:
+            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
             if write(tmp) is False:  # the same content is on disk already: leave it untouched
                 shutil.rmtree(tmp, ignore_errors=True)
                 return final
             publish_directory(tmp, final)
+        except OSError as error:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"cannot write checkpoint {final}: {error.strerror or error}. Training stopped so "
+                                  "that no work goes unsaved; free space or fix permissions, then rerun to "
+                                  "resume.") from error
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -44,6 +44,13 @@ MAX_NONFINITE_IN_A_ROW = 5
 _ZERO_WEIGHT_BATCH = make_batch([[UNK_ID]], [[UNK_ID]])
 
 
+def build_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """Enabled for fp16 only: its 5-bit exponent flushes small gradients to zero, so the loss is scaled
+    up before backward and the gradients down before the update (Micikevicius et al., 2018).
+    Disabled, every call passes straight through: bf16 has fp32's range and needs no scaling."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
 class TrainingDiverged(UserError):
     """The loss or gradients stayed non-finite; the last good checkpoint is kept."""
 
@@ -103,10 +110,7 @@ class Trainer:
         self.checkpoints, self.tensorboard = checkpoints, tensorboard
         self.show_progress = show_progress and distributed.is_main()
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
-        # fp16 only: its 5-bit exponent flushes small gradients to zero, so the loss is scaled up before
-        # backward and the gradients down before the update (Micikevicius et al., 2018). Disabled, every
-        # call passes straight through: bf16 has fp32's range and needs no scaling.
-        self.grad_scaler = torch.amp.GradScaler(device.type, enabled=self.train_config.precision == "fp16")
+        self.grad_scaler = build_grad_scaler(self.train_config.precision, device)
         self._batch_lists: dict[int, list] = {}
         # Training runs through one module, the model with its loss. Under torchrun DDP wraps it: it
         # copies rank 0's weights to every rank, then averages gradients over ranks during backward.
@@ -140,10 +144,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ saving and resuming
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any] | None:
         """Everything a resume needs apart from the weights: {"training": tensors and numbers, "meta": JSON}.
-        Every rank calls it at the same steps (it gathers each rank's RNG state)."""
+        Every rank calls it at the same steps: it gathers each rank's RNG state to rank 0, which alone
+        gets the state (the others get None)."""
         rng_states = distributed.gather_objects(rng_state())
+        if not distributed.is_main():
+            return None
         training: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng": rng_states[0]}
         if len(rng_states) > 1:
             training["rank_rng"] = rng_states
@@ -325,7 +332,8 @@ class Trainer:
         # No save here: skipped steps left the weights as they were, and the newest checkpoint
         # (possibly from inside this streak) holds exactly those.
         state = self.state
-        latest = self.checkpoints.state.latest if self.checkpoints else None
+        latest = self.checkpoints and self.checkpoints.state.latest and \
+            self.checkpoints.run.checkpoint(self.checkpoints.state.latest)
         kept = f"the last checkpoint, {latest}, is intact" if latest else "no checkpoint was saved yet"
         raise TrainingDiverged(
             f"step {state.step}: the loss or gradient was not finite for {MAX_NONFINITE_IN_A_ROW} steps in a row "

@@ -20,7 +20,10 @@ from test_cli import stdin_of, user_error
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints.manager import CheckpointManager
 from transformer.config import Config
-from transformer.translation.ct2_engine import EXPORTS_DIR, load_ct2_translator
+from transformer.export.run_cache import ctranslate2_model
+from transformer.translation.ct2_engine import CTranslate2Translator
+from transformer.translation.ct2_engine import load_ct2_translator as load_export
+from transformer.translation.ct2_format import EXPORTS_DIR
 from transformer.translation.torch_engine import load_translator
 from transformer.data.tokenizer import Tokenizers
 
@@ -49,6 +52,11 @@ EXTRA = sorted({source for source, _ in TINY_PAIRS}) + [
     "It's a boy.", "My mother is at home.", "The apple is on the table.", "Is the café open today?",
     "I don't like eggs.", "They said yes.",
 ]
+
+
+def load_ct2_translator(run_dir: Path, **options) -> CTranslate2Translator:
+    """The CTranslate2 translator of a run's best checkpoint, exported on first use, as translate.py does."""
+    return load_export(*ctranslate2_model(run_dir, None), **options)
 
 
 def sentences(run_dir: Path) -> list[str]:
@@ -226,7 +234,7 @@ def test_the_run_is_exported_once_per_weights(trained_run: Path, tmp_path: Path,
         raise AssertionError("exported again")
 
     with monkeypatch.context() as patch:
-        patch.setattr("transformer.export.ctranslate2.export_checkpoint", no_export)
+        patch.setattr("transformer.export.ctranslate2.write_export", no_export)
         assert load_ct2_translator(run_dir, device="cpu").model_dir == first
 
     model, meta = checkpoint.load_model(best)  # new best weights: a new export beside the old one

@@ -3,7 +3,9 @@
 OUT_DIR gets a CTranslate2 model of the run's best checkpoint (or --checkpoint DIR), the run's
 tokenizer files and transformer-enfr.json, which says how text becomes tokens: the directory is
 self-contained. Translate with it: `python translate.py --engine ctranslate2 --checkpoint OUT_DIR "I am cold."`.
-Needs the optional dependency: pip install -e ".[ctranslate2]".
+OUT_DIR must be new, empty, or an earlier export (which is replaced), and lie outside every run
+directory and checkpoint: nothing else is ever deleted. Needs the optional dependency:
+pip install -e ".[ctranslate2]".
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where.add_argument("--run", type=Path, help="run directory (default: the newest run under runs/)")
     where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
     parser.add_argument("--to", choices=["ctranslate2"], required=True, help="the format to export to")
-    parser.add_argument("--force", action="store_true",
-                        help="replace OUT_DIR even if it holds something other than an earlier export")
+    # No longer changes anything (an export replaces only an earlier export, and nothing else ever),
+    # but still accepted, so that scripts written for it keep working where they were safe.
+    parser.add_argument("--force", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help="no log lines")
     return parser.parse_args(argv)
 
@@ -34,8 +37,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
+    if args.force:
+        print("note: --force changes nothing any more: OUT_DIR is replaced only when it holds an earlier export; "
+              "anything else in its way, move or delete it yourself", file=sys.stderr)
     try:
-        out_dir = export_run(args.run, args.checkpoint, args.out_dir, force=args.force)
+        out_dir = export_run(args.run, args.checkpoint, args.out_dir)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ one line per input line (empty lines stay empty); logs, progress and scores go t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -22,11 +23,12 @@ from typing import TYPE_CHECKING, Iterable, TextIO
 
 # No module that imports torch here: the torch engine's modules are imported in `load_engine`, so that
 # `--engine ctranslate2` starts without torch (and matplotlib only loads for --attention).
-from transformer.errors import UserError
-from transformer.translation.lines import (STREAM_CHUNK, attention_directory, read_references, score_report,
-                                          translate_stream)
-from transformer.training.logs import setup_logging
 from transformer.data.text import iter_lines, read_lines
+from transformer.errors import UserError
+from transformer.files import same_file
+from transformer.training.logs import setup_logging
+from transformer.translation.lines import (STREAM_CHUNK, align_references, attention_directory, output_file,
+                                           read_references, score_report, translate_stream)
 
 if TYPE_CHECKING:
     from transformer.translation.ct2_engine import CTranslate2Translator
@@ -83,23 +85,37 @@ def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTra
     overrides = dict(beam_size=beam, batch_size=args.batch_size, length_penalty=args.length_penalty,
                      max_length_a=args.max_length_a, max_length_b=args.max_length_b)
     if args.engine == "ctranslate2":
+        from transformer.export.run_cache import ctranslate2_model
         from transformer.translation.ct2_engine import differences_from_torch, load_ct2_translator
 
-        translator = load_ct2_translator(args.run, args.checkpoint, device=args.device, int8=args.int8,
-                                         threads=args.threads, **overrides)
+        model_dir, checkpoint = ctranslate2_model(args.run, args.checkpoint)  # exported on first use
+        translator = load_ct2_translator(model_dir, checkpoint, device=args.device, int8=args.int8,
+                                         threads=args.threads, device_key="--device", **overrides)
         if not args.quiet:
             for note in differences_from_torch(translator.decode, args.n_best, translator.patience):
                 print(f"note: {note}", file=sys.stderr)
         return translator
-    from transformer.translation.ct2_engine import EXPORT_INFO
-    from transformer.translation.torch_engine import load_translator
     from transformer.runtime import select_device, set_threads
+    from transformer.translation.ct2_format import read_export_info
+    from transformer.translation.torch_engine import load_translator
 
-    if args.checkpoint is not None and (args.checkpoint / EXPORT_INFO).is_file():
+    if args.checkpoint is not None and read_export_info(args.checkpoint) is not None:
         raise UserError(f"{args.checkpoint}: a CTranslate2 export, not a checkpoint; add --engine ctranslate2")
     set_threads(args.threads)
     device = select_device(args.device, key="--device")
+    if args.int8 and device.type != "cpu":  # before the model loads; the library says it in its own words
+        raise UserError("--int8 with the torch engine runs on the CPU only; add --device cpu")
     return load_translator(args.run, args.checkpoint, device, int8=args.int8, bf16=args.bf16, **overrides)
+
+
+def check_output(args: argparse.Namespace) -> None:
+    """Refuse an --output that is also a file this run reads: writing it would destroy its input."""
+    if args.output is None:
+        return
+    for flag, path in [("--input", args.input)] + [("--reference", path) for path in args.reference]:
+        if path is not None and same_file(args.output, path):
+            raise UserError(f"--output {args.output} is also the {flag} file {path}; write the translations "
+                            "to another file")
 
 
 def _alignment_layer(args: argparse.Namespace, translator: Translator) -> int:
@@ -111,10 +127,43 @@ def _alignment_layer(args: argparse.Namespace, translator: Translator) -> int:
     return layer - 1
 
 
+def translate_lines(args: argparse.Namespace, translator: Translator | CTranslate2Translator, out: TextIO,
+                    attention_dir: Path | None, alignment_layer: int | None) -> None:
+    """Translate the sentence arguments, --input, or standard input into `out`; score --reference."""
+    references = read_references(args.reference)  # before the work: an unreadable file stops it now
+    if args.interactive:
+        print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
+        translate_stream(translator, iter_lines(sys.stdin.buffer, "standard input"), out, args.n_best, 1,
+                         attention_dir=attention_dir, alignment_layer=alignment_layer)
+        return
+    progress = None
+    if args.sentences:
+        lines: Iterable[str] = args.sentences
+        chunk = max(len(args.sentences), 1)
+    elif args.input:
+        lines = read_lines(args.input, "input file")
+        chunk = STREAM_CHUNK
+        align_references(args.reference, references, len(lines))  # a line count that differs: say so now
+        if not args.quiet:
+            from tqdm import tqdm
+
+            progress = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc="translating")
+    else:
+        # A terminal gets a line-by-line answer; a pipe is read in chunks for batching.
+        lines = iter_lines(sys.stdin.buffer, "standard input")
+        chunk = 1 if sys.stdin.isatty() else STREAM_CHUNK
+    hypotheses = translate_stream(translator, lines, out, args.n_best, chunk, progress, attention_dir,
+                                  alignment_layer)
+    if progress is not None:
+        progress.close()
+    if args.reference:
+        print(score_report(hypotheses, align_references(args.reference, references, len(hypotheses))),
+              file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
-    out: TextIO = sys.stdout
     try:
         if args.sentences and (args.input or args.interactive):
             raise UserError("give sentences as arguments, or --input FILE, or --interactive; not several of them")
@@ -135,45 +184,17 @@ def main(argv: list[str] | None = None) -> int:
                             "(use --int8 for its fast path)")
         if (args.attention or args.alignment) and args.engine != "torch":
             raise UserError("--attention and --alignment read the model's attention: use the default --engine torch")
+        check_output(args)
         translator = load_engine(args, beam)
         if args.n_best > translator.decode.beam_size:
             raise UserError(f"--n-best {args.n_best} needs a beam of at least {args.n_best} "
                             f"(beam is {translator.decode.beam_size}; add --beam {args.n_best})")
         alignment_layer = _alignment_layer(args, translator) if args.alignment else None
-        attention_dir = attention_directory(args.attention) if args.attention else None
-        if args.output:
-            try:
-                out = open(args.output, "w", encoding="utf-8", newline="\n")
-            except OSError as error:
-                raise UserError(f"cannot write --output {args.output}: {error.strerror or error}") from None
-
-        if args.interactive:
-            print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
-            translate_stream(translator, iter_lines(sys.stdin.buffer, "standard input"), out, args.n_best, 1,
-                             attention_dir=attention_dir, alignment_layer=alignment_layer)
-            return 0
-
-        progress = None
-        if args.sentences:
-            lines: Iterable[str] = args.sentences
-            chunk = max(len(args.sentences), 1)
-        elif args.input:
-            lines = read_lines(args.input, "input file")
-            chunk = STREAM_CHUNK
-            if not args.quiet:
-                from tqdm import tqdm
-
-                progress = tqdm(total=len(lines), unit="sent", file=sys.stderr, desc="translating")
-        else:
-            # A terminal gets a line-by-line answer; a pipe is read in chunks for batching.
-            lines = iter_lines(sys.stdin.buffer, "standard input")
-            chunk = 1 if sys.stdin.isatty() else STREAM_CHUNK
-        hypotheses = translate_stream(translator, lines, out, args.n_best, chunk, progress, attention_dir,
-                                      alignment_layer)
-        if progress is not None:
-            progress.close()
-        if args.reference:
-            print(score_report(hypotheses, read_references(args.reference, len(hypotheses))), file=sys.stderr)
+        attention_dir = attention_directory(args.attention, "--attention") if args.attention else None
+        with contextlib.ExitStack() as stack:
+            # Written to a temporary and renamed at the end: a failed run leaves an earlier --output as it was.
+            out = stack.enter_context(output_file(args.output, "--output")) if args.output else sys.stdout
+            translate_lines(args, translator, out, attention_dir, alignment_layer)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -182,9 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `translate.py < big.en | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 0
-    finally:
-        if out is not sys.stdout:
-            out.close()
     return 0
 
 

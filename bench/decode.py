@@ -35,8 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from transformer.translation.search import translate  # noqa: E402
-from transformer.translation.torch_engine import load_translator  # noqa: E402
+from transformer.translation.torch_engine import load_translator, translate  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
 from transformer.runtime import fast_bf16  # noqa: E402
 from transformer.translation.texts import translate_texts  # noqa: E402
@@ -71,10 +70,9 @@ def timed(translator, texts: list[str], beam: int, batch_size: int, use_cache: b
 
 
 def timed_ct2(translator, texts: list[str], beam: int, batch_size: int, repeats: int):
-    """As `timed`, through CTranslate2: the same text side (translation.translate_texts), its search."""
+    """As `timed`, through CTranslate2: the same text path (texts.translate_texts), its search."""
     translator.decode = dataclasses.replace(translator.decode, beam_size=beam, batch_size=batch_size)
-    return measure(lambda: [best[0] for best in translate_texts(texts, translator.tokenizers, translator.search,
-                                                                batch_size, 1, translator.max_len - 1)],
+    return measure(lambda: [best[0] for best in translate_texts(translator, texts, 1, warn_unknown=False)],
                    translator.tokenizers, len(texts), repeats)
 
 
@@ -113,13 +111,14 @@ def side_by_side(run: Path, sources: list[str], references: list[list[str]], slo
     """CTranslate2 fp32 and int8 on one export of the run's best checkpoint, beside our fp32 figures."""
     import ctranslate2
 
+    from transformer.export.run_cache import ctranslate2_model
     from transformer.translation.ct2_engine import load_ct2_translator
 
     # Characters never seen in training are named by translate.py; here the warning would repeat per call.
     logging.getLogger("transformer.translation.texts").setLevel(logging.ERROR)
-    engines = {kind: load_ct2_translator(run, device="cpu", int8=kind == "int8", threads=threads)
+    model_dir, checkpoint = ctranslate2_model(run, None)
+    engines = {kind: load_ct2_translator(model_dir, checkpoint, device="cpu", int8=kind == "int8", threads=threads)
                for kind in ("fp32", "int8")}
-    model_dir = engines["fp32"].model_dir
     print(f"\nCTranslate2 {ctranslate2.__version__} side by side: export {model_dir}, {threads} threads "
           f"(intra_threads), beam patience {engines['fp32'].patience:g}; "
           f"CT2_USE_MKL={os.environ.get('CT2_USE_MKL', '')!r}")

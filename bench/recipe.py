@@ -29,8 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from transformer.checkpoints.files import read_meta  # noqa: E402
-from transformer.translation.search import translate  # noqa: E402
-from transformer.translation.torch_engine import load_translator  # noqa: E402
+from transformer.translation.torch_engine import load_translator, translate  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
 from transformer.checkpoints.rundir import find_checkpoint, read_run_state  # noqa: E402
 from transformer.data.text import read_lines  # noqa: E402

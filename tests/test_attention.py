@@ -13,7 +13,9 @@ from transformer.translation.attention import (hard_alignment, record_attention,
                                    translate_with_attention)
 from transformer.data.batching import source_tensor
 from transformer.config import DecodeConfig, ModelConfig
-from transformer.translation.search import greedy_search, max_output_lengths, translate_n_best
+from transformer.translation.search import greedy_search, max_output_lengths
+from transformer.translation.texts import translate_texts
+from transformer.translation.torch_engine import Translator
 from transformer.model import Transformer
 from transformer.translation.quantize import quantize_int8
 from transformer.data.tokenizer import BOS_ID, EOS, EOS_ID
@@ -195,9 +197,9 @@ def test_translations_come_with_the_maps_of_their_own_tokens(beam_size, n_best):
     model = tiny_model(seed=6)
     config = DecodeConfig(beam_size=beam_size, max_length_a=1.0, max_length_b=3)
     texts = ["5 6 7 8", "", "9 10"]
-    attended = translate_with_attention(texts, model, FakeTokenizers(), config, "cpu", n_best)
-    assert [[c.text for c in row] for row in attended] == translate_n_best(texts, model, FakeTokenizers(), config,
-                                                                          "cpu", n_best)
+    engine = Translator(model, FakeTokenizers(), config, "cpu")
+    attended = translate_with_attention(engine, texts, n_best, warn_unknown=False)
+    assert [[c.text for c in row] for row in attended] == translate_texts(engine, texts, n_best, warn_unknown=False)
     assert [c.attention for c in attended[1]] == [None] * n_best  # the blank text
     for text, row in zip(texts, attended):
         if not text:

@@ -29,6 +29,7 @@ from transformer.training import run
 from transformer.training import trainer
 from transformer.config import Config
 from transformer.data.pairs import MAX_CHARS_PER_TOKEN
+from transformer.translation.attention import translate_with_attention
 from transformer.translation.torch_engine import load_translator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -519,7 +520,7 @@ def test_translate_alignment_follows_each_translation_within_its_subwords(traine
     rows = capsys.readouterr().out.split("\n")
     assert rows.pop() == "" and len(rows) == len(lines)  # one output line per input line
     translator = load_translator(trained_run)
-    for line, row, candidates in zip(lines, rows, translator.translate_with_attention(lines, n_best=2)):
+    for line, row, candidates in zip(lines, rows, translate_with_attention(translator, lines, n_best=2)):
         fields = row.split("\t")
         assert len(fields) == 4  # translation, alignment, translation, alignment
         n_source = len(translator.tokenizers.encode_source([line])[0])

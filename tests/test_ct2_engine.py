@@ -20,8 +20,12 @@ from test_cli import stdin_of, user_error
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import rundir
 from transformer.checkpoints.manager import CheckpointManager
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config
-from transformer.translation.ct2_engine import EXPORTS_DIR, load_ct2_translator
+from transformer.export.run_cache import ctranslate2_model
+from transformer.translation.ct2_engine import CTranslate2Translator
+from transformer.translation.ct2_engine import load_ct2_translator as load_export
+from transformer.translation.ct2_format import EXPORTS_DIR
 from transformer.translation.torch_engine import load_translator
 from transformer.data.tokenizer import Tokenizers
 
@@ -50,6 +54,11 @@ EXTRA = sorted({source for source, _ in TINY_PAIRS}) + [
     "It's a boy.", "My mother is at home.", "The apple is on the table.", "Is the café open today?",
     "I don't like eggs.", "They said yes.",
 ]
+
+
+def load_ct2_translator(run_dir: Path, **options) -> CTranslate2Translator:
+    """The CTranslate2 translator of a run's best checkpoint, exported on first use, as translate.py does."""
+    return load_export(*ctranslate2_model(run_dir, None), **options)
 
 
 def sentences(run_dir: Path) -> list[str]:
@@ -227,15 +236,17 @@ def test_the_run_is_exported_once_per_weights(trained_run: Path, tmp_path: Path,
         raise AssertionError("exported again")
 
     with monkeypatch.context() as patch:
-        patch.setattr("transformer.export.ctranslate2.export_checkpoint", no_export)
+        patch.setattr("transformer.export.ctranslate2.write_export_files", no_export)
         assert load_ct2_translator(run_dir, device="cpu").model_dir == first
 
     model, meta = checkpoint.load_model(best)  # new best weights: a new export beside the old one
     with torch.no_grad():
         model.output.weight.mul_(1.5)
     better = dict(meta["metrics"], valid_bleu=meta["metrics"]["valid_bleu"] + 1)
-    CheckpointManager(run_dir, keep=5).save_weights(
-        checkpoint.AVERAGED, model, {k: v for k, v in meta.items() if k not in ("files", "metrics")}, better)
+    newer = meta["step"] + 1
+    training = checkpoint.load_training_state(best)
+    CheckpointManager(RunDirectory(run_dir), keep=5).save(newer, model, {
+        "training": training, "meta": {k: v for k, v in meta.items() if k not in ("files", "metrics", "step")}}, better)
     second = load_ct2_translator(run_dir, device="cpu").model_dir
     assert second != first and sorted((run_dir / EXPORTS_DIR).iterdir()) == sorted([first, second])
 

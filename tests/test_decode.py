@@ -14,8 +14,9 @@ import torch.nn.functional as F
 
 from transformer.data.batching import make_batch, source_tensor
 from transformer.config import DecodeConfig, ModelConfig
-from transformer.translation.search import (Hypothesis, beam_search, gnmt_length_penalty, greedy_search,
-                                max_output_lengths, translate, translate_n_best)
+from transformer.translation.search import Hypothesis, beam_search, greedy_search, max_output_lengths
+from transformer.translation.texts import gnmt_length_penalty, translate_texts
+from transformer.translation.torch_engine import Translator, translate
 from transformer.checkpoints import files as checkpoint
 from transformer.model import Transformer
 from transformer.translation.quantize import quantize_int8
@@ -344,7 +345,8 @@ def test_translate_keeps_input_order_and_ignores_batching():
         assert together == alone
         assert together[3] == together[7] == ""
         assert sum(bool(t) for t in together) >= 8
-    best = translate_n_best(texts, model, tokenizers, DecodeConfig(beam_size=3, batch_size=4), "cpu", n_best=2)
+    engine = Translator(model, tokenizers, DecodeConfig(beam_size=3, batch_size=4), "cpu")
+    best = translate_texts(engine, texts, n_best=2, warn_unknown=False)
     assert [len(b) for b in best] == [2] * len(texts)
     assert [b[0] for b in best] == translate(texts, model, tokenizers, DecodeConfig(beam_size=3), "cpu")
 

@@ -1,6 +1,7 @@
 """export.py: a self-contained CTranslate2 directory that CTranslate2 and the tokenizer files alone,
 following its JSON, use to translate as the torch engine does; existing directories are refused unless
-they hold an earlier export or --force is given; a missing ctranslate2 is one line."""
+they hold an earlier export (tests/test_translate_files.py has the rest of what export.py never deletes);
+a missing ctranslate2 is one line."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from test_cli import user_error
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import rundir
 from transformer.config import Config
-from transformer.translation.ct2_engine import EXPORT_INFO
+from transformer.translation.ct2_format import EXPORT_INFO
 from transformer.translation.torch_engine import load_translator
 from transformer.data.text import clean_text
 from transformer.translation.texts import max_output_length
@@ -73,26 +74,30 @@ def test_the_export_is_self_contained_and_follows_its_own_description(trained_ru
     assert capsys.readouterr().out.splitlines() == outputs
 
 
-def test_an_occupied_directory_is_refused_unless_it_holds_an_export_or_force(trained_run: Path, tmp_path: Path,
-                                                                              capsys):
+def test_an_occupied_directory_is_refused_unless_it_holds_an_export(trained_run: Path, tmp_path: Path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     assert export(trained_run, out) == 2
-    assert user_error(capsys) == (f"{out} is not empty and holds no export; choose another directory, or add "
-                                  "--force to replace it (its contents are deleted)")
+    assert user_error(capsys) == (f"{out} holds files other than an earlier export, which an export would delete; "
+                                  "export into a new or empty directory")
     assert (out / "notes.txt").read_text() == "mine"
-    assert export(trained_run, out, "--force", "--quiet") == 0
-    assert not (out / "notes.txt").exists() and (out / EXPORT_INFO).is_file()
+    (out / "notes.txt").unlink()
+    assert export(trained_run, out, "--quiet") == 0  # an empty directory is fine
+    assert (out / EXPORT_INFO).is_file()
     assert export(trained_run, out, "--quiet") == 0  # an earlier export is simply replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary directory left behind
     (tmp_path / "file").write_text("")
     assert export(trained_run, tmp_path / "file") == 2
     assert user_error(capsys) == f"{tmp_path / 'file'} exists and is not a directory"
     best = trained_run / rundir.CHECKPOINTS / rundir.BEST
-    for precious in (trained_run, best, trained_run / rundir.CHECKPOINTS):  # --force would delete them
-        assert export(trained_run, precious, "--force") == 2
-        assert user_error(capsys) == f"{precious} holds a run or a checkpoint; export into a directory of its own"
+    for precious in (trained_run, best):
+        assert export(trained_run, precious) == 2
+        assert user_error(capsys) == f"{precious} is a run or a checkpoint; export into a directory of its own"
+    inside = trained_run / rundir.CHECKPOINTS
+    assert export(trained_run, inside) == 2
+    assert user_error(capsys) == (f"{inside} lies inside {trained_run.resolve()}, which is a run or a checkpoint; "
+                                  "export into a directory of its own")
     assert (best / checkpoint.MODEL_FILE).is_file()
 
 

@@ -19,7 +19,7 @@ from transformer.training.validation import sample_over_lengths, spread_indices
 from transformer.data.batching import make_batch
 from transformer.config import DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer.data.text import clean_text
-from transformer.translation.search import translate
+from transformer.translation.torch_engine import translate
 from transformer.training.loss import batch_loss
 from transformer.model import Transformer
 from transformer.training.optim import build_optimizer, learning_rate, set_learning_rate

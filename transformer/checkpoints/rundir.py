@@ -330,6 +330,27 @@ class RunDirectory:
                 log.info("removing %s, left by an interrupted save", path)
                 shutil.rmtree(path)
 
+    def publish_export(self, name: str, write: Callable[[Path], None]) -> Path:
+        """`write(directory)` fills a fresh temporary directory, which then replaces ctranslate2/<name>
+        (translate.py's export of a checkpoint, named by its weights' hash) in one rename."""
+        if not re.fullmatch(r"[0-9a-f]{16}", name):
+            raise CheckpointError(f"{self.path / EXPORTS_DIR}: {name!r} is not an export name this project writes")
+        final = self.path / EXPORTS_DIR / name
+        tmp = temporary_path(final)
+        try:
+            final.parent.mkdir(exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            write(tmp)
+            publish_directory(tmp, final)
+        except OSError as error:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"cannot write the CTranslate2 export {final}: {error.strerror or error}") from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
+
     def _link_best(self, target: str | None) -> None:
         """Point checkpoints/best at `target` (a relative link, replaced in one rename)."""
         link = self.checkpoints / BEST

@@ -60,6 +60,8 @@ def read_lines(path: Path, what: str) -> list[str]:
         raise UserError(f"{what} not found: {path}") from None
     except IsADirectoryError:
         raise UserError(f"{what} {path} is a directory, not a file") from None
+    except OSError as error:  # no permission, a file where a directory should be, an I/O error
+        raise UserError(f"cannot read {what} {path}: {error.strerror or error}") from None
 
 
 __all__ = ["clean_text", "iter_lines", "read_lines"]

@@ -1,13 +1,13 @@
 """Export a checkpoint to CTranslate2 (the inference engine OpenNMT-py and fairseq models deploy with):
 a TransformerSpec filled from our weights, the tokenizer files, and a JSON saying how text becomes
-tokens. ct2_engine.py translates with the result; this module needs torch, that one does not.
+tokens; and which directories an export may be written to. translation/ct2_engine.py translates
+with the result; this module needs torch, that one does not.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,16 +16,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from transformer.checkpoints import files as checkpoint
+from transformer.checkpoints.rundir import (CHECKPOINTS, META_FILE, MODEL_FILE, RUN_CONFIG, STATE_FILE, TOKENIZER_DIR,
+                                            find_checkpoint, load_decode_config, run_dir_of)
 from transformer.config import DecodeConfig
-from transformer.translation.ct2_engine import (EXPORT_FORMAT, EXPORT_INFO, EXPORT_TOKENIZER_DIR, EXPORT_VERSION, import_ctranslate2,
-                         read_export_info)
+from transformer.data.tokenizer import (BOS, EOS, JOINT_FILE, PAD, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK,
+                                        Tokenizers, save_tokenizers)
 from transformer.errors import UserError
-from transformer.translation.torch_engine import load_checkpoint_and_tokenizers
+from transformer.files import publish_directory, temporary_path, write_json_atomic
 from transformer.model import CrossAttention, FeedForward, SelfAttention, Transformer
-from transformer.checkpoints.rundir import CHECKPOINTS, META_FILE, MODEL_FILE, find_checkpoint, load_decode_config, run_dir_of
-from transformer.data.tokenizer import (BOS, EOS, JOINT_FILE, PAD, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK, Tokenizers,
-                        save_tokenizers)
+from transformer.translation.ct2_format import (EXPORT_FORMAT, EXPORT_INFO, EXPORT_MODEL_FILE, EXPORT_TOKENIZER_DIR,
+                                                EXPORT_VERSION, import_ctranslate2, read_export_info)
+from transformer.translation.torch_engine import load_checkpoint_and_tokenizers
+
+# What an export holds: CTranslate2's files (its vocabularies are .txt or .json, by version), our
+# tokenizer directory and description. A directory holding anything else is not replaced.
+_CTRANSLATE2_FILES = re.compile(r"(config\.json|(shared|source|target)_vocabulary\.(txt|json))")
+_TOKENIZER_FILES = {JOINT_FILE, SOURCE_FILE, TARGET_FILE}
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
@@ -124,7 +130,7 @@ def _description(found: Path, meta: dict[str, Any], model: Transformer, tokenize
                        "model_sha256": meta["files"][MODEL_FILE]["sha256"]},
         "tokenizer": {"source": f"{EXPORT_TOKENIZER_DIR}/{JOINT_FILE if tokenizers.joint else SOURCE_FILE}",
                       "target": f"{EXPORT_TOKENIZER_DIR}/{JOINT_FILE if tokenizers.joint else TARGET_FILE}"},
-        "source": ("clean the text with transformer.text.clean_text (NFC, invisible characters removed, "
+        "source": ("clean the text with transformer.data.text.clean_text (NFC, invisible characters removed, "
                    "typographic apostrophes to ', whitespace runs to one space, ends stripped); encode it with "
                    "the source tokenizer without special tokens; keep at most max_len - 1 subwords; pass the "
                    f"token strings: CTranslate2 appends {EOS} itself (add_source_eos) and adds no {BOS}. "
@@ -143,49 +149,87 @@ def _description(found: Path, meta: dict[str, Any], model: Transformer, tokenize
     }
 
 
-def _check_destination(out_dir: Path, found: Path, force: bool) -> None:
+def _run_or_checkpoint(directory: Path) -> bool:
+    """Whether `directory` is a checkpoint or a run directory (trained, or still before its first save)."""
+    return ((directory / META_FILE).is_file() or (directory / STATE_FILE).is_file()
+            or ((directory / RUN_CONFIG).is_file() and ((directory / CHECKPOINTS).is_dir()
+                                                         or (directory / TOKENIZER_DIR).is_dir())))
+
+
+def _holds_only_an_export(directory: Path) -> bool:
+    """Whether `directory` holds an earlier export of this project and nothing else."""
+    if read_export_info(directory) is None:
+        return False
+    for entry in directory.iterdir():
+        if entry.name == EXPORT_TOKENIZER_DIR and entry.is_dir():
+            if not all(file.name in _TOKENIZER_FILES for file in entry.iterdir()):
+                return False
+        elif entry.name not in (EXPORT_INFO, EXPORT_MODEL_FILE) and not _CTRANSLATE2_FILES.fullmatch(entry.name):
+            return False
+    return True
+
+
+def check_destination(out_dir: Path) -> None:
+    """Refuse an `out_dir` whose contents an export would destroy: one inside (or equal to) a run
+    directory or a checkpoint, or one holding anything but an earlier export. An empty or missing
+    directory is fine; so is an earlier export, which the new one replaces."""
+    out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} exists and is not a directory")
-    # --force deletes what OUT_DIR holds: never a run or a checkpoint, least of all the one exported.
-    if out_dir.resolve() in (found.resolve(), *found.resolve().parents) or (out_dir / CHECKPOINTS).is_dir() \
-            or (out_dir / META_FILE).is_file():
-        raise UserError(f"{out_dir} holds a run or a checkpoint; export into a directory of its own")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and read_export_info(out_dir) is None and not force:
-        raise UserError(f"{out_dir} is not empty and holds no export; choose another directory, or add --force "
-                        "to replace it (its contents are deleted)")
+    resolved = out_dir.resolve()  # links and other spellings count as where they lead
+    for directory in (resolved, *resolved.parents):
+        if _run_or_checkpoint(directory):
+            where = "is" if directory == resolved else f"lies inside {directory}, which is"
+            raise UserError(f"{out_dir} {where} a run or a checkpoint; export into a directory of its own")
+    try:
+        occupied = out_dir.is_dir() and any(out_dir.iterdir()) and not _holds_only_an_export(out_dir)
+    except OSError as error:
+        raise UserError(f"cannot read {out_dir}: {error.strerror or error}") from None
+    if occupied:
+        raise UserError(f"{out_dir} holds files other than an earlier export, which an export would delete; "
+                        "export into a new or empty directory")
 
 
-def export_checkpoint(found: Path, out_dir: Path, force: bool = False) -> Path:
-    """Write the CTranslate2 export of checkpoint `found` to `out_dir` and return it.
-
-    A previous export in `out_dir` is replaced; any other non-empty `out_dir` is refused unless `force`.
-    The export is written beside `out_dir` and renamed into place, so a reader sees all of it or none.
-    """
-    import_ctranslate2()  # the clearest error first
-    out_dir = Path(out_dir)
-    _check_destination(out_dir, Path(found), force)
+def write_export_files(found: Path, directory: Path) -> None:
+    """Write the CTranslate2 export of checkpoint `found` into the empty `directory`."""
     model, meta, tokenizers = load_checkpoint_and_tokenizers(found, "cpu")
     spec = build_spec(model, tokenizers)
     description = _description(found, meta, model, tokenizers, load_decode_config(run_dir_of(found)))
-    tmp = out_dir.with_name(f".tmp-{out_dir.name}-{os.getpid()}")
+    spec.save(str(directory))
+    save_tokenizers(tokenizers, directory / EXPORT_TOKENIZER_DIR)
+    write_json_atomic(directory / EXPORT_INFO, description)
+
+
+def write_export(found: Path, out_dir: Path) -> Path:
+    """Write the CTranslate2 export of checkpoint `found` to `out_dir`, replacing whatever is there
+    (`export_checkpoint` decides that it may be), and return it. The export is written beside
+    `out_dir` and renamed into place, so a reader sees all of it or none.
+    """
+    import_ctranslate2()  # the clearest error first
+    out_dir = Path(out_dir)
+    tmp = temporary_path(out_dir)
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # this process's own leftover, if any
         tmp.mkdir()
-        spec.save(str(tmp))
-        save_tokenizers(tokenizers, tmp / EXPORT_TOKENIZER_DIR)
-        (tmp / EXPORT_INFO).write_text(json.dumps(description, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        checkpoint._publish(tmp, out_dir)
+        write_export_files(found, tmp)
+        publish_directory(tmp, out_dir)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(f"cannot write the CTranslate2 export {out_dir}: {error.strerror or error}") from None
     return out_dir
 
 
-def export_run(run: Path | None, checkpoint_dir: Path | None, out_dir: Path, force: bool = False,
-               runs_root: Path = Path("runs")) -> Path:
+def export_checkpoint(found: Path, out_dir: Path) -> Path:
+    """Export checkpoint `found` into `out_dir` (see `check_destination` for which are refused)."""
+    import_ctranslate2()  # the clearest error first
+    check_destination(Path(out_dir))
+    return write_export(found, out_dir)
+
+
+def export_run(run: Path | None, checkpoint_dir: Path | None, out_dir: Path, runs_root: Path = Path("runs")) -> Path:
     """Export the best checkpoint of `run` (or `checkpoint_dir`; default: the newest run) to `out_dir`."""
-    return export_checkpoint(find_checkpoint(run, checkpoint_dir, runs_root), out_dir, force)
+    return export_checkpoint(find_checkpoint(run, checkpoint_dir, runs_root), out_dir)
 
 
-__all__ = ["build_spec", "export_checkpoint", "export_run"]
+__all__ = ["build_spec", "check_destination", "write_export_files", "write_export", "export_checkpoint", "export_run"]

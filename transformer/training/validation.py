@@ -12,7 +12,7 @@ import torch
 
 from transformer.data.batching import PairCorpus
 from transformer.config import Config
-from transformer.translation.search import translate
+from transformer.translation.torch_engine import translate
 from transformer.training.loss import batch_loss
 from transformer.translation.metrics import Scores, score
 from transformer.model import Transformer

@@ -1,7 +1,8 @@
 """Attention weights for inspection: `record_attention` captures every layer's and head's
 probabilities while the model runs, `teacher_forced_attention` gives them for given sources and
-outputs, `translate_with_attention` for the translations search produces, and `hard_alignment`
-turns cross-attention into fairseq-style `src-tgt` pairs. Plotting lives in attention_plots.py.
+outputs, `translate_with_attention` for the translations the torch engine produces (through the
+text path every engine shares, texts.py), and `hard_alignment` turns cross-attention into
+fairseq-style `src-tgt` pairs. Plotting lives in attention_plots.py.
 
 The alignment rule: in the chosen decoder layer's cross-attention, averaged over its heads, each
 output subword (0-based, EOS not counted) is aligned to the source subword (0-based, EOS not
@@ -12,17 +13,19 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.data.batching import pad_rows, source_tensor
-from transformer.config import DecodeConfig
-from transformer.translation.search import decode_outputs, max_output_lengths, search_n_best
+from transformer.data.tokenizer import BOS_ID, EOS, EOS_ID
 from transformer.model import Transformer
-from transformer.data.tokenizer import BOS_ID, EOS, EOS_ID, Tokenizers
+from transformer.translation.texts import decode_outputs, max_output_length, search_texts
+
+if TYPE_CHECKING:
+    from transformer.translation.torch_engine import Translator
 
 @dataclass
 class AttentionMaps:
@@ -161,29 +164,29 @@ class AttendedTranslation:
                               len(self.output_tokens) - self.ended, layer)
 
 
-def translate_with_attention(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
-                             device: torch.device | str, n_best: int = 1) -> list[list[AttendedTranslation]]:
-    """Like decode.translate_n_best (same search, same texts), each translation with its attention.
+def translate_with_attention(engine: Translator, texts: list[str], n_best: int = 1, warn_unknown: bool = True
+                             ) -> list[list[AttendedTranslation]]:
+    """Like `engine.translate` (same text path, same search), each translation with its attention.
 
     Search keeps the fast cached path; afterwards one teacher-forced pass over each source and the
     tokens search actually produced gives the maps (cached steps give the same maps, see
     tests/test_attention.py, but beam search reorders its rows at every step).
     """
-    ids, results = search_n_best(texts, model, tokenizers, config, device, n_best)
+    ids, results = search_texts(engine, texts, n_best, warn_unknown)
+    tokenizers, config = engine.tokenizers, engine.decode
     translations = decode_outputs(tokenizers, results)
-    hard_cap = model.config.max_len - 1
+    hard_cap = engine.max_len - 1
     produced: list[tuple[int, list[int], bool]] = []  # (text index, output with its EOS, ended)
     for i, (source, outputs) in enumerate(zip(ids, results)):
         if source:
             # Beam search ends every hypothesis with EOS; greedy search stops without one only when the
-            # output reached its maximum length (decode.greedy_search).
-            longest = int(max_output_lengths(torch.tensor([len(source)]), config.max_length_a,
-                                             config.max_length_b, hard_cap))
+            # output reached its maximum length (search.greedy_search).
+            longest = max_output_length(len(source), config.max_length_a, config.max_length_b, hard_cap)
             for output in outputs:
                 ended = config.beam_size > 1 or len(output) < longest
                 produced.append((i, output + [EOS_ID] if ended else output, ended))
-    maps = iter(teacher_forced_attention(model, [ids[i] for i, _, _ in produced], [out for _, out, _ in produced],
-                                         device, config.batch_size))
+    maps = iter(teacher_forced_attention(engine.model, [ids[i] for i, _, _ in produced],
+                                         [out for _, out, _ in produced], engine.device, config.batch_size))
     ends = iter(ended for _, _, ended in produced)
     attended = []
     for source, outputs, candidates in zip(ids, results, translations):

@@ -1,7 +1,8 @@
 """Pictures of attention: the PNGs of `translate.py --attention` and the `attention/` images that
 validation logs to TensorBoard. matplotlib draws headless (a Figure on the Agg canvas, no pyplot and
 no process-wide backend switch); import this module only when a picture is asked for, since
-matplotlib is slow to import. The weights come from attention.py.
+matplotlib is slow to import. The weights come from attention.py; the log the images go to is any
+object with `enabled` and `image` (ImageLog), so that nothing here imports training/.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -16,11 +18,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from transformer.translation.attention import AttendedTranslation, translate_with_attention
 from transformer.config import DecodeConfig
-from transformer.training.logs import TensorBoard
-from transformer.model import Transformer
 from transformer.data.tokenizer import SPECIAL_TOKENS, Tokenizers
+from transformer.model import Transformer
+from transformer.translation.attention import AttendedTranslation, translate_with_attention
+from transformer.translation.torch_engine import Translator
 
 WORD_START = "▁"  # the Metaspace marker of a subword that starts a word (tokenizer.py)
 CONTINUATION = "##"  # how a subword that continues a word is shown (BERT's WordPiece convention)
@@ -124,13 +126,22 @@ def save_cross_attention_png(path: Path, source: str, translation: AttendedTrans
 
 
 def figure_pixels(figure: Figure) -> np.ndarray:
-    """The figure drawn as an (height, width, 3) uint8 RGB array, as TensorBoard.image takes it."""
+    """The figure drawn as an (height, width, 3) uint8 RGB array, as ImageLog.image takes it."""
     canvas = FigureCanvasAgg(figure)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
-def log_attention_images(tensorboard: TensorBoard, model: Transformer, tokenizers: Tokenizers,
+class ImageLog(Protocol):
+    """Where validation's pictures go (training's TensorBoard writer); disabled = nothing to draw."""
+
+    @property
+    def enabled(self) -> bool: ...
+
+    def image(self, step: int, tag: str, image: np.ndarray) -> None: ...
+
+
+def log_attention_images(tensorboard: ImageLog, model: Transformer, tokenizers: Tokenizers,
                          decode_config: DecodeConfig, sources: list[str], step: int,
                          device: torch.device | str) -> None:
     """Log the cross-attention of each source's greedy translation (validation's own search) as
@@ -139,7 +150,8 @@ def log_attention_images(tensorboard: TensorBoard, model: Transformer, tokenizer
     if not tensorboard.enabled or not sources:
         return
     greedy = dataclasses.replace(decode_config, beam_size=1)
-    translations = translate_with_attention(sources, model, tokenizers, greedy, device)
+    # No warning about unknown characters: it would repeat at every validation.
+    translations = translate_with_attention(Translator(model, tokenizers, greedy, device), sources, warn_unknown=False)
     for number, (source, candidates) in enumerate(zip(sources, translations), start=1):
         best = candidates[0]
         if best.attention is None:  # a blank sample: nothing was translated

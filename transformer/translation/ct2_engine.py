@@ -1,84 +1,40 @@
-"""Translation with CTranslate2 from a model exported by export.py: this project's cleaning,
-tokenizers, batching, output-length rule and length penalty (translation.py) around CTranslate2's
-greedy or beam search. Imports no torch, so that `translate.py --engine ctranslate2` starts without
-it; only a run that has no export yet imports export.py (and torch) once to write one.
-
-An export is a directory: CTranslate2's model.bin, config.json and vocabulary, our tokenizer files
-in `tokenizer/`, and `transformer-enfr.json`, which says how text becomes the model's tokens.
+"""The CTranslate2 engine: CTranslate2's greedy or beam search over batches of source ids, from a
+model exported by export/ (ct2_format.py says what an export is). Text goes through texts.py, as
+with every engine. Imports no torch, so that `translate.py --engine ctranslate2` starts without it;
+writing an export, when a run has none yet, is export/'s job and not this module's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformer.checkpoints.rundir import load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
-from transformer.errors import CheckpointError, ConfigError, UserError
-from transformer.checkpoints.rundir import MODEL_FILE, find_checkpoint, load_decode_config, read_meta, run_dir_of
-from transformer.data.text import clean_text
 from transformer.data.tokenizer import BOS, EOS, PAD, Tokenizers, load_tokenizers
-from transformer.translation.texts import gnmt_length_penalty, max_output_length, translate_texts, warn_unknown_characters
+from transformer.errors import CheckpointError, ConfigError
+from transformer.translation.ct2_format import EXPORT_TOKENIZER_DIR, import_ctranslate2, read_export_info
+from transformer.translation.texts import gnmt_length_penalty, max_output_length, translate_texts
 
 log = logging.getLogger(__name__)
 
-EXPORTS_DIR = "ctranslate2"  # in a run directory: one export per checkpoint weights, named by their hash
-EXPORT_INFO = "transformer-enfr.json"
-EXPORT_TOKENIZER_DIR = "tokenizer"
-EXPORT_FORMAT = "transformer-enfr/ctranslate2"
-EXPORT_VERSION = 1
-_HASH_CHARS = 16  # of the weights' SHA-256 in the cache directory's name
 # Beam search goes on until BEAM_PATIENCE x beam_size hypotheses have finished. With 2, CTranslate2 took
 # about as many decoding steps as our exact stopping rule (2,712 against 2,685 on 135 test sentences of a
 # tiny model trained 1,200 steps) and gave the same output on all 945 sentences tried; with 1 it stops
 # sooner and missed one. Models that repeat a token until the length limit (a few training steps) are
 # its worst case: with a length penalty, our search keeps going long after CTranslate2 has stopped.
 BEAM_PATIENCE = 2.0
-INSTALL_HINT = 'pip install -e ".[ctranslate2]"'
 
-# Every search call: we truncate sources ourselves (translation.py); EOS may come first, as in ours;
-# PAD and BOS are never emitted, as decode._NEVER_EMITTED says.
+# Every search call: we truncate sources ourselves (texts.py); EOS may come first, as in ours;
+# PAD and BOS are never emitted, as search._NEVER_EMITTED says.
 _OPTIONS = dict(max_input_length=0, min_decoding_length=0, suppress_sequences=[[PAD], [BOS]])
 
 
-def import_ctranslate2() -> Any:
-    """The ctranslate2 module, or a UserError saying how to install it (it is an optional dependency)."""
-    try:
-        import ctranslate2
-    except ImportError:
-        raise UserError(f"the ctranslate2 package is not installed; install it with {INSTALL_HINT}") from None
-    return ctranslate2
-
-
-def read_export_info(directory: Path) -> dict[str, Any] | None:
-    """The export description of `directory`, or None if it holds no complete export of this format."""
-    path = Path(directory) / EXPORT_INFO
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not isinstance(info, dict) or (info.get("format"), info.get("version")) != (EXPORT_FORMAT, EXPORT_VERSION):
-        return None
-    if not (Path(directory) / "model.bin").is_file():
-        return None
-    return info
-
-
-def cached_export_dir(checkpoint: Path) -> tuple[Path, str]:
-    """Where translate.py keeps the export of `checkpoint`: RUN/ctranslate2/<weights hash>, and that hash
-    (the SHA-256 that meta.json records for the weights, so the export follows the weights)."""
-    meta = read_meta(checkpoint, verify=False)
-    digest = meta["files"].get(MODEL_FILE, {}).get("sha256")
-    if not isinstance(digest, str):
-        raise CheckpointError(f"{checkpoint}: meta.json records no SHA-256 for {MODEL_FILE}")
-    return run_dir_of(checkpoint) / EXPORTS_DIR / digest[:_HASH_CHARS], digest
-
-
 def _device(spec: str, ctranslate2: Any, key: str) -> tuple[str, int]:
-    """CTranslate2's (device, device_index) for a --device value; it has no Apple MPS backend."""
+    """CTranslate2's (device, device_index) for a device setting named `key`; it has no Apple MPS backend."""
     kind, _, index = spec.partition(":")
     if kind == "mps":
         raise ConfigError(f"{key}: CTranslate2 does not run on Apple's MPS; use auto or cpu")
@@ -95,13 +51,13 @@ def _device(spec: str, ctranslate2: Any, key: str) -> tuple[str, int]:
 
 @dataclass
 class CTranslate2Translator:
-    """Translates like inference.Translator, through CTranslate2.
+    """Translates like torch_engine.Translator, through CTranslate2.
 
-    Greedy search gives the same tokens as decode.greedy_search: CTranslate2 stops a greedy output at
+    Greedy search gives the same tokens as search.greedy_search: CTranslate2 stops a greedy output at
     its length limit as ours does, so one call per batch with the batch's longest limit, each output
     cut to its own, is exact.
 
-    Beam search follows decode.beam_search where CTranslate2 lets it (see `_beam`): the same 2k
+    Beam search follows search.beam_search where CTranslate2 lets it (see `_beam`): the same 2k
     candidates and beams ranked by log-probability, one length limit per call (batches are split by
     limit), and its finished hypotheses re-ranked with the GNMT penalty. Two things differ: our search
     stops by an exact bound on what an open beam can still score, CTranslate2 once `patience` x
@@ -123,15 +79,12 @@ class CTranslate2Translator:
         self._target_ids = target.get_vocab(with_added_tokens=True)
 
     def translate(self, texts: list[str], n_best: int = 1) -> list[list[str]]:
-        """For each text, its `n_best` translations, best first."""
-        if not 1 <= n_best <= self.decode.beam_size:
-            raise ValueError(f"n_best must be between 1 and decode.beam_size={self.decode.beam_size}, got {n_best}")
-        warn_unknown_characters([clean_text(text) for text in texts], self.tokenizers)
-        return translate_texts(texts, self.tokenizers, self.search, self.decode.batch_size, n_best,
-                               self.max_len - 1)
+        """For each text, its `n_best` translations, best first (texts.translate_texts)."""
+        return translate_texts(self, texts, n_best)
 
-    def search(self, sources: list[list[int]]) -> list[list[list[int]]]:
-        """Source id lists (no EOS) -> for each, its hypotheses' target ids, best first (translation.Search)."""
+    def search(self, sources: list[list[int]], n_best: int) -> list[list[list[int]]]:
+        """Source id lists (no EOS) -> for each, its hypotheses' target ids, best first (texts.Engine).
+        Beam search returns all it finished, at least `n_best`, and the text path keeps the first."""
         decode = self.decode
         tokens = [[self._source_tokens[i] for i in ids] for ids in sources]
         limits = [max_output_length(len(ids), decode.max_length_a, decode.max_length_b, self.max_len - 1)
@@ -201,36 +154,23 @@ def differences_from_torch(decode: DecodeConfig, n_best: int = 1, patience: floa
             "not by the torch engine's exact bound, so a few beam outputs can differ"]
 
 
-def load_ct2_translator(run: Path | None = None, checkpoint_dir: Path | None = None, runs_root: Path = Path("runs"),
-                        device: str = "auto", int8: bool = False, threads: int = 0, patience: float = BEAM_PATIENCE,
-                        device_key: str = "--device", **decode_overrides: Any) -> CTranslate2Translator:
-    """A CTranslate2 translator of the best checkpoint of `run` (default: the newest run under
-    `runs_root`), of `checkpoint_dir`, or of an export directory given as `checkpoint_dir`.
+def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device: str = "auto", int8: bool = False,
+                        threads: int = 0, patience: float = BEAM_PATIENCE, device_key: str = "device",
+                        **decode_overrides: Any) -> CTranslate2Translator:
+    """A CTranslate2 translator of the export in `model_dir`.
 
-    A checkpoint is exported on first use into RUN/ctranslate2/<hash of its weights>/ (export.py, which
-    imports torch); later calls load that export without torch. `int8` runs CTranslate2's int8 weights
-    (compute_type int8); `threads` > 0 sets its intra-op threads; `patience` is beam search's (see
-    BEAM_PATIENCE). `decode_overrides` replace fields of the run's decode config (or, for an export
-    directory, of the one it was exported with).
+    `checkpoint`: the checkpoint it was exported from, whose run's decode config then applies (else the
+    one the export recorded). `int8` runs CTranslate2's int8 weights (compute_type int8); `threads` > 0
+    sets its intra-op threads; `patience` is beam search's (see BEAM_PATIENCE); `device_key` names the
+    device setting in errors. `decode_overrides` replace fields of the decode config.
     """
     ctranslate2 = import_ctranslate2()
     device_kind, device_index = _device(device, ctranslate2, device_key)
-    source_checkpoint: Path | None = None
-    info = read_export_info(checkpoint_dir) if checkpoint_dir is not None else None
-    if info is not None:  # a directory export.py wrote
-        model_dir = Path(checkpoint_dir)
-        decode = DecodeConfig(**info["decode"])
-    else:
-        source_checkpoint = find_checkpoint(run, checkpoint_dir, runs_root)
-        model_dir, digest = cached_export_dir(source_checkpoint)
-        info = read_export_info(model_dir)
-        if info is None or info["checkpoint"]["model_sha256"] != digest:
-            from transformer.export.ctranslate2 import export_checkpoint  # torch: only to write the export, once
-
-            log.info("exporting %s for CTranslate2 into %s (once: later calls reuse it)", source_checkpoint, model_dir)
-            export_checkpoint(source_checkpoint, model_dir, force=True)
-            info = read_export_info(model_dir)
-        decode = load_decode_config(run_dir_of(source_checkpoint))
+    model_dir = Path(model_dir)
+    info = read_export_info(model_dir)
+    if info is None:
+        raise CheckpointError(f"{model_dir}: holds no complete CTranslate2 export of this project")
+    decode = load_decode_config(run_dir_of(checkpoint)) if checkpoint is not None else DecodeConfig(**info["decode"])
     decode = dataclasses.replace(decode, **{k: v for k, v in decode_overrides.items() if v is not None})
     try:
         translator = ctranslate2.Translator(str(model_dir), device=device_kind, device_index=device_index,
@@ -240,9 +180,8 @@ def load_ct2_translator(run: Path | None = None, checkpoint_dir: Path | None = N
     tokenizers = load_tokenizers(model_dir / EXPORT_TOKENIZER_DIR)
     log.info("translating with CTranslate2 from %s (step %s%s)", model_dir, info["checkpoint"].get("step"),
              ", int8" if int8 else "")
-    return CTranslate2Translator(translator, tokenizers, decode, int(info["max_len"]), model_dir, source_checkpoint,
+    return CTranslate2Translator(translator, tokenizers, decode, int(info["max_len"]), model_dir, checkpoint,
                                  patience)
 
 
-__all__ = ["EXPORTS_DIR", "EXPORT_INFO", "BEAM_PATIENCE", "CTranslate2Translator", "import_ctranslate2",
-           "read_export_info", "cached_export_dir", "differences_from_torch", "load_ct2_translator"]
+__all__ = ["BEAM_PATIENCE", "CTranslate2Translator", "differences_from_torch", "load_ct2_translator"]

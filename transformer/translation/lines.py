@@ -1,18 +1,23 @@
 """Translating lines of text as translate.py does: in chunks (batched, with flat memory), one output
 line per input line, written as soon as its chunk is translated; with the torch engine, optionally
-each translation's attention picture and alignment; reference files read and scored. Writes only to
-the stream and directory it is given. Imports no torch (the attention part loads it when asked for).
+each translation's attention picture and alignment; reference files read and scored; the output file
+written whole or not at all. Imports no torch (the attention part loads it when asked for).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import stat
 from itertools import islice
 from pathlib import Path
 from typing import Iterable, Iterator, Protocol, TextIO
 
-from transformer.errors import UserError
-from transformer.translation.metrics import score
 from transformer.data.text import read_lines
+from transformer.errors import UserError
+from transformer.files import atomic_writer
+from transformer.translation.metrics import score
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
 # small enough that a long file streams and memory stays flat.
@@ -31,15 +36,18 @@ def chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def read_references(paths: list[Path], n_lines: int) -> list[list[str]]:
-    """references[i]: the non-blank lines i of the reference files (split as the input is)."""
-    streams = []
-    for path in paths:
-        lines = read_lines(path, "reference file")
+def read_references(paths: list[Path]) -> list[list[str]]:
+    """The lines of each reference file (split as the input is); read before translating, so that an
+    unreadable one stops the run before its work, not after."""
+    return [read_lines(path, "reference file") for path in paths]
+
+
+def align_references(paths: list[Path], files: list[list[str]], n_lines: int) -> list[list[str]]:
+    """references[i]: the non-blank lines i of the reference files `files` (read from `paths`)."""
+    for path, lines in zip(paths, files):
         if len(lines) != n_lines:
             raise UserError(f"{path}: {len(lines)} lines, but {n_lines} sentences were translated")
-        streams.append(lines)
-    return [[stream[i] for stream in streams if stream[i].strip()] for i in range(n_lines)]
+    return [[lines[i] for lines in files if lines[i].strip()] for i in range(n_lines)]
 
 
 def score_report(hypotheses: list[str], references: list[list[str]]) -> str:
@@ -53,24 +61,42 @@ def score_report(hypotheses: list[str], references: list[list[str]]) -> str:
     return f"{scores}  ({len(scored)} sentences{note}; {scores.signature})"
 
 
-def attention_directory(path: Path) -> Path:
-    """`path`, created if need be; a UserError if it is a file or cannot be made."""
+def attention_directory(path: Path, name: str) -> Path:
+    """`path`, created if need be; a UserError naming it as `name` if it is a file or cannot be made."""
     if path.exists() and not path.is_dir():
-        raise UserError(f"--attention {path}: is a file, not a directory")
+        raise UserError(f"{name} {path}: is a file, not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise UserError(f"cannot create --attention directory {path}: {error.strerror or error}") from None
+        raise UserError(f"cannot create {name} directory {path}: {error.strerror or error}") from None
     return path
+
+
+@contextlib.contextmanager
+def output_file(path: Path, name: str) -> Iterator[TextIO]:
+    """A text stream that becomes `path` once the block ends without an exception: a failed or
+    interrupted run leaves an earlier `path` as it was (files.atomic_writer). A link is followed, so
+    its target is what changes. A device or pipe (/dev/stdout, a FIFO) cannot be replaced by a rename
+    and is written in place. Any failure to write is a UserError naming the file as `name`."""
+    target = Path(os.path.realpath(path))
+    if target.is_dir():  # else the temporary would be written, only for the final rename to fail
+        raise UserError(f"cannot write {name} {path}: {os.strerror(errno.EISDIR)}")
+    try:
+        special = target.exists() and not stat.S_ISREG(target.stat().st_mode)
+        with (open(target, "w", encoding="utf-8", newline="\n") if special else atomic_writer(target)) as stream:
+            yield stream
+    except OSError as error:
+        raise UserError(f"cannot write {name} {path}: {error.strerror or error}") from None
 
 
 def _inspect_chunk(translator, chunk: list[str], n_best: int, first: int, attention_dir: Path | None,
                    alignment_layer: int | None) -> tuple[list[str], list[str]]:
     """(output lines, best translations) of a chunk whose first line is input line `first`; writes
     the attention PNGs and adds the alignments that were asked for."""
-    from transformer.translation.attention import format_alignment  # torch: only once attention is asked for
+    # torch: only once attention is asked for
+    from transformer.translation.attention import format_alignment, translate_with_attention
 
-    attended = translator.translate_with_attention(chunk, n_best=n_best)
+    attended = translate_with_attention(translator, chunk, n_best)
     if attention_dir is not None:
         from transformer.translation.attention_plots import save_cross_attention_png  # matplotlib: only for pictures
 
@@ -95,7 +121,7 @@ def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_be
     """Translate lines chunk by chunk, writing each chunk's output as soon as it is ready; returns
     the best translations. `attention_dir`: write DIR/N.png for input line N (1-based, blank lines
     counted); `alignment_layer` (0-based): follow each translation with a tab and its alignment.
-    Both need the torch engine (`Translator.translate_with_attention`)."""
+    Both need the torch engine (attention.translate_with_attention)."""
     inspect = attention_dir is not None or alignment_layer is not None
     if inspect:
         chunk_size = min(chunk_size, ATTENTION_CHUNK)
@@ -116,5 +142,5 @@ def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_be
     return written
 
 
-__all__ = ["STREAM_CHUNK", "ATTENTION_CHUNK", "chunks", "read_references", "score_report", "attention_directory",
-           "translate_stream"]
+__all__ = ["STREAM_CHUNK", "ATTENTION_CHUNK", "chunks", "read_references", "align_references", "score_report",
+           "attention_directory", "output_file", "translate_stream"]

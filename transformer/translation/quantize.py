@@ -19,7 +19,7 @@ from transformer.model import Transformer
 def quantize_int8(model: Transformer) -> Transformer:
     """The model with int8 dynamically quantized linear layers (in place; CPU only)."""
     if next(model.parameters()).device.type != "cpu":
-        raise UserError("int8 translation runs on the CPU only; use --device cpu")
+        raise UserError("int8 translation runs on the CPU only; load the model on the CPU")
     model.eval()
     with warnings.catch_warnings():
         # torch.ao.quantization is deprecated in favour of torchao, whose int8 kernels target

@@ -1,7 +1,6 @@
-"""Search for translations: greedy and beam search over a batch of source sentences, and
-`translate` / `translate_n_best` from text to text (the text side, shared with the CTranslate2
-engine, is in translation.py). No training and no file I/O here; the model's incremental decoding
-cache lives in model.py.
+"""Tensor searches: greedy and beam search over a batch of source id tensors, one step of the
+model's decoder at a time. No text and no tokenizers here (the text path is texts.py, the torch
+engine around these searches torch_engine.py); the incremental decoding cache lives in model.py.
 """
 
 from __future__ import annotations
@@ -11,11 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer.data.batching import source_tensor
-from transformer.config import DecodeConfig
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer.model import Transformer
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-from transformer.translation.texts import decode_outputs, gnmt_length_penalty, max_output_length, search_texts
+from transformer.translation.texts import gnmt_length_penalty, max_output_length
 
 _NEVER_EMITTED = [PAD_ID, BOS_ID]  # their logits are set to -inf at every step
 
@@ -225,53 +222,4 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
     return finished
 
 
-def search_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
-                  device: torch.device | str, n_best: int, use_cache: bool = True
-                  ) -> tuple[list[list[int]], list[list[list[int]]]]:
-    """`translate_n_best` before detokenization: the source ids each text was read as (without EOS),
-    and for each text its `n_best` output id lists best first (without BOS/EOS)."""
-    if not 1 <= n_best <= config.beam_size:
-        raise ValueError(f"n_best must be between 1 and decode.beam_size={config.beam_size}, got {n_best}")
-    hard_cap = model.config.max_len - 1
-
-    def search(sources: list[list[int]]) -> list[list[list[int]]]:
-        src, src_pad_mask = source_tensor(sources)
-        src, src_pad_mask = src.to(device), src_pad_mask.to(device)
-        max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), config.max_length_a,
-                                         config.max_length_b, hard_cap)
-        if config.beam_size == 1:
-            return [[tokens] for tokens in greedy_search(model, src, src_pad_mask, max_lengths, use_cache)]
-        hypotheses = beam_search(model, src, src_pad_mask, config.beam_size, config.length_penalty,
-                                 max_lengths, n_best, use_cache)
-        return [[h.tokens for h in sentence] for sentence in hypotheses]
-
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            return search_texts(texts, tokenizers, search, config.batch_size, n_best, hard_cap)
-    finally:
-        model.train(was_training)
-
-
-def translate_n_best(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
-                     device: torch.device | str, n_best: int, use_cache: bool = True) -> list[list[str]]:
-    """Translate `texts`: for each, its `n_best` translations best first (n_best <= config.beam_size;
-    beam_size 1 = greedy search).
-
-    Texts are cleaned, tokenized and batched as `translation.search_texts` says: sorted by source
-    length and decoded config.batch_size at a time; the result is in input order and does not depend
-    on the batching. Blank texts translate to "" and sources longer than model max_len - 1 subwords
-    are truncated with a logged warning. The model runs in eval mode, and its mode is restored.
-    """
-    return decode_outputs(tokenizers, search_n_best(texts, model, tokenizers, config, device, n_best, use_cache)[1])
-
-
-def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
-              device: torch.device | str, use_cache: bool = True) -> list[str]:
-    """The best translation of each text, in input order; see `translate_n_best`."""
-    return [best[0] for best in translate_n_best(texts, model, tokenizers, config, device, 1, use_cache)]
-
-
-__all__ = ["Hypothesis", "gnmt_length_penalty", "max_output_lengths", "greedy_search", "beam_search",
-           "search_n_best", "decode_outputs", "translate", "translate_n_best"]
+__all__ = ["Hypothesis", "max_output_lengths", "greedy_search", "beam_search"]

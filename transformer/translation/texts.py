@@ -1,15 +1,17 @@
-"""What every translation engine shares, around its search: cleaning, subword ids, truncation to the
-position table, blank lines, length-sorted batches, the output-length rule and the GNMT length
-penalty. No torch here: decode.py's searches and the CTranslate2 engine (ct2_engine.py) both use it,
-so the two engines read and write text in exactly the same way.
+"""The one road from text to text that every engine shares: clean once, warn about characters the
+tokenizer never saw, encode, truncate to the position table, search length-sorted batches with the
+engine's `search`, detokenize. Also the output-length rule and the GNMT length penalty, which both
+engines' searches follow. No torch here, so that the CTranslate2 engine starts without it; the
+searches themselves live with their engines (search.py, torch_engine.py, ct2_engine.py).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, TypeVar
+from typing import Protocol, TypeVar
 
+from transformer.config import DecodeConfig
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import UNK, UNK_ID, Tokenizers
 
@@ -17,9 +19,22 @@ log = logging.getLogger(__name__)
 
 _UNKNOWN_SHOWN = 10  # unknown characters named in the warning
 
-# One batch of source id lists (no EOS) -> for each sentence its hypotheses' target ids, best first.
-Search = Callable[[list[list[int]]], list[list[list[int]]]]
 Length = TypeVar("Length")  # a float or a tensor of lengths
+
+
+class Engine(Protocol):
+    """What the text path needs of an engine: its tokenizers, decode settings, position table size,
+    and a search over one batch of source id lists."""
+
+    tokenizers: Tokenizers
+    decode: DecodeConfig
+
+    @property
+    def max_len(self) -> int: ...
+
+    def search(self, sources: list[list[int]], n_best: int) -> list[list[list[int]]]:
+        """Source id lists (no EOS) -> for each, up to `n_best` output id lists best first (no BOS/EOS)."""
+        ...
 
 
 def gnmt_length_penalty(length: Length, alpha: float) -> Length:
@@ -63,30 +78,46 @@ def warn_unknown_characters(texts: list[str], tokenizers: Tokenizers) -> None:
                     sentences, UNK, ", ".join(map(repr, shown)), ", ..." if len(unknown) > len(shown) else "")
 
 
-def search_texts(texts: list[str], tokenizers: Tokenizers, search: Search, batch_size: int, n_best: int,
-                 hard_cap: int) -> tuple[list[list[int]], list[list[list[int]]]]:
-    """For each text, the source ids it was read as (without EOS) and up to `n_best` output id lists
-    found by `search`, best first (without BOS/EOS).
+def source_ids(texts: list[str], tokenizers: Tokenizers, hard_cap: int, warn_unknown: bool = True
+               ) -> list[list[int]]:
+    """The source ids (without EOS) each text is read as.
 
-    Each text is first cleaned exactly as training cleaned its pairs (text.clean_text), so what a user
-    pastes (non-breaking spaces, tabs, zero-width characters) reads as in training. Sentences are
-    sorted by source length and handed to `search` `batch_size` at a time; the result is in input
-    order. An empty or blank text (or one with no subwords) has no source ids and n_best empty
-    outputs, without a search. Sources longer than `hard_cap` subwords are truncated to it with a
-    logged warning (not refused: one odd line should not stop a whole file).
+    Each text is cleaned exactly as training cleaned its pairs (text.clean_text), here and nowhere
+    else on the way, so that what a user pastes (non-breaking spaces, tabs, zero-width characters)
+    reads as in training. Sources longer than `hard_cap` subwords are truncated to it with a logged
+    warning (not refused: one odd line should not stop a whole file). A blank text has no ids.
     """
-    texts = [clean_text(text) for text in texts]  # as the training pairs were cleaned
+    texts = [clean_text(text) for text in texts]
+    if warn_unknown:
+        warn_unknown_characters(texts, tokenizers)
     ids = truncate_sources(tokenizers.encode_source(texts), hard_cap)
     # A blank line stays blank: BPE would turn spaces into "▁" tokens and the model would invent text.
-    ids = [row if text else [] for text, row in zip(texts, ids)]
-    results: list[list[list[int]]] = [[[]] * n_best for _ in ids]
+    return [row if text else [] for text, row in zip(texts, ids)]
+
+
+def search_in_batches(engine: Engine, sources: list[list[int]], n_best: int) -> list[list[list[int]]]:
+    """For each source, up to `n_best` output id lists best first, found by `engine.search` on
+    decode.batch_size sources at a time, sorted by length; the result is in input order. A source
+    without ids gets n_best empty outputs, without a search."""
+    results: list[list[list[int]]] = [[[]] * n_best for _ in sources]
     # Longest first: peak memory shows up in the first batch, not after minutes of work.
-    order = sorted((i for i, row in enumerate(ids) if row), key=lambda i: -len(ids[i]))
+    order = sorted((i for i, row in enumerate(sources) if row), key=lambda i: -len(sources[i]))
+    batch_size = engine.decode.batch_size
     for start in range(0, len(order), batch_size):
         chunk = order[start: start + batch_size]
-        for i, output in zip(chunk, search([ids[i] for i in chunk])):
+        for i, output in zip(chunk, engine.search([sources[i] for i in chunk], n_best)):
             results[i] = output[:n_best]
-    return ids, results
+    return results
+
+
+def search_texts(engine: Engine, texts: list[str], n_best: int = 1, warn_unknown: bool = True
+                 ) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """`translate_texts` before detokenization: the source ids each text was read as (without EOS),
+    and for each text its `n_best` output id lists best first (without BOS/EOS)."""
+    if not 1 <= n_best <= engine.decode.beam_size:
+        raise ValueError(f"n_best must be between 1 and the beam size {engine.decode.beam_size}, got {n_best}")
+    sources = source_ids(texts, engine.tokenizers, engine.max_len - 1, warn_unknown)
+    return sources, search_in_batches(engine, sources, n_best)
 
 
 def decode_outputs(tokenizers: Tokenizers, results: list[list[list[int]]]) -> list[list[str]]:
@@ -96,11 +127,12 @@ def decode_outputs(tokenizers: Tokenizers, results: list[list[list[int]]]) -> li
     return [[next(flat) for _ in sentence] for sentence in results]
 
 
-def translate_texts(texts: list[str], tokenizers: Tokenizers, search: Search, batch_size: int, n_best: int,
-                    hard_cap: int) -> list[list[str]]:
-    """For each text, up to `n_best` translations best first, found by `search` (see `search_texts`)."""
-    return decode_outputs(tokenizers, search_texts(texts, tokenizers, search, batch_size, n_best, hard_cap)[1])
+def translate_texts(engine: Engine, texts: list[str], n_best: int = 1, warn_unknown: bool = True
+                    ) -> list[list[str]]:
+    """For each text, its `n_best` translations best first (n_best <= the beam size), in input order;
+    the result does not depend on the batching. Blank texts translate to ""."""
+    return decode_outputs(engine.tokenizers, search_texts(engine, texts, n_best, warn_unknown)[1])
 
 
-__all__ = ["Search", "gnmt_length_penalty", "max_output_length", "truncate_sources", "warn_unknown_characters",
-           "search_texts", "decode_outputs", "translate_texts"]
+__all__ = ["Engine", "gnmt_length_penalty", "max_output_length", "truncate_sources", "warn_unknown_characters",
+           "source_ids", "search_in_batches", "search_texts", "decode_outputs", "translate_texts"]

@@ -1,5 +1,8 @@
-"""Load a trained run for translation: rebuild the model from its checkpoint, load the run's own
-tokenizers (refusing files that differ from those it was trained with), and translate text."""
+"""The torch engine: load a trained run for translation (rebuild the model from its checkpoint, load
+the run's own tokenizers, refusing files that differ from those it was trained with) and search
+batches of source ids with it. Text goes through texts.py, as with every engine; the tensor searches
+are in search.py.
+"""
 
 from __future__ import annotations
 
@@ -11,38 +14,68 @@ from pathlib import Path
 import torch
 
 from transformer.checkpoints import files as checkpoint
-from transformer.translation.attention import AttendedTranslation, translate_with_attention
+from transformer.checkpoints.rundir import TOKENIZER_DIR, find_checkpoint, load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
-from transformer.translation.search import translate_n_best
+from transformer.data.batching import source_tensor
+from transformer.data.tokenizer import Tokenizers, load_tokenizers, tokenizer_fingerprint
 from transformer.errors import CheckpointError, UserError
 from transformer.model import Transformer
-from transformer.translation.quantize import quantize_int8
 from transformer.runtime import fast_bf16
-from transformer.checkpoints.rundir import find_checkpoint, load_decode_config, run_dir_of
-from transformer.data.text import clean_text
-from transformer.data.tokenizer import Tokenizers, load_tokenizers, tokenizer_fingerprint
-from transformer.translation.texts import warn_unknown_characters
+from transformer.translation.quantize import quantize_int8
+from transformer.translation.search import beam_search, greedy_search, max_output_lengths
+from transformer.translation.texts import translate_texts
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Translator:
+    """A model and its tokenizers as an engine of the text path (texts.Engine)."""
+
     model: Transformer
     tokenizers: Tokenizers
     decode: DecodeConfig
-    device: torch.device
-    checkpoint: Path
+    device: torch.device | str
+    checkpoint: Path | None = None  # where the model was loaded from, when it was
+    use_cache: bool = True  # False recomputes every prefix: for tests and the benchmark
+
+    @property
+    def max_len(self) -> int:
+        return self.model.config.max_len
 
     def translate(self, texts: list[str], n_best: int = 1) -> list[list[str]]:
-        """For each text, its `n_best` translations, best first."""
-        warn_unknown_characters([clean_text(text) for text in texts], self.tokenizers)
-        return translate_n_best(texts, self.model, self.tokenizers, self.decode, self.device, n_best)
+        """For each text, its `n_best` translations, best first (texts.translate_texts)."""
+        return translate_texts(self, texts, n_best)
 
-    def translate_with_attention(self, texts: list[str], n_best: int = 1) -> list[list[AttendedTranslation]]:
-        """As `translate`, each translation with the attention that produced it (attention.py)."""
-        warn_unknown_characters([clean_text(text) for text in texts], self.tokenizers)
-        return translate_with_attention(texts, self.model, self.tokenizers, self.decode, self.device, n_best)
+    def search(self, sources: list[list[int]], n_best: int) -> list[list[list[int]]]:
+        """Source id lists (no EOS) -> for each, its `n_best` output id lists best first: greedy search
+        when decode.beam_size is 1, else beam search. The model runs in eval mode, and its mode is
+        restored."""
+        decode = self.decode
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                src, src_pad_mask = source_tensor(sources)
+                src, src_pad_mask = src.to(self.device), src_pad_mask.to(self.device)
+                max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), decode.max_length_a,
+                                                 decode.max_length_b, self.max_len - 1)
+                if decode.beam_size == 1:
+                    return [[tokens] for tokens in
+                            greedy_search(self.model, src, src_pad_mask, max_lengths, self.use_cache)]
+                hypotheses = beam_search(self.model, src, src_pad_mask, decode.beam_size, decode.length_penalty,
+                                         max_lengths, n_best, self.use_cache)
+                return [[h.tokens for h in sentence] for sentence in hypotheses]
+        finally:
+            self.model.train(was_training)
+
+
+def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
+              device: torch.device | str, use_cache: bool = True) -> list[str]:
+    """The best translation of each text, in input order, by `model` as it is (validation's
+    translations: no warning about unknown characters, which would repeat at every validation)."""
+    engine = Translator(model, tokenizers, config, device, use_cache=use_cache)
+    return [best[0] for best in translate_texts(engine, texts, 1, warn_unknown=False)]
 
 
 def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None, device: torch.device | str = "cpu",
@@ -81,7 +114,7 @@ def load_checkpoint_and_tokenizers(found: Path, device: torch.device | str = "cp
     model, meta = checkpoint.load_model(found, device)
     model.eval()
     run_dir = run_dir_of(found)
-    tokenizer_dir = run_dir / checkpoint.TOKENIZER_DIR
+    tokenizer_dir = run_dir / TOKENIZER_DIR
     if not tokenizer_dir.is_dir():
         raise CheckpointError(f"{found}: its tokenizer directory {tokenizer_dir} is missing; "
                               "copy the whole run directory, not only the checkpoint")

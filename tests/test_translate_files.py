@@ -1,0 +1,193 @@
+"""What translate.py and export.py do with files a user owns: an --output that is also an input is
+refused; --output is written whole or not at all, so a failed or interrupted run leaves the earlier
+file as it was; every file that cannot be read or written is one line naming it; and export.py never
+deletes or writes into a run, a checkpoint or a directory that holds anything but an earlier export.
+Run through the CLIs, as a user would."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import train_tiny_run
+from test_cli import stdin_of, user_error
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import export as export_cli  # noqa: E402  (the CLI scripts at the repository root)
+import translate as translate_cli  # noqa: E402
+
+NOTES = "I'm cold.\n\nWhere is the station?\n"
+EARLIER = "an earlier translation, to be kept\n"
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config, datasets_cache: Path) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("files") / "run", tiny_config, datasets_cache)
+
+
+def translate(run_dir: Path, *args: str) -> int:
+    return translate_cli.main(["--run", str(run_dir), "--quiet", *args])
+
+
+def export(run_dir: Path, out_dir: Path, *args: str) -> int:
+    return export_cli.main(["--run", str(run_dir), "--to", "ctranslate2", "--quiet", str(out_dir), *args])
+
+
+def leftovers(directory: Path, *expected: str) -> list[str]:
+    """Names in `directory` besides `expected`: temporaries a run should not leave behind."""
+    return sorted(name for name in os.listdir(directory) if name not in expected)
+
+
+# --------------------------------------------------------------------------- translate.py --output
+
+
+def _same_as_notes(notes: Path) -> str:
+    return str(notes)
+
+
+def _through_a_parent(notes: Path) -> str:
+    (notes.parent / "sub").mkdir()
+    return str(notes.parent / "sub" / ".." / notes.name)
+
+
+def _symbolic_link(notes: Path) -> str:
+    os.symlink(notes.name, notes.parent / "link.en")
+    return str(notes.parent / "link.en")
+
+
+def _hard_link(notes: Path) -> str:
+    os.link(notes, notes.parent / "hard.en")
+    return str(notes.parent / "hard.en")
+
+
+@pytest.mark.parametrize("spell", [_same_as_notes, _through_a_parent, _symbolic_link, _hard_link],
+                         ids=["same-path", "through-a-parent", "symbolic-link", "hard-link"])
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(trained_run: Path, tmp_path: Path, capsys,
+                                                                   spell):
+    notes = tmp_path / "notes.en"
+    notes.write_text(NOTES, encoding="utf-8")
+    output = spell(notes)
+    assert translate(trained_run, "--input", str(notes), "--output", output) == 2
+    message = user_error(capsys)
+    assert message.startswith(f"--output {output} is also the --input file {notes}")
+    assert notes.read_text(encoding="utf-8") == NOTES
+
+
+def test_an_output_that_is_a_reference_is_refused_and_the_reference_kept(trained_run: Path, tmp_path: Path,
+                                                                         capsys):
+    notes, reference = tmp_path / "notes.en", tmp_path / "notes.fr"
+    notes.write_text(NOTES, encoding="utf-8")
+    reference.write_text("J'ai froid.\n\nOù est la gare ?\n", encoding="utf-8")
+    os.symlink(reference.name, tmp_path / "link.fr")
+    before = reference.read_bytes()
+    for output in (reference, tmp_path / "link.fr"):
+        assert translate(trained_run, "--input", str(notes), "--reference", str(reference),
+                         "--output", str(output)) == 2
+        assert user_error(capsys).startswith(f"--output {output} is also the --reference file {reference}")
+        assert reference.read_bytes() == before
+
+
+def test_a_run_that_fails_after_translating_leaves_the_earlier_output(trained_run: Path, tmp_path: Path, capsys,
+                                                                      monkeypatch):
+    output, reference = tmp_path / "out.fr", tmp_path / "short.fr"
+    output.write_text(EARLIER, encoding="utf-8")
+    reference.write_text("Va !\n", encoding="utf-8")  # one line for two translations: fails once they are done
+    stdin_of(monkeypatch, b"I'm cold.\nGo.\n")  # read as it comes: the line count is known only at the end
+    assert translate(trained_run, "--reference", str(reference), "--output", str(output)) == 2
+    assert user_error(capsys) == f"{reference}: 1 lines, but 2 sentences were translated"
+    assert output.read_text(encoding="utf-8") == EARLIER
+    assert leftovers(tmp_path, "out.fr", "short.fr") == []
+
+
+def test_an_interrupted_run_leaves_the_earlier_output(trained_run: Path, tmp_path: Path, monkeypatch):
+    notes, output = tmp_path / "notes.en", tmp_path / "out.fr"
+    notes.write_text(NOTES, encoding="utf-8")
+    output.write_text(EARLIER, encoding="utf-8")
+
+    def interrupted(translator, lines, out, *args, **kwargs):
+        out.write("half of the transla")
+        raise KeyboardInterrupt  # Ctrl-C in the middle of a chunk
+
+    monkeypatch.setattr(translate_cli, "translate_stream", interrupted)
+    assert translate(trained_run, "--input", str(notes), "--output", str(output)) == 130
+    assert output.read_text(encoding="utf-8") == EARLIER
+    assert leftovers(tmp_path, "notes.en", "out.fr") == []
+
+
+def _unreadable_input(tmp_path: Path) -> tuple[list[str], Path]:
+    path = tmp_path / "notes.en" / "inside-a-file.en"  # a file where a directory should be
+    return ["--input", str(path)], path
+
+
+def _unreadable_reference(tmp_path: Path) -> tuple[list[str], Path]:
+    path = tmp_path / "notes.en" / "inside-a-file.fr"
+    return ["--input", str(tmp_path / "notes.en"), "--reference", str(path)], path
+
+
+def _unwritable_output(tmp_path: Path) -> tuple[list[str], Path]:
+    path = Path("/dev/full")  # every write fails: No space left on device
+    return ["--input", str(tmp_path / "notes.en"), "--output", str(path)], path
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("case", [_unreadable_input, _unreadable_reference, _unwritable_output],
+                         ids=["input", "reference", "output"])
+def test_a_file_that_cannot_be_read_or_written_is_one_line_naming_it(trained_run: Path, tmp_path: Path, capsys,
+                                                                     case):
+    (tmp_path / "notes.en").write_text(NOTES, encoding="utf-8")
+    args, path = case(tmp_path)
+    assert translate(trained_run, *args) == 2
+    message = user_error(capsys)
+    assert str(path) in message and "\n" not in message
+
+
+# --------------------------------------------------------------------------- export.py OUT_DIR
+
+
+@pytest.fixture
+def own_run(trained_run: Path, tmp_path: Path) -> Path:
+    """A copy of the trained run, so that a test that fails by destroying it harms no other test."""
+    return Path(shutil.copytree(trained_run, tmp_path / "run", symlinks=True))
+
+
+def run_translates(run_dir: Path, capsys) -> bool:
+    capsys.readouterr()
+    code = translate(run_dir, "Hi.")
+    return code == 0 and len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_export_into_the_run_s_tokenizer_leaves_it_and_the_run_translates(own_run: Path, capsys):
+    tokenizer = own_run / "tokenizer"
+    before = {path.name: path.read_bytes() for path in tokenizer.iterdir()}
+    for force in ([], ["--force"]):
+        assert export(own_run, tokenizer, *force) == 2
+        assert str(tokenizer) in user_error(capsys)
+        assert {path.name: path.read_bytes() for path in tokenizer.iterdir()} == before
+        assert run_translates(own_run, capsys)
+
+
+@pytest.mark.parametrize("where", ["exports", "checkpoints/best/export"])
+def test_export_never_writes_into_a_run_or_a_checkpoint(own_run: Path, capsys, where: str):
+    out = own_run / where
+    assert export(own_run, out) == 2
+    assert str(out) in user_error(capsys)
+    assert not out.exists()
+    assert run_translates(own_run, capsys)
+
+
+def test_export_never_replaces_a_directory_holding_anything_else_even_with_force(trained_run: Path,
+                                                                                tmp_path: Path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    for force in ([], ["--force"]):
+        assert export(trained_run, out, *force) == 2
+        assert user_error(capsys)
+        assert sorted(os.listdir(out)) == ["notes.txt"] and (out / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert leftovers(tmp_path, "mine") == []

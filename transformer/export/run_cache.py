@@ -1,0 +1,42 @@
+"""The CTranslate2 model that `translate.py --engine ctranslate2` translates with: an export directory
+given as such, or the export a run keeps of its best checkpoint in RUN/ctranslate2/<weights hash>/,
+written there on first use. No torch unless that export has to be written (ctranslate2.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from transformer.checkpoints.rundir import RunDirectory, find_checkpoint, run_dir_of
+from transformer.translation.ct2_format import cached_export_dir, is_current_export, read_export_info
+
+log = logging.getLogger(__name__)
+
+
+def cached_run_export(checkpoint: Path) -> Path:
+    """The run's export of `checkpoint` (RUN/ctranslate2/<weights hash>), exported there first if it is
+    missing or of other weights. Written beside and renamed into place, so a reader sees all of it."""
+    directory, digest = cached_export_dir(checkpoint)
+    if not is_current_export(directory, digest):
+        from transformer.export.ctranslate2 import import_ctranslate2, write_export_files  # torch: only to write it
+
+        import_ctranslate2()  # the clearest error first
+        log.info("exporting %s for CTranslate2 into %s (once: later calls reuse it)", checkpoint, directory)
+        RunDirectory(run_dir_of(checkpoint)).publish_export(directory.name,
+                                                            lambda tmp: write_export_files(checkpoint, tmp))
+    return directory
+
+
+def ctranslate2_model(run: Path | None, checkpoint_dir: Path | None, runs_root: Path = Path("runs")
+                      ) -> tuple[Path, Path | None]:
+    """The export directory to translate with and the checkpoint it comes from: `checkpoint_dir` itself
+    when it is an export (no checkpoint known), else the best checkpoint of `run` (default: the newest
+    run under `runs_root`) or `checkpoint_dir`, through `cached_run_export`."""
+    if checkpoint_dir is not None and read_export_info(checkpoint_dir) is not None:
+        return Path(checkpoint_dir), None
+    found = find_checkpoint(run, checkpoint_dir, runs_root)
+    return cached_run_export(found), found
+
+
+__all__ = ["cached_run_export", "ctranslate2_model"]

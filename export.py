@@ -15,6 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
+from transformer.checkpoints.rundir import STATE_FILE
 from transformer.errors import UserError
 from transformer.export.ctranslate2 import export_run
 from transformer.training.logs import setup_logging
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         print("note: --force changes nothing any more: OUT_DIR is replaced only when it holds an earlier export; "
               "anything else in its way, move or delete it yourself", file=sys.stderr)
     try:
+        if args.checkpoint is not None and (args.checkpoint / STATE_FILE).is_file():
+            raise UserError(f"{args.checkpoint}: a run directory, not a checkpoint: use --run {args.checkpoint}")
         out_dir = export_run(args.run, args.checkpoint, args.out_dir)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)

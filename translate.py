@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Iterable, TextIO
 
 # No module that imports torch here: the torch engine's modules are imported in `load_engine`, so that
 # `--engine ctranslate2` starts without torch (and matplotlib only loads for --attention).
+from transformer.checkpoints.rundir import STATE_FILE
 from transformer.data.text import iter_lines, read_lines
 from transformer.errors import UserError
 from transformer.files import same_file
@@ -84,6 +85,8 @@ def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTra
     """The translator of the chosen engine, with the decode options given on the command line."""
     overrides = dict(beam_size=beam, batch_size=args.batch_size, length_penalty=args.length_penalty,
                      max_length_a=args.max_length_a, max_length_b=args.max_length_b)
+    if args.checkpoint is not None and (args.checkpoint / STATE_FILE).is_file():
+        raise UserError(f"{args.checkpoint}: a run directory, not a checkpoint: use --run {args.checkpoint}")
     if args.engine == "ctranslate2":
         from transformer.export.run_cache import ctranslate2_model
         from transformer.translation.ct2_engine import differences_from_torch, load_ct2_translator

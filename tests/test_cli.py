@@ -25,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, train_tiny_run, write_csv
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import rundir
-from transformer.training import run
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.training import trainer
 from transformer.config import Config
 from transformer.data.pairs import MAX_CHARS_PER_TOKEN
@@ -233,11 +233,11 @@ def test_training_stops_when_a_checkpoint_cannot_be_written(tmp_path: Path, caps
 def test_a_run_directory_in_use_by_another_process_is_refused(tmp_path: Path, capsys, tiny_csv: Path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    with open(run_dir / run.LOCK_FILE, "a") as handle:
+    with open(run_dir / rundir.LOCK_FILE, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a training process holds
         assert run_train(tmp_path, tiny_csv) == 2
     assert user_error(capsys) == (f"{run_dir} is being trained by another process; wait for it to stop, "
-                                  "or train in another --run-dir")
+                                  "or train in another run directory")
 
 
 def test_a_finished_run_says_how_to_train_further(tmp_path: Path, capsys, caplog, tiny_csv: Path):
@@ -263,14 +263,15 @@ def test_resuming_after_the_data_file_changed_is_refused(tmp_path: Path, capsys)
     write_csv(data, TINY_PAIRS + [("A new row.", "Une nouvelle ligne.")])
     assert run_train(tmp_path, data, max_steps=4) == 2
     assert user_error(capsys).endswith("was trained on other sentence pairs: the data file changed since this run "
-                                       "started. Train on the new data in a new --run-dir")
+                                       "started. Train on the new data in a new run directory")
 
 
 def test_a_tokenizer_left_by_a_run_killed_before_its_first_checkpoint_is_retrained(tmp_path: Path, tiny_csv: Path,
                                                                                    tiny_tokenizers):
     from transformer.data.tokenizer import load_tokenizers, save_tokenizers
 
-    save_tokenizers(tiny_tokenizers, tmp_path / "run" / "tokenizer")  # 200 subwords, no checkpoint beside it
+    RunDirectory(tmp_path / "run").create()  # a run killed before its first checkpoint ...
+    save_tokenizers(tiny_tokenizers, tmp_path / "run" / "tokenizer")  # ... left 200 subwords
     assert tiny_tokenizers.source_vocab_size == 200
     assert run_train(tmp_path, tiny_csv, "--set", "tokenizer.vocab_size=150") == 0
     assert load_tokenizers(tmp_path / "run" / "tokenizer").source_vocab_size == 150
@@ -338,6 +339,9 @@ def test_translate_characters_never_seen_in_training_are_named(trained_run: Path
 def test_translate_a_run_directory_with_no_checkpoint(tmp_path: Path, capsys):
     (tmp_path / "run").mkdir()
     assert translate(tmp_path / "run", "Hi.") == 2
+    assert user_error(capsys) == f"{tmp_path / 'run'}: not a run of this project (state.json is missing)"
+    RunDirectory(tmp_path / "run").create()
+    assert translate(tmp_path / "run", "Hi.") == 2
     assert user_error(capsys) == (f"{tmp_path / 'run'}: has no checkpoint yet "
                                   "(train it first, or wait for its first save)")
     assert translate(tmp_path / "nope", "Hi.") == 2
@@ -363,8 +367,7 @@ def test_translate_a_corrupt_checkpoint(trained_run: Path, tmp_path: Path, capsy
 
 def test_translate_a_run_directory_given_as_checkpoint(trained_run: Path, capsys):
     assert translate_cli.main(["--checkpoint", str(trained_run), "Hi."]) == 2
-    assert user_error(capsys) == (f"{trained_run}: not a checkpoint directory (no meta.json); it looks like a run "
-                                  f"directory: use --run {trained_run}")
+    assert user_error(capsys) == f"{trained_run}: a run directory, not a checkpoint: use --run {trained_run}"
 
 
 def stdin_of(monkeypatch, data: bytes) -> None:
@@ -482,7 +485,7 @@ def test_training_stops_when_tensorboard_cannot_write(tmp_path: Path, capsys, ti
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (f"error: cannot write {tmp_path / 'run'}: No space left on device. Training needs "
                                     "a writable run directory with free space; fix that and rerun (or choose "
-                                    "another with --run-dir)")
+                                    "another run directory)")
 
 
 # --------------------------------------------------------------------------- seeing attention

@@ -17,7 +17,6 @@ from transformer.config import DecodeConfig, ModelConfig
 from transformer.translation.search import Hypothesis, beam_search, greedy_search, max_output_lengths
 from transformer.translation.texts import gnmt_length_penalty, translate_texts
 from transformer.translation.torch_engine import Translator, translate
-from transformer.checkpoints import files as checkpoint
 from transformer.model import Transformer
 from transformer.translation.quantize import quantize_int8
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -378,24 +377,6 @@ def test_translate_with_the_real_tokenizer(tiny_tokenizers):
 
 
 # --------------------------------------------------------------------------- int8
-
-
-def test_a_checkpoint_with_fused_cross_attention_weights_loads_into_the_split_projections(copy_model, tmp_path):
-    """Runs saved before cross-attention had q_proj / kv_proj held one fused in_proj: still loadable."""
-    from safetensors.torch import save_file
-
-    state = {name: tensor.clone() for name, tensor in copy_model.state_dict().items()
-             if not name.startswith(("tgt_embedding", "output"))}  # tied: stored once, as safetensors does
-    for name in [n for n in state if ".cross_attention.q_proj." in n]:
-        prefix, kind = name.split(".q_proj.")
-        state[f"{prefix}.in_proj.{kind}"] = torch.cat([state.pop(name), state.pop(f"{prefix}.kv_proj.{kind}")])
-    save_file(state, str(tmp_path / "old.safetensors"))
-    fresh = Transformer(copy_model.config, copy_model.src_vocab_size, copy_model.tgt_vocab_size).eval()
-    checkpoint.load_weights(fresh, tmp_path / "old.safetensors")
-    batch = make_batch(random_sources(3, 6, vocab=16), random_sources(4, 6, vocab=16))
-    with torch.no_grad():
-        torch.testing.assert_close(fresh(batch.src, batch.tgt_in, batch.src_pad_mask),
-                                   copy_model(batch.src, batch.tgt_in, batch.src_pad_mask))
 
 
 def test_a_bf16_model_searches_as_the_fp32_one_does(copy_model):

@@ -1,4 +1,6 @@
-"""A Transformer translation model (Vaswani et al., 2017), shipped for English to French: config, data,
-model, training, decoding."""
+"""A Transformer translation model (Vaswani et al., 2017), shipped for English to French. The folders
+follow the pipeline, and a lower stage never imports a higher one: config.py, errors.py, files.py
+(atomic writes), runtime.py (devices, precision) → data/ → model.py → checkpoints/ (the run
+directory) → translation/ → training/ (whose validation translates) → export/."""
 
 __version__ = "0.1.0"

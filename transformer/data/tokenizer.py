@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from transformer.config import TokenizerConfig
 from transformer.errors import CheckpointError
+from transformer.files import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -137,18 +136,6 @@ def train_tokenizers(source_texts: Iterable[str], target_texts: Iterable[str],
 # --------------------------------------------------------------------------- files
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # Write then rename, so a crash never leaves a half-written tokenizer behind.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _files(tokenizers_joint: bool) -> tuple[str, ...]:
     return (JOINT_FILE,) if tokenizers_joint else (SOURCE_FILE, TARGET_FILE)
 
@@ -158,10 +145,10 @@ def save_tokenizers(tokenizers: Tokenizers, directory: str | Path) -> None:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if tokenizers.joint:
-        _write_atomic(directory / JOINT_FILE, tokenizers.source.to_str())
+        write_text_atomic(directory / JOINT_FILE, tokenizers.source.to_str())
     else:
-        _write_atomic(directory / SOURCE_FILE, tokenizers.source.to_str())
-        _write_atomic(directory / TARGET_FILE, tokenizers.target.to_str())
+        write_text_atomic(directory / SOURCE_FILE, tokenizers.source.to_str())
+        write_text_atomic(directory / TARGET_FILE, tokenizers.target.to_str())
 
 
 def _present_files(directory: Path) -> tuple[str, ...]:

@@ -120,12 +120,21 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signum, handler)
     state, best, log = outcome.state, outcome.best, logging.getLogger("train")
     command = resume_command(args)
-    if outcome.already_finished:
+    patience = config.train.patience
+    found = f"best valid BLEU {best.score:.2f} at step {best.step}" if best else "no validation"
+    if outcome.already_finished and outcome.stopped_early:
+        log.info("%s already stopped early at step %d (no better valid BLEU in %d validations); nothing to do. "
+                 "Raise train.patience (e.g. --set train.patience=%d) to train further.", run_dir, state.step,
+                 state.validations_without_improvement, state.validations_without_improvement + patience)
+    elif outcome.stopped_early:
+        log.info("stopped early at step %d: no better valid BLEU in %d validations; %s. Translate with: "
+                 "python translate.py --run %s \"I am cold.\"", state.step, state.validations_without_improvement,
+                 found, run_dir)
+    elif outcome.already_finished:
         log.info("%s already reached its budget at step %d; nothing to do. Raise train.max_steps / max_epochs / "
                  "max_minutes (e.g. --set train.max_steps=N) to train further.", run_dir, state.step)
     elif state.end_step and state.step >= state.end_step:
         minutes = f"{state.train_seconds / 60:.1f} min of training, {state.elapsed_seconds / 60:.1f} min in all"
-        found = f"best valid BLEU {best.score:.2f} at step {best.step}" if best else "no validation"
         log.info("done: %d steps (%s), %s. Translate with: python translate.py --run %s \"I am cold.\"",
                  state.step, minutes, found, run_dir)
     else:

@@ -110,6 +110,18 @@ class TrainConfig:
     max_steps: int = 0  # budgets: training stops at the first one reached; 0 = no limit
     max_epochs: int = 0
     max_minutes: float = 0.0
+    # Early stopping: training also ends after this many validations in a row without a better valid
+    # BLEU than the best so far (the checkpoint manager's `improves`); 0 = off. It composes with the
+    # budgets above: whichever comes first ends the run. The count is part of the training state, so a
+    # resumed run counts on. It may change between sessions: raising it lets an early-stopped run go on.
+    patience: int = 0
+    # Fine-tuning: a trained run directory whose best checkpoint (else its newest) gives this new run
+    # its initial weights and, copied as they are, its tokenizer files (no new ones are trained). The
+    # tokenizer settings (vocab_size, joint, min_frequency) and the model settings (all but
+    # model.dropout) must equal the parent's. The optimiser and the learning-rate schedule start
+    # afresh, warm-up included; data comes from this config's data section. Fixed for the life of a
+    # run: a resume continues from the run's own checkpoints and never reads the parent again.
+    init_from: str = ""
     # noam and inverse_sqrt decay with 1/sqrt(step) and never end; linear warms up, then falls in a
     # straight line to zero when the first budget (steps, epochs or minutes) runs out. See optim.py.
     schedule: Literal["noam", "inverse_sqrt", "linear"] = "noam"
@@ -142,7 +154,7 @@ class TrainConfig:
         for key in positive:
             value = getattr(self, key)
             _require(value >= 1, f"train.{key}", "an integer >= 1", value)
-        for key in ("max_steps", "max_epochs", "threads", "valid_max_pairs", "n_valid_samples"):
+        for key in ("max_steps", "max_epochs", "patience", "threads", "valid_max_pairs", "n_valid_samples"):
             value = getattr(self, key)
             _require(value >= 0, f"train.{key}", "an integer >= 0", value)
         _require(self.max_minutes >= 0, "train.max_minutes", "a number >= 0", self.max_minutes)

@@ -41,10 +41,12 @@ VALID_SAMPLE = "valid_sample"  # heldout/valid_sample.*: the sentences every val
 
 # Keys that may change between sessions of one run: they steer the loop, not what is learned or how
 # it is scored (train.valid_max_pairs sets the validation sample, so it stays). Budgets may change
-# as budget.py allows.
+# as budget.py allows, and so may train.patience (raising it lets an early-stopped run go on). Every
+# other key is fixed for the life of a run; train.init_from among them: a run has one parent.
 RESUMABLE_KEYS = {
     "name",
-    "train.max_steps", "train.max_epochs", "train.max_minutes", "train.log_every", "train.valid_every",
+    "train.max_steps", "train.max_epochs", "train.max_minutes", "train.patience", "train.log_every",
+    "train.valid_every",
     "train.checkpoint_every", "train.keep_checkpoints", "train.n_valid_samples", "train.attention_images",
     "train.device", "train.threads",
 }
@@ -56,7 +58,8 @@ class TrainOutcome:
     state: TrainState
     best: Best | None  # the best checkpoint of the run so far (rank 0; None elsewhere)
     resumed_from: Path | None
-    already_finished: bool  # the budget was used up before this session started
+    already_finished: bool  # the budget was used up (or training stopped early) before this session started
+    stopped_early: bool  # train.patience validations in a row brought no better valid BLEU
 
 
 def _flatten(mapping: dict, prefix: str = "") -> dict[str, object]:
@@ -181,7 +184,8 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
         finally:
             with contextlib.suppress(OSError):  # the first error is the one to report
                 tensorboard.close()
-    return TrainOutcome(run.path, state, checkpoints.best if checkpoints else None, resume_from, already_finished)
+    return TrainOutcome(run.path, state, checkpoints.best if checkpoints else None, resume_from, already_finished,
+                        trainer.stopped_early())
 
 
 def _prepare_data(config: Config, run: RunDirectory, data_cache_dir: Path | None, write: bool,

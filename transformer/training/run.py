@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from transformer.checkpoints.manager import CheckpointManager, load_checkpoint
+from transformer.checkpoints.parent import Parent, load_parent_weights, open_parent
 from transformer.checkpoints.rundir import Best, RunDirectory, load_run_config
 from transformer.config import Config, config_to_dict, config_to_yaml
 from transformer.data.batching import PairCorpus
@@ -143,6 +144,8 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
     main = distributed.is_main()
     # rank 0 picks the checkpoint (and moves damaged ones aside); every rank loads it
     resume_from = distributed.broadcast_object(checkpoints.resume_point() if main else None)
+    # A fine-tuned run reads its parent once, at its start; a resume continues from its own checkpoints.
+    parent = open_parent(config) if config.train.init_from and resume_from is None else None
     # The saved config keeps `auto`; this session trains at what it resolves to on this machine.
     saved_config = config
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
@@ -150,10 +153,13 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
     # Data and tokenizers: rank 0 first, which fills the datasets cache and writes a new run's
     # tokenizer files; the other ranks then read them instead of racing it to write them.
     with distributed.main_first():
-        data, heldout = _prepare_data(config, run, data_cache_dir, write=main, resuming=resume_from is not None)
+        data, heldout = _prepare_data(config, run, data_cache_dir, write=main, resuming=resume_from is not None,
+                                      parent=parent)
 
     seed_everything(config.train.seed)  # the same config gives the same initial weights
     model = Transformer(config.model, data.tokenizers.source_vocab_size, data.tokenizers.target_vocab_size).to(device)
+    if parent is not None:
+        load_parent_weights(parent, model)
     optimizer = build_optimizer(model, config.train)
     rank, world_size = distributed.rank(), distributed.world_size()
     if rank:  # each rank draws its own dropout masks; rank 0 keeps the stream of a single-process run
@@ -165,6 +171,8 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
     with _writing(run.path):
         tensorboard = TensorBoard(run.tensorboard_dir, enabled=main)
     trainer = Trainer(config, model, optimizer, data, device, checkpoints, tensorboard, show_progress)
+    if parent is not None:  # a resume reads this back from the checkpoint
+        trainer.state.parent = parent.record()
     if resume_from is not None:
         load_checkpoint(resume_from, trainer)
         log.info("resuming from %s (step %d, epoch %d, batch %d of it)", resume_from, trainer.state.step,
@@ -189,10 +197,11 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
 
 
 def _prepare_data(config: Config, run: RunDirectory, data_cache_dir: Path | None, write: bool,
-                  resuming: bool) -> tuple[TrainingData, Callable[[], None]]:
-    """Load and split the pairs, train the tokenizers (or, `resuming`, reuse the run's), encode. With
-    `write` and a new run, the tokenizer files are written here (their fingerprint is taken from
-    them); the held-out files are written by the function returned, once every check has passed."""
+                  resuming: bool, parent: Parent | None = None) -> tuple[TrainingData, Callable[[], None]]:
+    """Load and split the pairs, train the tokenizers (or, `resuming`, reuse the run's; fine-tuning a
+    `parent`, copy its files), encode. With `write` and a new run, the tokenizer files are written
+    here (their fingerprint is taken from them); the held-out files are written by the function
+    returned, once every check has passed."""
     pairs, _ = load_pairs(config.data, cache_dir=data_cache_dir)
     splits = split_pairs(pairs, config.data)
     if not write:  # a rank > 0, after rank 0 saved them: they must be visible here too
@@ -204,6 +213,11 @@ def _prepare_data(config: Config, run: RunDirectory, data_cache_dir: Path | None
     elif resuming:  # the checkpoint's fingerprint check makes sure they are the ones it used
         tokenizers = load_tokenizers(run.tokenizer_dir)
         log.info("tokenizers: reusing %s", run.tokenizer_dir)
+    elif parent is not None:  # fine-tuning: the parent's vocabulary, byte for byte
+        with _writing(run.path):
+            run.copy_tokenizer(parent.run.tokenizer_dir)
+        tokenizers = load_tokenizers(run.tokenizer_dir)
+        log.info("tokenizers: copied from the parent run's %s", parent.run.tokenizer_dir)
     else:
         # Trained afresh whenever there is no checkpoint to resume, even if a killed earlier session
         # left tokenizer files: their settings or data may since have changed.

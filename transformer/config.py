@@ -36,7 +36,9 @@ class DataConfig:
     path: str = "data/eng_-french.csv"
     format: Literal["csv", "tsv", "text"] = "csv"
     target_path: str = ""  # the target-language file; for format text only
-    source_column: str = "English words/sentences"  # csv / tsv only; the defaults are the shipped CSV's
+    # csv / tsv only. The defaults are the shipped CSV's, English to French; any pair and direction is a
+    # choice of columns (configs/fr_en.yaml swaps these two). They must differ.
+    source_column: str = "English words/sentences"
     target_column: str = "French words/sentences"
     valid_pairs: int = 1000  # pairs held out for validation (whole groups of pairs sharing a sentence)
     test_pairs: int = 1000  # pairs held out for testing, never seen in training
@@ -50,7 +52,10 @@ class DataConfig:
                      "the target-language file's path (with data.format: text, data.path is the source-language "
                      "file)",
                      self.target_path)
-        elif self.target_path:
+        elif self.source_column == self.target_column:
+            raise ConfigError(f"data.source_column and data.target_column both name the column "
+                              f"{self.source_column!r}: a pair needs two columns, source and target")
+        if self.format != "text" and self.target_path:
             raise ConfigError(f"data.target_path is only for data.format: text; a {self.format.upper()} file holds "
                               "both languages in data.path (remove data.target_path, or set data.format: text)")
         _require(self.valid_pairs >= 1, "data.valid_pairs", "an integer >= 1", self.valid_pairs)

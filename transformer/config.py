@@ -70,10 +70,17 @@ class TokenizerConfig:
     joint: bool = True  # one vocabulary for source and target (needed to share embeddings)
     vocab_size: int = 8000
     min_frequency: int = 2
+    # BPE-dropout (Provilkov et al., 2020): when a training batch is built, each merge is left out with
+    # this probability, so every epoch splits the training pairs afresh (seeded by train.seed, the
+    # epoch and the pair: a resumed run sees the same splits). Validation, test, the held-out files
+    # and translation never use it. Batches are formed from the lengths without dropout, so they may
+    # hold somewhat more than train.batch_tokens. 0 = off; 0.1 is the paper's value.
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         _require(self.vocab_size >= 16, "tokenizer.vocab_size", "an integer >= 16", self.vocab_size)
         _require(self.min_frequency >= 1, "tokenizer.min_frequency", "an integer >= 1", self.min_frequency)
+        _require(0.0 <= self.dropout < 1.0, "tokenizer.dropout", "a number in [0, 1)", self.dropout)
 
 
 @dataclass(frozen=True)

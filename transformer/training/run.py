@@ -24,6 +24,7 @@ from transformer.checkpoints.parent import Parent, load_parent_weights, open_par
 from transformer.checkpoints.rundir import Best, RunDirectory, load_run_config
 from transformer.config import Config, config_to_dict, config_to_yaml
 from transformer.data.batching import PairCorpus
+from transformer.data.dropout import DropoutBatches
 from transformer.data.pairs import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs, token_lengths
 from transformer.data.tokenizer import load_tokenizers, save_tokenizers, tokenizer_fingerprint, train_tokenizers
 from transformer.errors import CheckpointError, ConfigError
@@ -243,7 +244,11 @@ def _prepare_data(config: Config, run: RunDirectory, data_cache_dir: Path | None
     sample = (run.read_heldout(VALID_SAMPLE) if resuming or not write else None) or \
         sample_over_lengths(valid_sources, valid_references, config.train.valid_max_pairs, config.data.split_seed)
     valid = EvaluationSet(PairCorpus.from_dataset(encoded.valid.select(fits)), *sample)
-    data = TrainingData(PairCorpus.from_dataset(encoded.train), valid, tokenizers, fingerprints)
+    corpus = PairCorpus.from_dataset(encoded.train)
+    # BPE-dropout splits training pairs afresh each epoch; valid, test and held-out files never see it.
+    dropout = DropoutBatches(encoded.train, corpus, tokenizers, config.tokenizer.dropout, config.train.seed,
+                             config.data.max_length - 1) if config.tokenizer.dropout else None
+    data = TrainingData(corpus, valid, tokenizers, fingerprints, dropout)
 
     def write_heldout() -> None:
         run.write_heldout("valid", valid_sources, valid_references)

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -33,6 +33,9 @@ from transformer.training.logs import TensorBoard
 from transformer.training.loss import TrainingLoss
 from transformer.training.optim import learning_rate, set_learning_rate
 from transformer.training.validation import EvaluationResult, EvaluationSet, evaluate
+
+if TYPE_CHECKING:  # datasets is slow to import; the trainer only passes batches through
+    from transformer.data.dropout import DropoutBatches
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +103,11 @@ class TrainingData:
     valid: EvaluationSet
     tokenizers: Tokenizers
     fingerprints: dict[str, str]  # tokenizer_fingerprint, data_fingerprint
+    dropout: DropoutBatches | None = None  # with tokenizer.dropout: training pairs re-encoded every epoch
+
+    def batch(self, indices: Sequence[int], epoch: int) -> Batch:
+        """Training batch `indices` of `epoch`: with BPE-dropout, its pairs split afresh for that epoch."""
+        return self.dropout.batch(indices, epoch) if self.dropout else self.corpus.batch(indices)
 
 
 class Trainer:
@@ -233,7 +241,7 @@ class Trainer:
                 indices = batches[state.batch_in_epoch: state.batch_in_epoch + self.train_config.accumulate_batches]
                 shards = [shard_batch(i, self.rank, self.world_size) for i in indices]
                 started = time.monotonic()
-                metrics = self.train_step([self.data.corpus.batch(s) for s in shards if len(s)])
+                metrics = self.train_step([self.data.batch(s, state.epoch) for s in shards if len(s)])
                 state.step, state.batch_in_epoch = state.step + 1, state.batch_in_epoch + len(indices)
                 if state.batch_in_epoch >= len(batches):  # the epoch ran to its end
                     state.epoch, state.batch_in_epoch = state.epoch + 1, 0

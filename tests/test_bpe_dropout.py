@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from conftest import tiny_settings
 from test_resume import assert_same_training
 from transformer.checkpoints import rundir
 from transformer.config import load_config
@@ -78,17 +79,10 @@ def test_a_side_that_dropout_makes_too_long_keeps_its_plain_ids(tiny_encoded, ti
 
 
 def write_config(path: Path, csv_path: Path, dropout: float) -> Path:
-    config = {
-        "data": {"path": str(csv_path), "valid_pairs": 4, "test_pairs": 4},
-        "tokenizer": {"vocab_size": 200, "min_frequency": 1, "dropout": dropout},
-        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
-                  "dropout": 0.1},
-        "train": {"max_steps": 16, "batch_tokens": 104, "accumulate_batches": 2, "warmup_steps": 5, "log_every": 4,
-                  "valid_every": 8, "checkpoint_every": 8, "device": "cpu", "threads": 1, "attention_images": False,
-                  "n_valid_samples": 0},
-        "decode": {"beam_size": 1},
-    }
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    settings = tiny_settings(csv_path, tokenizer={"dropout": dropout}, model={"dropout": 0.1},
+                             train={"max_steps": 16, "batch_tokens": 104, "accumulate_batches": 2, "warmup_steps": 5,
+                                    "log_every": 4, "valid_every": 8, "checkpoint_every": 8})
+    path.write_text(yaml.safe_dump(settings), encoding="utf-8")
     return path
 
 

@@ -21,7 +21,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import write_csv
+from conftest import tiny_settings, write_csv
 from transformer.checkpoints import files, rundir
 from transformer.checkpoints.rundir import read_run_state
 from transformer.config import load_config
@@ -52,20 +52,12 @@ def meals_domain() -> list[tuple[str, str]]:
             for (e, fe), (m, fm), (t, ft) in itertools.product(EATERS.items(), MEALS.items(), TIMES.items())]
 
 
-def write_config(path: Path, data: Path, **sections: dict) -> Path:
-    config = {
-        "data": {"path": str(data), "valid_pairs": 8, "test_pairs": 12},
-        "tokenizer": {"vocab_size": 120, "min_frequency": 1},
-        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
-                  "dropout": 0.0},
-        "train": {"max_steps": 60, "batch_tokens": 400, "schedule": "inverse_sqrt", "peak_lr": 3e-3,
-                  "warmup_steps": 10, "log_every": 1, "valid_every": 30, "checkpoint_every": 30, "device": "cpu",
-                  "threads": 1, "attention_images": False, "n_valid_samples": 0},
-        "decode": {"beam_size": 1},
-    }
-    for section, values in sections.items():
-        config[section].update(values)
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+def write_config(path: Path, data: Path) -> Path:
+    settings = tiny_settings(
+        data, data={"valid_pairs": 8, "test_pairs": 12}, tokenizer={"vocab_size": 120}, model={"dropout": 0.0},
+        train={"max_steps": 60, "batch_tokens": 400, "schedule": "inverse_sqrt", "peak_lr": 3e-3, "log_every": 1,
+               "valid_every": 30, "checkpoint_every": 30})
+    path.write_text(yaml.safe_dump(settings), encoding="utf-8")
     return path
 
 

@@ -9,6 +9,7 @@ finishes the current step, saves a checkpoint and exits. Data-parallel on N GPUs
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -40,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set train.max_steps=200 (repeatable)")
     parser.add_argument("--run-dir", type=Path, help="run directory (default: runs/<config name>)")
+    parser.add_argument("--init-from", type=Path, metavar="RUN",
+                        help="fine-tune: start a new run from the best checkpoint of the trained run RUN, with its "
+                             "tokenizer files (sets train.init_from)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and CI)")
     parser.add_argument("--reuse-freed-memory", action=argparse.BooleanOptionalAction, default=True,
                         help="CPU training: keep memory freed by one step for the next (glibc's malloc; "
@@ -60,6 +64,8 @@ def resume_command(args: argparse.Namespace) -> str:
     words += [word for override in args.overrides for word in ("--set", override)]
     if args.run_dir:
         words += ["--run-dir", str(args.run_dir)]
+    if args.init_from:
+        words += ["--init-from", str(args.init_from)]
     if args.no_progress:
         words.append("--no-progress")
     if not args.reuse_freed_memory:
@@ -85,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
 
     previous_handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        config = load_config(args.config, args.overrides)
+        # A JSON string is a YAML string: a run named e.g. "2024" or "true" stays a path.
+        init_from = [f"train.init_from={json.dumps(str(args.init_from))}"] if args.init_from else []
+        config = load_config(args.config, args.overrides + init_from)
         run_dir = args.run_dir or Path("runs") / config.name
         # Before the log file opens in it: a folder that is not a run gets nothing written into it.
         RunDirectory.check_trainable(run_dir, rebuilding=args.rebuild_state)
@@ -120,12 +128,21 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signum, handler)
     state, best, log = outcome.state, outcome.best, logging.getLogger("train")
     command = resume_command(args)
-    if outcome.already_finished:
+    patience = config.train.patience
+    found = f"best valid BLEU {best.score:.2f} at step {best.step}" if best else "no validation"
+    if outcome.already_finished and outcome.stopped_early:
+        log.info("%s already stopped early at step %d (no better valid BLEU in %d validations); nothing to do. "
+                 "Raise train.patience (e.g. --set train.patience=%d) to train further.", run_dir, state.step,
+                 state.validations_without_improvement, state.validations_without_improvement + patience)
+    elif outcome.stopped_early:
+        log.info("stopped early at step %d: no better valid BLEU in %d validations; %s. Translate with: "
+                 "python translate.py --run %s \"I am cold.\"", state.step, state.validations_without_improvement,
+                 found, run_dir)
+    elif outcome.already_finished:
         log.info("%s already reached its budget at step %d; nothing to do. Raise train.max_steps / max_epochs / "
                  "max_minutes (e.g. --set train.max_steps=N) to train further.", run_dir, state.step)
     elif state.end_step and state.step >= state.end_step:
         minutes = f"{state.train_seconds / 60:.1f} min of training, {state.elapsed_seconds / 60:.1f} min in all"
-        found = f"best valid BLEU {best.score:.2f} at step {best.step}" if best else "no validation"
         log.info("done: %d steps (%s), %s. Translate with: python translate.py --run %s \"I am cold.\"",
                  state.step, minutes, found, run_dir)
     else:

@@ -80,6 +80,23 @@ def write_csv(path: Path, rows: list[tuple[str, str]], header: tuple[str, str] =
     return path
 
 
+def tiny_settings(data_path: Path, **sections: dict) -> dict:
+    """The settings of a tiny CPU run on `data_path` as a plain mapping, for tests that write their own
+    config file; `sections` update a section's keys, e.g. train={"max_steps": 16}."""
+    settings = {
+        "data": {"path": str(data_path), "valid_pairs": 4, "test_pairs": 4},
+        "tokenizer": {"vocab_size": 200, "min_frequency": 1},
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+        "train": {"max_steps": 30, "batch_tokens": 256, "warmup_steps": 10, "log_every": 10, "valid_every": 10,
+                  "checkpoint_every": 10, "device": "cpu", "threads": 1, "attention_images": False,
+                  "n_valid_samples": 0},
+        "decode": {"beam_size": 1},
+    }
+    for section, values in sections.items():
+        settings[section].update(values)
+    return settings
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Tiny models run fastest on one thread: ops this small lose time to thread synchronisation,

@@ -4,13 +4,20 @@ config survives the round trip through a plain mapping and YAML."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
+from transformer.data.text import clean_text
 from transformer.config import (Config, ModelConfig, TrainConfig, config_from_dict, config_to_dict,
                                 config_to_yaml, load_config)
 from transformer.errors import ConfigError, UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import train as train_cli  # noqa: E402  (the CLI script at the repository root)
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 BUDGET = {"train": {"max_steps": 10}}  # the smallest valid mapping
@@ -250,3 +257,39 @@ def test_config_is_frozen():
     config = config_from_dict(BUDGET)
     with pytest.raises(AttributeError):
         config.train.max_steps = 5  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- any pair, any direction
+
+
+def test_fr_en_config_chooses_the_shipped_csv_s_columns_the_other_way_round():
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "fr_en.yaml")
+    assert config.name == "fr_en" and config.data.path == "data/eng_-french.csv"
+    assert (config.data.source_column, config.data.target_column) == ("French words/sentences",
+                                                                      "English words/sentences")
+
+
+def test_one_column_cannot_be_both_source_and_target():
+    message = refused({**BUDGET, "data": {"source_column": "French words/sentences",
+                                          "target_column": "French words/sentences"}})
+    assert message.startswith("data.source_column and data.target_column both name the column "
+                              "'French words/sentences'")
+
+
+def test_fr_en_trains_french_to_english_by_config_alone(tiny_csv: Path, tiny_pairs, tmp_path: Path):
+    """A few steps of configs/fr_en.yaml on the tiny CSV (which has the shipped header): the sources
+    the run holds out are the French side, the references the English side."""
+    tiny = ["data.valid_pairs=4", "data.test_pairs=4", "tokenizer.vocab_size=200", "tokenizer.min_frequency=1",
+            "model.d_model=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+            "model.d_ff=64", "train.max_minutes=0", "train.max_steps=4", "train.warmup_steps=2",
+            "train.valid_every=4", "train.checkpoint_every=4", "train.valid_max_pairs=0", "train.device=cpu",
+            "train.threads=1", "train.precision=fp32", "train.attention_images=false", "decode.beam_size=1"]
+    words = [word for override in [f"data.path={tiny_csv}", *tiny] for word in ("--set", override)]
+    run_dir = tmp_path / "fr_en"
+    config = Path(__file__).resolve().parent.parent / "configs" / "fr_en.yaml"
+    assert train_cli.main(["--config", str(config), "--run-dir", str(run_dir), "--no-progress", *words]) == 0
+    english, french = {clean_text(en) for en, _ in tiny_pairs}, {clean_text(fr) for _, fr in tiny_pairs}
+    for name in ("valid", "test"):
+        sources = (run_dir / "heldout" / f"{name}.en").read_text(encoding="utf-8").splitlines()
+        references = (run_dir / "heldout" / f"{name}.fr.1").read_text(encoding="utf-8").splitlines()
+        assert sources and set(sources) <= french and set(references) <= english

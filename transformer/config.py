@@ -36,7 +36,9 @@ class DataConfig:
     path: str = "data/eng_-french.csv"
     format: Literal["csv", "tsv", "text"] = "csv"
     target_path: str = ""  # the target-language file; for format text only
-    source_column: str = "English words/sentences"  # csv / tsv only; the defaults are the shipped CSV's
+    # csv / tsv only. The defaults are the shipped CSV's, English to French; any pair and direction is a
+    # choice of columns (configs/fr_en.yaml swaps these two). They must differ.
+    source_column: str = "English words/sentences"
     target_column: str = "French words/sentences"
     valid_pairs: int = 1000  # pairs held out for validation (whole groups of pairs sharing a sentence)
     test_pairs: int = 1000  # pairs held out for testing, never seen in training
@@ -50,7 +52,10 @@ class DataConfig:
                      "the target-language file's path (with data.format: text, data.path is the source-language "
                      "file)",
                      self.target_path)
-        elif self.target_path:
+        elif self.source_column == self.target_column:
+            raise ConfigError(f"data.source_column and data.target_column both name the column "
+                              f"{self.source_column!r}: a pair needs two columns, source and target")
+        if self.format != "text" and self.target_path:
             raise ConfigError(f"data.target_path is only for data.format: text; a {self.format.upper()} file holds "
                               "both languages in data.path (remove data.target_path, or set data.format: text)")
         _require(self.valid_pairs >= 1, "data.valid_pairs", "an integer >= 1", self.valid_pairs)
@@ -65,10 +70,17 @@ class TokenizerConfig:
     joint: bool = True  # one vocabulary for source and target (needed to share embeddings)
     vocab_size: int = 8000
     min_frequency: int = 2
+    # BPE-dropout (Provilkov et al., 2020): when a training batch is built, each merge is left out with
+    # this probability, so every epoch splits the training pairs afresh (seeded by train.seed, the
+    # epoch and the pair: a resumed run sees the same splits). Validation, test, the held-out files
+    # and translation never use it. Batches are formed from the lengths without dropout, so they may
+    # hold somewhat more than train.batch_tokens. 0 = off; 0.1 is the paper's value.
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         _require(self.vocab_size >= 16, "tokenizer.vocab_size", "an integer >= 16", self.vocab_size)
         _require(self.min_frequency >= 1, "tokenizer.min_frequency", "an integer >= 1", self.min_frequency)
+        _require(0.0 <= self.dropout < 1.0, "tokenizer.dropout", "a number in [0, 1)", self.dropout)
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,18 @@ class TrainConfig:
     max_steps: int = 0  # budgets: training stops at the first one reached; 0 = no limit
     max_epochs: int = 0
     max_minutes: float = 0.0
+    # Early stopping: training also ends after this many validations in a row without a better valid
+    # BLEU than the best so far (the checkpoint manager's `improves`); 0 = off. It composes with the
+    # budgets above: whichever comes first ends the run. The count is part of the training state, so a
+    # resumed run counts on. It may change between sessions: raising it lets an early-stopped run go on.
+    patience: int = 0
+    # Fine-tuning: a trained run directory whose best checkpoint (else its newest) gives this new run
+    # its initial weights and, copied as they are, its tokenizer files (no new ones are trained). The
+    # tokenizer settings (vocab_size, joint, min_frequency) and the model settings (all but
+    # model.dropout) must equal the parent's. The optimiser and the learning-rate schedule start
+    # afresh, warm-up included; data comes from this config's data section. Fixed for the life of a
+    # run: a resume continues from the run's own checkpoints and never reads the parent again.
+    init_from: str = ""
     # noam and inverse_sqrt decay with 1/sqrt(step) and never end; linear warms up, then falls in a
     # straight line to zero when the first budget (steps, epochs or minutes) runs out. See optim.py.
     schedule: Literal["noam", "inverse_sqrt", "linear"] = "noam"
@@ -142,7 +166,7 @@ class TrainConfig:
         for key in positive:
             value = getattr(self, key)
             _require(value >= 1, f"train.{key}", "an integer >= 1", value)
-        for key in ("max_steps", "max_epochs", "threads", "valid_max_pairs", "n_valid_samples"):
+        for key in ("max_steps", "max_epochs", "patience", "threads", "valid_max_pairs", "n_valid_samples"):
             value = getattr(self, key)
             _require(value >= 0, f"train.{key}", "an integer >= 0", value)
         _require(self.max_minutes >= 0, "train.max_minutes", "a number >= 0", self.max_minutes)

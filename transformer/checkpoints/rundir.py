@@ -227,6 +227,18 @@ class RunDirectory:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
+    def copy_tokenizer(self, source: Path) -> None:
+        """Copy the files of another run's tokenizer folder `source` as they are, byte for byte (a
+        fine-tuned run keeps its parent's vocabulary); they replace tokenizer/ in one rename."""
+        names = sorted(p.name for p in Path(source).iterdir() if p.is_file() and not p.is_symlink()
+                       and not p.name.startswith(TEMPORARY_PREFIX))
+
+        def copy(directory: Path) -> None:
+            for name in names:
+                shutil.copyfile(Path(source) / name, directory / name)
+
+        self.replace_tokenizer(copy)
+
     def write_heldout(self, name: str, sources: list[str], references: list[list[str]]) -> None:
         """`<name>.en` (distinct sources) and `<name>.fr.1..K`, line-aligned references, blank where a
         sentence has fewer than K. (The suffixes name the shipped pair; the files hold whatever

@@ -20,9 +20,11 @@ import numpy as np
 import torch
 
 from transformer.checkpoints.manager import CheckpointManager, load_checkpoint
+from transformer.checkpoints.parent import Parent, load_parent_weights, open_parent
 from transformer.checkpoints.rundir import Best, RunDirectory, load_run_config
 from transformer.config import Config, config_to_dict, config_to_yaml
 from transformer.data.batching import PairCorpus
+from transformer.data.dropout import DropoutBatches
 from transformer.data.pairs import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs, token_lengths
 from transformer.data.tokenizer import load_tokenizers, save_tokenizers, tokenizer_fingerprint, train_tokenizers
 from transformer.errors import CheckpointError, ConfigError
@@ -41,10 +43,12 @@ VALID_SAMPLE = "valid_sample"  # heldout/valid_sample.*: the sentences every val
 
 # Keys that may change between sessions of one run: they steer the loop, not what is learned or how
 # it is scored (train.valid_max_pairs sets the validation sample, so it stays). Budgets may change
-# as budget.py allows.
+# as budget.py allows, and so may train.patience (raising it lets an early-stopped run go on). Every
+# other key is fixed for the life of a run; train.init_from among them: a run has one parent.
 RESUMABLE_KEYS = {
     "name",
-    "train.max_steps", "train.max_epochs", "train.max_minutes", "train.log_every", "train.valid_every",
+    "train.max_steps", "train.max_epochs", "train.max_minutes", "train.patience", "train.log_every",
+    "train.valid_every",
     "train.checkpoint_every", "train.keep_checkpoints", "train.n_valid_samples", "train.attention_images",
     "train.device", "train.threads",
 }
@@ -56,7 +60,8 @@ class TrainOutcome:
     state: TrainState
     best: Best | None  # the best checkpoint of the run so far (rank 0; None elsewhere)
     resumed_from: Path | None
-    already_finished: bool  # the budget was used up before this session started
+    already_finished: bool  # the budget was used up (or training stopped early) before this session started
+    stopped_early: bool  # train.patience validations in a row brought no better valid BLEU
 
 
 def _flatten(mapping: dict, prefix: str = "") -> dict[str, object]:
@@ -140,6 +145,8 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
     main = distributed.is_main()
     # rank 0 picks the checkpoint (and moves damaged ones aside); every rank loads it
     resume_from = distributed.broadcast_object(checkpoints.resume_point() if main else None)
+    # A fine-tuned run reads its parent once, at its start; a resume continues from its own checkpoints.
+    parent = open_parent(config) if config.train.init_from and resume_from is None else None
     # The saved config keeps `auto`; this session trains at what it resolves to on this machine.
     saved_config = config
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
@@ -147,10 +154,13 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
     # Data and tokenizers: rank 0 first, which fills the datasets cache and writes a new run's
     # tokenizer files; the other ranks then read them instead of racing it to write them.
     with distributed.main_first():
-        data, heldout = _prepare_data(config, run, data_cache_dir, write=main, resuming=resume_from is not None)
+        data, heldout = _prepare_data(config, run, data_cache_dir, write=main, resuming=resume_from is not None,
+                                      parent=parent)
 
     seed_everything(config.train.seed)  # the same config gives the same initial weights
     model = Transformer(config.model, data.tokenizers.source_vocab_size, data.tokenizers.target_vocab_size).to(device)
+    if parent is not None:
+        load_parent_weights(parent, model)
     optimizer = build_optimizer(model, config.train)
     rank, world_size = distributed.rank(), distributed.world_size()
     if rank:  # each rank draws its own dropout masks; rank 0 keeps the stream of a single-process run
@@ -162,6 +172,8 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
     with _writing(run.path):
         tensorboard = TensorBoard(run.tensorboard_dir, enabled=main)
     trainer = Trainer(config, model, optimizer, data, device, checkpoints, tensorboard, show_progress)
+    if parent is not None:  # a resume reads this back from the checkpoint
+        trainer.state.parent = parent.record()
     if resume_from is not None:
         load_checkpoint(resume_from, trainer)
         log.info("resuming from %s (step %d, epoch %d, batch %d of it)", resume_from, trainer.state.step,
@@ -181,14 +193,16 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
         finally:
             with contextlib.suppress(OSError):  # the first error is the one to report
                 tensorboard.close()
-    return TrainOutcome(run.path, state, checkpoints.best if checkpoints else None, resume_from, already_finished)
+    return TrainOutcome(run.path, state, checkpoints.best if checkpoints else None, resume_from, already_finished,
+                        trainer.stopped_early())
 
 
 def _prepare_data(config: Config, run: RunDirectory, data_cache_dir: Path | None, write: bool,
-                  resuming: bool) -> tuple[TrainingData, Callable[[], None]]:
-    """Load and split the pairs, train the tokenizers (or, `resuming`, reuse the run's), encode. With
-    `write` and a new run, the tokenizer files are written here (their fingerprint is taken from
-    them); the held-out files are written by the function returned, once every check has passed."""
+                  resuming: bool, parent: Parent | None = None) -> tuple[TrainingData, Callable[[], None]]:
+    """Load and split the pairs, train the tokenizers (or, `resuming`, reuse the run's; fine-tuning a
+    `parent`, copy its files), encode. With `write` and a new run, the tokenizer files are written
+    here (their fingerprint is taken from them); the held-out files are written by the function
+    returned, once every check has passed."""
     pairs, _ = load_pairs(config.data, cache_dir=data_cache_dir)
     splits = split_pairs(pairs, config.data)
     if not write:  # a rank > 0, after rank 0 saved them: they must be visible here too
@@ -200,6 +214,11 @@ def _prepare_data(config: Config, run: RunDirectory, data_cache_dir: Path | None
     elif resuming:  # the checkpoint's fingerprint check makes sure they are the ones it used
         tokenizers = load_tokenizers(run.tokenizer_dir)
         log.info("tokenizers: reusing %s", run.tokenizer_dir)
+    elif parent is not None:  # fine-tuning: the parent's vocabulary, byte for byte
+        with _writing(run.path):
+            run.copy_tokenizer(parent.run.tokenizer_dir)
+        tokenizers = load_tokenizers(run.tokenizer_dir)
+        log.info("tokenizers: copied from the parent run's %s", parent.run.tokenizer_dir)
     else:
         # Trained afresh whenever there is no checkpoint to resume, even if a killed earlier session
         # left tokenizer files: their settings or data may since have changed.
@@ -225,7 +244,11 @@ def _prepare_data(config: Config, run: RunDirectory, data_cache_dir: Path | None
     sample = (run.read_heldout(VALID_SAMPLE) if resuming or not write else None) or \
         sample_over_lengths(valid_sources, valid_references, config.train.valid_max_pairs, config.data.split_seed)
     valid = EvaluationSet(PairCorpus.from_dataset(encoded.valid.select(fits)), *sample)
-    data = TrainingData(PairCorpus.from_dataset(encoded.train), valid, tokenizers, fingerprints)
+    corpus = PairCorpus.from_dataset(encoded.train)
+    # BPE-dropout splits training pairs afresh each epoch; valid, test and held-out files never see it.
+    dropout = DropoutBatches(encoded.train, corpus, tokenizers, config.tokenizer.dropout, config.train.seed,
+                             config.data.max_length - 1) if config.tokenizer.dropout else None
+    data = TrainingData(corpus, valid, tokenizers, fingerprints, dropout)
 
     def write_heldout() -> None:
         run.write_heldout("valid", valid_sources, valid_references)

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -33,6 +33,9 @@ from transformer.training.logs import TensorBoard
 from transformer.training.loss import TrainingLoss
 from transformer.training.optim import learning_rate, set_learning_rate
 from transformer.training.validation import EvaluationResult, EvaluationSet, evaluate
+
+if TYPE_CHECKING:  # datasets is slow to import; the trainer only passes batches through
+    from transformer.data.dropout import DropoutBatches
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,10 @@ class TrainState:
     elapsed_seconds: float = 0.0  # wall time over all sessions, validation and saving included
     nonfinite_steps: int = 0  # updates skipped for a non-finite loss or gradient, in total
     nonfinite_in_a_row: int = 0  # ... of which the latest in a row (kept here so a resume counts on)
+    # Validations in a row since the last better valid BLEU (train.patience stops training at that many)
+    validations_without_improvement: int = 0
+    # A fine-tuned run's parent: {"run", "checkpoint", "weights_sha256"} of the weights it started from
+    parent: dict[str, str] | None = None
     # Processes that trained: a global batch holds world_size x batch_tokens tokens, so the data
     # position above counts batches of that size.
     world_size: int = 1
@@ -96,6 +103,11 @@ class TrainingData:
     valid: EvaluationSet
     tokenizers: Tokenizers
     fingerprints: dict[str, str]  # tokenizer_fingerprint, data_fingerprint
+    dropout: DropoutBatches | None = None  # with tokenizer.dropout: training pairs re-encoded every epoch
+
+    def batch(self, indices: Sequence[int], epoch: int) -> Batch:
+        """Training batch `indices` of `epoch`: with BPE-dropout, its pairs split afresh for that epoch."""
+        return self.dropout.batch(indices, epoch) if self.dropout else self.corpus.batch(indices)
 
 
 class Trainer:
@@ -140,7 +152,13 @@ class Trainer:
         return tokens / math.ceil(len(self._batches(0)) / self.train_config.accumulate_batches)
 
     def finished(self) -> bool:
-        return self.budget.finished(self.state.step)
+        """Whether training is over: the budget is used up, or it stopped early."""
+        return self.budget.finished(self.state.step) or self.stopped_early()
+
+    def stopped_early(self) -> bool:
+        """Whether train.patience validations in a row brought no better valid BLEU."""
+        patience = self.train_config.patience
+        return bool(patience) and self.state.validations_without_improvement >= patience
 
     # ------------------------------------------------------------------ saving and resuming
 
@@ -223,7 +241,7 @@ class Trainer:
                 indices = batches[state.batch_in_epoch: state.batch_in_epoch + self.train_config.accumulate_batches]
                 shards = [shard_batch(i, self.rank, self.world_size) for i in indices]
                 started = time.monotonic()
-                metrics = self.train_step([self.data.corpus.batch(s) for s in shards if len(s)])
+                metrics = self.train_step([self.data.batch(s, state.epoch) for s in shards if len(s)])
                 state.step, state.batch_in_epoch = state.step + 1, state.batch_in_epoch + len(indices)
                 if state.batch_in_epoch >= len(batches):  # the epoch ran to its end
                     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
@@ -308,6 +326,10 @@ class Trainer:
         if state.step % train.log_every == 0 or last or stop_requested:
             self._log(metrics, progress)
         validated = self.validate() if state.step % train.valid_every == 0 or last else None
+        if validated is not None and not last and self.stopped_early():
+            last = True
+            log.info("step %d: no better valid BLEU in %d validations (train.patience): stopping early",
+                     state.step, state.validations_without_improvement)
         if validated is not None or state.step % train.checkpoint_every == 0 or last or stop_requested:
             self.save(validated)
         return last or bool(stop_requested)
@@ -345,15 +367,20 @@ class Trainer:
 
     def validate(self) -> dict[str, float]:
         """Score the valid split (rank 0 scores; the others wait in the broadcast of the outcome)
-        and return the metrics every rank then saves with. Every rank calls this at the same steps."""
-        metrics = None
+        and return the metrics every rank then saves with. Every rank calls this at the same steps, and
+        counts the validations in a row without a better valid BLEU (for train.patience)."""
+        metrics, improved = None, False
         if distributed.is_main():
             result = self._evaluate()
             metrics = {"valid_nll": result.loss, "valid_perplexity": result.perplexity,
                        "valid_bleu": result.scores.bleu, "valid_chrf": result.scores.chrf}
-            if self.checkpoints.improves(metrics):
+            improved = self.checkpoints.improves(metrics)
+            if improved:
                 log.info("  new best BLEU %.2f at step %d", result.scores.bleu, self.state.step)
-        return distributed.broadcast_object(metrics)
+        metrics, improved = distributed.broadcast_object((metrics, improved))
+        state = self.state
+        state.validations_without_improvement = 0 if improved else state.validations_without_improvement + 1
+        return metrics
 
     def _evaluate(self) -> EvaluationResult:
         result = evaluate(self.model, self.data.valid, self.data.tokenizers, self.config, self.device)

@@ -1,0 +1,212 @@
+"""Fine-tuning (train.init_from / train.py --init-from RUN): a new run starts from a trained run's best
+weights and its tokenizer files, with a fresh optimiser and warm-up; it learns its own data; a
+tokenizer or model setting unlike the parent's is one `error:` line; the parent is never changed;
+the child resumes from its own checkpoints, even with the parent gone.
+
+Two synthetic domains over one alphabet: the parent learns animals and colours, the child meals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import tiny_settings, write_csv
+from transformer.checkpoints import files, rundir
+from transformer.checkpoints.rundir import read_run_state
+from transformer.config import load_config
+from transformer.data.batching import PairCorpus
+from transformer.data.tokenizer import load_tokenizers
+from transformer.training.optim import learning_rate
+from transformer.training.validation import evaluation_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import train as train_cli  # noqa: E402  (the CLI script at the repository root)
+
+ANIMALS = {"cat": "chat", "dog": "chien", "horse": "cheval", "bird": "oiseau", "fish": "poisson", "wolf": "loup"}
+COLOURS = {"red": "rouge", "green": "vert", "blue": "bleu", "black": "noir", "white": "blanc", "grey": "gris"}
+MEALS = {"bread": "pain", "cheese": "fromage", "soup": "soupe", "rice": "riz", "apples": "pommes", "milk": "lait"}
+EATERS = {"I eat": "je mange", "we eat": "nous mangeons", "you eat": "tu manges", "they eat": "ils mangent"}
+TIMES = {"today": "aujourd'hui", "tonight": "ce soir", "now": "maintenant"}
+
+
+def animals_domain() -> list[tuple[str, str]]:
+    return [(f"The {a} is {c} {t}.", f"Le {fa} est {fc} {ft}.")
+            for (a, fa), (c, fc), (t, ft) in itertools.product(ANIMALS.items(), COLOURS.items(), TIMES.items())]
+
+
+def meals_domain() -> list[tuple[str, str]]:
+    return [(f"{e.capitalize()} {m} {t}.", f"{fe.capitalize()} du {fm} {ft}.")
+            for (e, fe), (m, fm), (t, ft) in itertools.product(EATERS.items(), MEALS.items(), TIMES.items())]
+
+
+def write_config(path: Path, data: Path) -> Path:
+    settings = tiny_settings(
+        data, data={"valid_pairs": 8, "test_pairs": 12}, tokenizer={"vocab_size": 120}, model={"dropout": 0.0},
+        train={"max_steps": 60, "batch_tokens": 400, "schedule": "inverse_sqrt", "peak_lr": 3e-3, "log_every": 1,
+               "valid_every": 30, "checkpoint_every": 30})
+    path.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    return path
+
+
+def train(config: Path, run_dir: Path, *extra: str) -> int:
+    try:
+        return train_cli.main(["--config", str(config), "--run-dir", str(run_dir), "--no-progress", *extra])
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
+
+
+def tree(directory: Path) -> dict[str, str]:
+    """Every file and link under `directory`, train.log and .lock included: path -> sha256 or link target."""
+    found = {}
+    for path in sorted(directory.rglob("*")):
+        relative = str(path.relative_to(directory))
+        if path.is_symlink():
+            found[relative] = "-> " + os.readlink(path)
+        elif path.is_file():
+            found[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run trained on the animals domain. Treat as read-only."""
+    base = tmp_path_factory.mktemp("parent")
+    config = write_config(base / "parent.yaml", write_csv(base / "animals.csv", animals_domain()))
+    assert train(config, base / "run") == 0
+    return base / "run"
+
+
+@pytest.fixture(scope="module")
+def meals(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("meals")
+    return write_config(base / "child.yaml", write_csv(base / "meals.csv", meals_domain()))
+
+
+@pytest.fixture(scope="module")
+def child(tmp_path_factory: pytest.TempPathFactory, parent: Path, meals: Path) -> tuple[Path, dict[str, str]]:
+    """(run directory, the parent's files before) of a run fine-tuned from `parent` on the meals domain."""
+    before = tree(parent)
+    run_dir = tmp_path_factory.mktemp("child") / "run"
+    assert train(meals, run_dir, "--init-from", str(parent)) == 0
+    return run_dir, before
+
+
+def test_the_child_scores_better_on_its_own_domain_than_its_parent(parent: Path, child):
+    """The held-out meals pairs (the child's test split, trained on by neither) are scored by the
+    parent's best weights and by the child's: fine-tuning lowered their loss."""
+    run_dir, _ = child
+    tokenizers = load_tokenizers(run_dir / rundir.TOKENIZER_DIR)
+    sources = (run_dir / rundir.HELDOUT_DIR / "test.en").read_text(encoding="utf-8").splitlines()
+    targets = (run_dir / rundir.HELDOUT_DIR / "test.fr.1").read_text(encoding="utf-8").splitlines()
+    corpus = PairCorpus.from_lists(tokenizers.encode_source(sources), tokenizers.encode_target(targets))
+
+    def loss(run: Path) -> float:
+        model, _ = files.load_model(rundir.find_checkpoint(run))
+        return evaluation_loss(model, corpus, 1000, torch.device("cpu"))
+
+    before, after = loss(parent), loss(run_dir)
+    assert after < 0.7 * before, (before, after)
+
+
+def test_the_child_starts_from_the_parent_s_weights_and_tokenizer_and_records_them(parent: Path, child):
+    run_dir, _ = child
+    parent_best = rundir.find_checkpoint(parent)
+    assert parent_best.name == read_run_state(parent).best.checkpoint
+    assert tree(run_dir / rundir.TOKENIZER_DIR) == tree(parent / rundir.TOKENIZER_DIR)  # copied byte for byte
+    weights_sha = hashlib.sha256((parent_best / rundir.MODEL_FILE).read_bytes()).hexdigest()
+    for checkpoint in rundir.list_checkpoints(run_dir):
+        assert rundir.read_meta(checkpoint)["state"]["parent"] == {
+            "run": str(parent), "checkpoint": parent_best.name, "weights_sha256": weights_sha}
+    assert rundir.load_run_config(run_dir).train.init_from == str(parent)
+
+
+def test_the_child_s_first_step_takes_the_first_warm_up_rate_and_a_fresh_optimiser(parent: Path, meals: Path,
+                                                                                    child):
+    run_dir, _ = child
+    config = load_config(meals)
+    events = EventAccumulator(str(run_dir / rundir.TENSORBOARD_DIR))
+    events.Reload()
+    rates = {event.step: event.value for event in events.Scalars("train/lr")}
+    assert rates[1] == pytest.approx(learning_rate(1, config.train, config.model), rel=1e-6)
+    assert rates[1] < rates[10] / 5  # warming up, not the parent's rate at its step 61
+    # Adam's step counts start at the child's step 1, not at the parent's 60
+    optimizer = files.load_training_state(run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(30))["optimizer"]
+    assert {float(state["step"]) for state in optimizer["state"].values()} == {30.0}
+    assert optimizer["param_groups"][0]["lr"] == pytest.approx(learning_rate(30, config.train, config.model))
+
+
+def test_the_parent_run_is_byte_identical_afterwards(parent: Path, child):
+    _, before = child
+    assert tree(parent) == before
+
+
+def test_the_child_resumes_from_its_own_checkpoints_with_the_parent_gone(parent: Path, meals: Path, child,
+                                                                        tmp_path: Path, capsys):
+    run_dir, _ = child
+    copy = tmp_path / "child"
+    shutil.copytree(run_dir, copy, symlinks=True)  # the fixture's child stays as it was for the other tests
+    moved = parent.with_name("moved")
+    os.rename(parent, moved)
+    try:
+        assert train(meals, copy, "--init-from", str(parent), "--set", "train.max_steps=90") == 0
+    finally:
+        os.rename(moved, parent)
+    err = capsys.readouterr().err
+    assert "resuming from" in err and "step_00000060" in err and "done: 90 steps" in err
+    assert rundir.read_meta(copy / rundir.CHECKPOINTS / rundir.step_dir_name(90))["state"]["parent"]["run"] == \
+        str(parent)
+
+
+def test_resuming_the_child_without_its_parent_setting_is_refused(meals: Path, child, tmp_path: Path, capsys):
+    run_dir, _ = child
+    before = tree(run_dir)
+    assert train(meals, run_dir, "--set", "train.max_steps=90") == 2
+    err = capsys.readouterr().err
+    assert "train.init_from:" in err and "cannot be resumed with this one" in err
+    assert {k: v for k, v in tree(run_dir).items() if k not in ("train.log", ".lock")} == \
+        {k: v for k, v in before.items() if k not in ("train.log", ".lock")}
+
+
+@pytest.mark.parametrize("override, named", [
+    ("tokenizer.vocab_size=150", "tokenizer.vocab_size is 120 in the parent run"),
+    ("tokenizer.joint=false", "tokenizer.joint is True in the parent run"),
+    ("model.d_model=64", "model.d_model is 32 in the parent checkpoint"),
+])
+def test_a_tokenizer_or_model_unlike_the_parent_s_is_one_error_line(parent: Path, meals: Path, tmp_path: Path,
+                                                                    capsys, override: str, named: str):
+    before = tree(parent)
+    extra = ("--set", "model.share_embeddings=false") if override.startswith("tokenizer.joint") else ()
+    assert train(meals, tmp_path / "run", "--init-from", str(parent), "--set", override, *extra) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("error: ") == 1
+    last = err.rstrip("\n").split("\n")[-1]
+    assert last.startswith("error: train.init_from: ") and named in last, last
+    assert tree(parent) == before
+    assert not (tmp_path / "run" / rundir.TOKENIZER_DIR).exists()
+
+
+def test_a_parent_that_is_not_a_run_is_one_error_line(meals: Path, tmp_path: Path, capsys):
+    assert train(meals, tmp_path / "run", "--init-from", str(tmp_path / "nowhere")) == 2
+    last = capsys.readouterr().err.rstrip("\n").split("\n")[-1]
+    assert last == f"error: train.init_from: {tmp_path / 'nowhere'} is not a run directory of this project " \
+                   "(no state.json)"
+
+
+def test_model_dropout_may_differ_from_the_parent_s(parent: Path, meals: Path, tmp_path: Path):
+    assert train(meals, tmp_path / "run", "--init-from", str(parent), "--set", "model.dropout=0.2",
+                 "--set", "train.max_steps=2") == 0
+    assert json.loads((rundir.list_checkpoints(tmp_path / "run")[-1] / rundir.META_FILE).read_text())[
+        "model_config"]["dropout"] == 0.2

@@ -6,6 +6,11 @@
   python translate.py --interactive
   python translate.py --engine ctranslate2 "I am cold."      # CTranslate2, exported on first use
   python translate.py --alignment --attention maps "I am cold."   # maps/1.png
+  python translate.py --sample --top-p 0.9 --seed 1 --n-best 3 "I am cold."   # 3 samples
+  python translate.py --prefix "Il" "He is cold."       # the translation starts with "Il"
+  python translate.py --score --input file.en --targets file.fr   # log-prob, per token, perplexity
+  python translate.py --run runs/a --run runs/b "I am cold."       # an ensemble of two runs
+  python translate.py --format jsonl "I am cold."       # one JSON object per line
 
 Default model: the best checkpoint of the newest run under runs/. Translations go to stdout,
 one line per input line (empty lines stay empty); logs, progress and scores go to stderr.
@@ -29,7 +34,8 @@ from transformer.errors import UserError
 from transformer.files import same_file
 from transformer.training.logs import setup_logging
 from transformer.translation.lines import (STREAM_CHUNK, align_references, attention_directory, output_file,
-                                           read_references, score_report, translate_stream)
+                                           read_references, score_report, score_stream, split_columns,
+                                           translate_stream)
 
 if TYPE_CHECKING:
     from transformer.translation.ct2_engine import CTranslate2Translator
@@ -40,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: read stdin)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--run", type=Path, help="run directory (default: the newest run under runs/)")
+    where.add_argument("--run", type=Path, action="append",
+                       help="run directory (default: the newest run under runs/); repeat it for an ensemble, "
+                            "whose models' probabilities are averaged at each step (torch engine)")
     where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
     parser.add_argument("--input", type=Path, help="file with one source sentence per line")
     parser.add_argument("--output", type=Path, help="write translations here instead of stdout")
@@ -76,6 +84,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--alignment-layer", type=int, metavar="N",
                         help="decoder layer whose cross-attention --alignment reads, 1 = the first "
                              "(default: the last)")
+    sampling = parser.add_argument_group("sampling (instead of greedy or beam search)")
+    sampling.add_argument("--sample", action="store_true",
+                          help="draw each next token at random; with --n-best N, N independent samples")
+    sampling.add_argument("--top-k", type=int, metavar="K", help="sample among the K most probable tokens (0 = all, the default)")
+    sampling.add_argument("--top-p", type=float, metavar="P",
+                          help="sample among the fewest most probable tokens whose probabilities sum to P (default 1)")
+    sampling.add_argument("--temperature", type=float, metavar="T", help="divide the logits by T (default 1)")
+    sampling.add_argument("--seed", type=int, metavar="S", help="random seed, for reproducible samples (default 0)")
+    prefix = parser.add_mutually_exclusive_group()
+    prefix.add_argument("--prefix", metavar="TEXT", help="every translation starts with TEXT")
+    prefix.add_argument("--prefix-column", action="store_true",
+                        help="input lines are source<TAB>prefix: each translation starts with its line's prefix")
+    parser.add_argument("--score", action="store_true",
+                        help="score given translations instead of translating: input lines source<TAB>target, "
+                             "or --input with --targets; prints log-prob, log-prob per token and perplexity per pair")
+    parser.add_argument("--targets", type=Path, metavar="FILE", help="with --score and --input: the target lines")
+    parser.add_argument("--format", choices=["text", "jsonl"], default="text",
+                        help="text (default), or jsonl: one JSON object per input line, for programs")
     parser.add_argument("--interactive", action="store_true", help="translate each line as it is typed")
     parser.add_argument("--quiet", action="store_true", help="no log lines or progress bar")
     return parser.parse_args(argv)
@@ -85,17 +111,24 @@ def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTra
     """The translator of the chosen engine, with the decode options given on the command line."""
     overrides = dict(beam_size=beam, batch_size=args.batch_size, length_penalty=args.length_penalty,
                      max_length_a=args.max_length_a, max_length_b=args.max_length_b)
+    sampling = None
+    if args.sample:
+        from transformer.translation.texts import Sampling
+
+        sampling = Sampling(top_k=args.top_k or 0, top_p=1.0 if args.top_p is None else args.top_p,
+                            temperature=1.0 if args.temperature is None else args.temperature, seed=args.seed or 0)
+    first_run, *ensemble = args.run or [None]
     if args.checkpoint is not None and (args.checkpoint / STATE_FILE).is_file():
         raise UserError(f"{args.checkpoint}: a run directory, not a checkpoint: use --run {args.checkpoint}")
     if args.engine == "ctranslate2":
         from transformer.export.run_cache import ctranslate2_model
         from transformer.translation.ct2_engine import differences_from_torch, load_ct2_translator
 
-        model_dir, checkpoint = ctranslate2_model(args.run, args.checkpoint)  # exported on first use
+        model_dir, checkpoint = ctranslate2_model(first_run, args.checkpoint)  # exported on first use
         translator = load_ct2_translator(model_dir, checkpoint, device=args.device, int8=args.int8,
-                                         threads=args.threads, device_key="--device", **overrides)
-        if not args.quiet:
-            for note in differences_from_torch(translator.decode, args.n_best, translator.patience):
+                                         threads=args.threads, device_key="--device", sampling=sampling, **overrides)
+        if not args.quiet and not args.score:
+            for note in differences_from_torch(translator.decode, args.n_best, translator.patience, sampling):
                 print(f"note: {note}", file=sys.stderr)
         return translator
     from transformer.runtime import select_device, set_threads
@@ -108,17 +141,55 @@ def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTra
     device = select_device(args.device, key="--device")
     if args.int8 and device.type != "cpu":  # before the model loads; the library says it in its own words
         raise UserError("--int8 with the torch engine runs on the CPU only; add --device cpu")
-    return load_translator(args.run, args.checkpoint, device, int8=args.int8, bf16=args.bf16, **overrides)
+    return load_translator(first_run, args.checkpoint, device, int8=args.int8, bf16=args.bf16, sampling=sampling,
+                           ensemble=ensemble, **overrides)
 
 
 def check_output(args: argparse.Namespace) -> None:
     """Refuse an --output that is also a file this run reads: writing it would destroy its input."""
     if args.output is None:
         return
-    for flag, path in [("--input", args.input)] + [("--reference", path) for path in args.reference]:
+    for flag, path in ([("--input", args.input), ("--targets", args.targets)]
+                       + [("--reference", path) for path in args.reference]):
         if path is not None and same_file(args.output, path):
             raise UserError(f"--output {args.output} is also the {flag} file {path}; write the translations "
                             "to another file")
+
+
+def check_combinations(args: argparse.Namespace) -> None:
+    """Refuse options that do not go together, one line each, before any model loads."""
+    given = {"--top-k": args.top_k, "--top-p": args.top_p, "--temperature": args.temperature, "--seed": args.seed}
+    sampling_flags = [flag for flag, value in given.items() if value is not None]
+    if sampling_flags and not args.sample:
+        raise UserError(f"{sampling_flags[0]} is a sampling option: add --sample")
+    if args.sample and (args.beam is not None or args.greedy or args.length_penalty is not None):
+        raise UserError("--sample draws each token at random instead of searching: leave out --beam, --greedy "
+                        "and --length-penalty")
+    if args.top_k is not None and args.top_k < 0:
+        raise UserError(f"--top-k must be 0 (every token) or more, got {args.top_k}")
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise UserError(f"--top-p must be above 0 and at most 1, got {args.top_p}")
+    if args.temperature is not None and not args.temperature > 0.0:
+        raise UserError(f"--temperature must be above 0, got {args.temperature} (a temperature near 0 is greedy search)")
+    if len(args.run or []) > 1:
+        if args.engine != "torch":
+            raise UserError("an ensemble (--run given more than once) runs on the torch engine only: "
+                            "leave out --engine ctranslate2")
+        if args.attention or args.alignment:
+            raise UserError("--attention and --alignment show one model's attention: not with an ensemble of runs")
+    if args.targets is not None and not args.score:
+        raise UserError("--targets gives the translations that --score scores: add --score")
+    if args.score:
+        searching = {"--sample": args.sample, "--beam": args.beam is not None, "--greedy": args.greedy,
+                     "--n-best": args.n_best != 1, "--length-penalty": args.length_penalty is not None,
+                     "--prefix": args.prefix is not None, "--prefix-column": args.prefix_column,
+                     "--reference": bool(args.reference), "--attention": args.attention is not None,
+                     "--alignment": args.alignment, "--interactive": args.interactive}
+        clashes = [flag for flag, value in searching.items() if value]
+        if clashes:
+            raise UserError(f"--score scores the given translations and searches for none: leave out {clashes[0]}")
+        if args.targets is not None and args.input is None:
+            raise UserError("--targets needs --input, the source of each target line")
 
 
 def _alignment_layer(args: argparse.Namespace, translator: Translator) -> int:
@@ -134,10 +205,11 @@ def translate_lines(args: argparse.Namespace, translator: Translator | CTranslat
                     attention_dir: Path | None, alignment_layer: int | None) -> None:
     """Translate the sentence arguments, --input, or standard input into `out`; score --reference."""
     references = read_references(args.reference)  # before the work: an unreadable file stops it now
+    options = dict(prefix=args.prefix, prefix_column=args.prefix_column, jsonl=args.format == "jsonl")
     if args.interactive:
         print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
         translate_stream(translator, iter_lines(sys.stdin.buffer, "standard input"), out, args.n_best, 1,
-                         attention_dir=attention_dir, alignment_layer=alignment_layer)
+                         attention_dir=attention_dir, alignment_layer=alignment_layer, **options)
         return
     progress = None
     if args.sentences:
@@ -156,12 +228,29 @@ def translate_lines(args: argparse.Namespace, translator: Translator | CTranslat
         lines = iter_lines(sys.stdin.buffer, "standard input")
         chunk = 1 if sys.stdin.isatty() else STREAM_CHUNK
     hypotheses = translate_stream(translator, lines, out, args.n_best, chunk, progress, attention_dir,
-                                  alignment_layer)
+                                  alignment_layer, **options)
     if progress is not None:
         progress.close()
     if args.reference:
         print(score_report(hypotheses, align_references(args.reference, references, len(hypotheses))),
               file=sys.stderr)
+
+
+def score_lines(args: argparse.Namespace, translator: Translator | CTranslate2Translator, out: TextIO) -> None:
+    """Score the pairs of --input and --targets, or the source<TAB>target lines of the sentence arguments,
+    --input or standard input, into `out`; the corpus summary goes to stderr."""
+    if args.targets is not None:
+        sources, targets = read_lines(args.input, "input file"), read_lines(args.targets, "targets file")
+        if len(sources) != len(targets):
+            raise UserError(f"--targets {args.targets} has {len(targets)} lines, but --input {args.input} "
+                            f"has {len(sources)}")
+        pairs: Iterable[tuple[str, str]] = zip(sources, targets)
+    else:
+        lines = (args.sentences or (read_lines(args.input, "input file") if args.input
+                                    else iter_lines(sys.stdin.buffer, "standard input")))
+        pairs = split_columns(lines, "target")
+    totals = score_stream(translator, pairs, out, STREAM_CHUNK, args.format == "jsonl")
+    print(totals.summary(), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,9 +276,17 @@ def main(argv: list[str] | None = None) -> int:
                             "(use --int8 for its fast path)")
         if (args.attention or args.alignment) and args.engine != "torch":
             raise UserError("--attention and --alignment read the model's attention: use the default --engine torch")
+        check_combinations(args)
         check_output(args)
+        if args.sample:
+            beam = 1  # the searches' own settings do not apply; attention reads outputs as greedy ones
         translator = load_engine(args, beam)
-        if args.n_best > translator.decode.beam_size:
+        if args.score:
+            with contextlib.ExitStack() as stack:
+                out = stack.enter_context(output_file(args.output, "--output")) if args.output else sys.stdout
+                score_lines(args, translator, out)
+            return 0
+        if not args.sample and args.n_best > translator.decode.beam_size:
             raise UserError(f"--n-best {args.n_best} needs a beam of at least {args.n_best} "
                             f"(beam is {translator.decode.beam_size}; add --beam {args.n_best})")
         alignment_layer = _alignment_layer(args, translator) if args.alignment else None

@@ -44,9 +44,11 @@ def greedy(model: Transformer, sources: list[list[int]], max_lengths: list[int],
 
 
 def beam(model: Transformer, sources: list[list[int]], max_lengths: list[int], beam_size: int,
-         alpha: float = 1.0, n_best: int = 1, use_cache: bool = True) -> list[list[Hypothesis]]:
+         alpha: float = 1.0, n_best: int = 1, use_cache: bool = True,
+         prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     src, src_pad_mask = source_tensor(sources)
-    return beam_search(model, src, src_pad_mask, beam_size, alpha, torch.tensor(max_lengths), n_best, use_cache)
+    return beam_search(model, src, src_pad_mask, beam_size, alpha, torch.tensor(max_lengths), n_best, use_cache,
+                       prefixes)
 
 
 def sequence_log_prob(model: Transformer, source: list[int], tokens: list[int]) -> float:

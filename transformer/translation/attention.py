@@ -22,7 +22,7 @@ from torch import Tensor
 from transformer.data.batching import pad_rows, source_tensor
 from transformer.data.tokenizer import BOS_ID, EOS, EOS_ID
 from transformer.model import Transformer
-from transformer.translation.texts import decode_outputs, max_output_length, search_texts
+from transformer.translation.texts import decode_outputs, max_output_length, output_log_probs, search_texts
 
 if TYPE_CHECKING:
     from transformer.translation.torch_engine import Translator
@@ -155,6 +155,7 @@ class AttendedTranslation:
     output_tokens: list[str]  # the output subwords, then EOS if search produced one; [] for a blank text
     ended: bool  # search produced the EOS (greedy search cut at its maximum length did not)
     attention: SentenceAttention | None  # None for a blank text: the model did not run
+    log_prob: float | None = None  # texts.output_log_probs, when asked for; None for a blank text
 
     def alignment(self, layer: int = -1) -> list[tuple[int, int]]:
         """`hard_alignment` of this translation's subwords; [] for a blank text."""
@@ -164,41 +165,46 @@ class AttendedTranslation:
                               len(self.output_tokens) - self.ended, layer)
 
 
-def translate_with_attention(engine: Translator, texts: list[str], n_best: int = 1, warn_unknown: bool = True
+def translate_with_attention(engine: Translator, texts: list[str], n_best: int = 1, warn_unknown: bool = True,
+                             prefixes: list[str] | None = None, with_scores: bool = False
                              ) -> list[list[AttendedTranslation]]:
-    """Like `engine.translate` (same text path, same search), each translation with its attention.
+    """Like `engine.translate` (same text path, same search), each translation with its attention,
+    and with its log-probability when `with_scores`. Needs a single model, not an ensemble.
 
     Search keeps the fast cached path; afterwards one teacher-forced pass over each source and the
     tokens search actually produced gives the maps (cached steps give the same maps, see
     tests/test_attention.py, but beam search reorders its rows at every step).
     """
-    ids, results = search_texts(engine, texts, n_best, warn_unknown)
+    if engine.others:
+        raise ValueError("attention maps are one model's: not for an ensemble")
+    ids, results = search_texts(engine, texts, n_best, warn_unknown, prefixes)
+    log_probs = output_log_probs(engine, ids, results) if with_scores else [[None] * len(r) for r in results]
     tokenizers, config = engine.tokenizers, engine.decode
     translations = decode_outputs(tokenizers, results)
     hard_cap = engine.max_len - 1
     produced: list[tuple[int, list[int], bool]] = []  # (text index, output with its EOS, ended)
     for i, (source, outputs) in enumerate(zip(ids, results)):
         if source:
-            # Beam search ends every hypothesis with EOS; greedy search stops without one only when the
-            # output reached its maximum length (search.greedy_search).
+            # Beam search ends every hypothesis with EOS; greedy search and sampling stop without one
+            # only when the output reached its maximum length (search.greedy_search).
             longest = max_output_length(len(source), config.max_length_a, config.max_length_b, hard_cap)
             for output in outputs:
-                ended = config.beam_size > 1 or len(output) < longest
+                ended = (engine.sampling is None and config.beam_size > 1) or len(output) < longest
                 produced.append((i, output + [EOS_ID] if ended else output, ended))
     maps = iter(teacher_forced_attention(engine.model, [ids[i] for i, _, _ in produced],
                                          [out for _, out, _ in produced], engine.device, config.batch_size))
     ends = iter(ended for _, _, ended in produced)
     attended = []
-    for source, outputs, candidates in zip(ids, results, translations):
+    for source, outputs, candidates, scores in zip(ids, results, translations, log_probs):
         if not source:  # a blank text: the model did not run
             attended.append([AttendedTranslation(text, [], [], False, None) for text in candidates])
             continue
         source_tokens = [tokenizers.source.id_to_token(i) for i in source] + [EOS]
         row = []
-        for output, text in zip(outputs, candidates):
+        for output, text, log_prob in zip(outputs, candidates, scores):
             ended = next(ends)
             output_tokens = [tokenizers.target.id_to_token(i) for i in output] + ([EOS] if ended else [])
-            row.append(AttendedTranslation(text, source_tokens, output_tokens, ended, next(maps)))
+            row.append(AttendedTranslation(text, source_tokens, output_tokens, ended, next(maps), log_prob))
         attended.append(row)
     return attended
 

@@ -1,5 +1,6 @@
-"""The CTranslate2 engine: CTranslate2's greedy or beam search over batches of source ids, from a
-model exported by export/ (ct2_format.py says what an export is). Text goes through texts.py, as
+"""The CTranslate2 engine: CTranslate2's greedy search, beam search or sampling over batches of
+source ids, optionally from target prefixes, and its scoring of target ids, from a model exported
+by export/ (ct2_format.py says what an export is). Text goes through texts.py, as
 with every engine. Imports no torch, so that `translate.py --engine ctranslate2` starts without it;
 writing an export, when a run has none yet, is export/'s job and not this module's.
 """
@@ -17,7 +18,7 @@ from transformer.config import DecodeConfig
 from transformer.data.tokenizer import BOS, EOS, PAD, Tokenizers, load_tokenizers
 from transformer.errors import CheckpointError, ConfigError
 from transformer.translation.ct2_format import EXPORT_TOKENIZER_DIR, import_ctranslate2, read_export_info
-from transformer.translation.texts import gnmt_length_penalty, max_output_length, translate_texts
+from transformer.translation.texts import Sampling, gnmt_length_penalty, max_output_length, translate_texts
 
 log = logging.getLogger(__name__)
 
@@ -72,37 +73,59 @@ class CTranslate2Translator:
     model_dir: Path
     checkpoint: Path | None  # the checkpoint it was exported from, when known
     patience: float = BEAM_PATIENCE  # beam search goes on until patience x beam_size hypotheses have finished
+    sampling: Sampling | None = None  # sample instead of searching; its seed is set when loading
 
     def __post_init__(self) -> None:
         source, target = self.tokenizers.source, self.tokenizers.target
         self._source_tokens = [source.id_to_token(i) for i in range(self.tokenizers.source_vocab_size)]
+        self._target_tokens = [target.id_to_token(i) for i in range(self.tokenizers.target_vocab_size)]
         self._target_ids = target.get_vocab(with_added_tokens=True)
 
-    def translate(self, texts: list[str], n_best: int = 1) -> list[list[str]]:
+    def translate(self, texts: list[str], n_best: int = 1, prefixes: list[str] | None = None) -> list[list[str]]:
         """For each text, its `n_best` translations, best first (texts.translate_texts)."""
-        return translate_texts(self, texts, n_best)
+        return translate_texts(self, texts, n_best, prefixes=prefixes)
 
-    def search(self, sources: list[list[int]], n_best: int) -> list[list[list[int]]]:
-        """Source id lists (no EOS) -> for each, its hypotheses' target ids, best first (texts.Engine).
-        Beam search returns all it finished, at least `n_best`, and the text path keeps the first."""
+    def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None
+               ) -> list[list[list[int]]]:
+        """Source id lists (no EOS) -> for each, its hypotheses' target ids, best first (texts.Engine),
+        each starting with its prefix (CTranslate2's target_prefix) when `prefixes` are given. Beam
+        search returns all it finished, at least `n_best`, and the text path keeps the first."""
         decode = self.decode
         tokens = [[self._source_tokens[i] for i in ids] for ids in sources]
+        targets = None if prefixes is None else [[self._target_tokens[i] for i in ids] or None for ids in prefixes]
         limits = [max_output_length(len(ids), decode.max_length_a, decode.max_length_b, self.max_len - 1)
                   for ids in sources]
-        if decode.beam_size == 1:
-            results = self.translator.translate_batch(tokens, beam_size=1, max_decoding_length=max(limits),
-                                                      **_OPTIONS)
-            return [[self._ids(result.hypotheses[0])[:limit]] for result, limit in zip(results, limits)]
+        if decode.beam_size == 1 or self.sampling is not None:
+            options: dict[str, Any] = {}
+            if self.sampling is not None:
+                s = self.sampling
+                # CTranslate2's sampling_topk 0 samples from the whole vocabulary, as ours does.
+                options = dict(num_hypotheses=n_best, sampling_topk=s.top_k, sampling_topp=s.top_p,
+                               sampling_temperature=s.temperature)
+            results = self.translator.translate_batch(tokens, targets, beam_size=1, max_decoding_length=max(limits),
+                                                      **options, **_OPTIONS)
+            return [[self._ids(hypothesis)[:limit] for hypothesis in result.hypotheses]
+                    for result, limit in zip(results, limits)]
         outputs: list[list[list[int]]] = [[] for _ in sources]
         groups: dict[int, list[int]] = {}
         for i, limit in enumerate(limits):
             groups.setdefault(limit, []).append(i)
         for limit, members in groups.items():
-            for i, output in zip(members, self._beam([tokens[i] for i in members], limit)):
+            group_targets = None if targets is None else [targets[i] for i in members]
+            for i, output in zip(members, self._beam([tokens[i] for i in members], limit, group_targets)):
                 outputs[i] = output
         return outputs
 
-    def _beam(self, tokens: list[list[str]], limit: int) -> list[list[list[int]]]:
+    def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+        """CTranslate2's score_batch: the log-probability of each target token and of its EOS, normalised
+        over the whole vocabulary as torch_engine.Translator.score's (texts.Engine)."""
+        results = self.translator.score_batch([[self._source_tokens[i] for i in ids] for ids in sources],
+                                              [[self._target_tokens[i] for i in ids] for ids in targets],
+                                              max_input_length=0)
+        return [list(result.log_probs) for result in results]
+
+    def _beam(self, tokens: list[list[str]], limit: int, prefixes: list[list[str]] | None = None
+              ) -> list[list[list[int]]]:
         """Beam search of sources sharing one output limit: for each, its hypotheses best first.
 
         With return_end_token a hypothesis that finished shows its EOS. One without EOS was cut at the
@@ -115,7 +138,7 @@ class CTranslate2Translator:
         k = self.decode.beam_size
         hypotheses_count = max(k, round(k * self.patience))
         results = self.translator.translate_batch(
-            tokens, beam_size=k, patience=hypotheses_count / k, num_hypotheses=hypotheses_count,
+            tokens, prefixes, beam_size=k, patience=hypotheses_count / k, num_hypotheses=hypotheses_count,
             length_penalty=0.0, return_scores=True, return_end_token=True, max_decoding_length=limit, **_OPTIONS)
         finished: list[list[tuple[float, list[str]]]] = [[] for _ in tokens]
         cut: list[tuple[int, float, list[str]]] = []
@@ -141,13 +164,18 @@ class CTranslate2Translator:
         return [self._target_ids[token] for token in hypothesis]
 
 
-def differences_from_torch(decode: DecodeConfig, n_best: int = 1, patience: float = BEAM_PATIENCE) -> list[str]:
+def differences_from_torch(decode: DecodeConfig, n_best: int = 1, patience: float = BEAM_PATIENCE,
+                           sampling: Sampling | None = None) -> list[str]:
     """Where these settings cannot mean exactly what they mean with the torch engine, one line each.
 
     Greedy search is exact. So is the best of a beam search without length penalty: CTranslate2 then
     stops only once its best candidate has ended, and nothing after can score higher. With a penalty,
-    or for the rest of an n-best list, the point where each search stops matters.
+    or for the rest of an n-best list, the point where each search stops matters. Samples follow
+    the same distribution, but not the same random numbers.
     """
+    if sampling is not None:
+        return ["the ctranslate2 engine draws its samples with its own random number generator, so with the "
+                "same seed its samples differ from the torch engine's (they follow the same distribution)"]
     if decode.beam_size == 1 or (decode.length_penalty == 0 and n_best == 1):
         return []
     return [f"the ctranslate2 engine stops beam search once {patience:g} x beam_size hypotheses have finished, "
@@ -156,13 +184,15 @@ def differences_from_torch(decode: DecodeConfig, n_best: int = 1, patience: floa
 
 def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device: str = "auto", int8: bool = False,
                         threads: int = 0, patience: float = BEAM_PATIENCE, device_key: str = "device",
-                        **decode_overrides: Any) -> CTranslate2Translator:
+                        sampling: Sampling | None = None, **decode_overrides: Any) -> CTranslate2Translator:
     """A CTranslate2 translator of the export in `model_dir`.
 
     `checkpoint`: the checkpoint it was exported from, whose run's decode config then applies (else the
     one the export recorded). `int8` runs CTranslate2's int8 weights (compute_type int8); `threads` > 0
     sets its intra-op threads; `patience` is beam search's (see BEAM_PATIENCE); `device_key` names the
-    device setting in errors. `decode_overrides` replace fields of the decode config.
+    device setting in errors. `sampling`: sample instead of searching, seeded with
+    ctranslate2.set_random_seed (one seed for the whole process, which is CTranslate2's only kind).
+    `decode_overrides` replace fields of the decode config.
     """
     ctranslate2 = import_ctranslate2()
     device_kind, device_index = _device(device, ctranslate2, device_key)
@@ -178,10 +208,12 @@ def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device:
     except (RuntimeError, ValueError) as error:
         raise CheckpointError(f"{model_dir}: CTranslate2 cannot load this export ({error})") from None
     tokenizers = load_tokenizers(model_dir / EXPORT_TOKENIZER_DIR)
+    if sampling is not None:
+        ctranslate2.set_random_seed(sampling.seed)
     log.info("translating with CTranslate2 from %s (step %s%s)", model_dir, info["checkpoint"].get("step"),
              ", int8" if int8 else "")
     return CTranslate2Translator(translator, tokenizers, decode, int(info["max_len"]), model_dir, checkpoint,
-                                 patience)
+                                 patience, sampling)
 
 
 __all__ = ["BEAM_PATIENCE", "CTranslate2Translator", "differences_from_torch", "load_ct2_translator"]

@@ -1,33 +1,34 @@
 """Translating lines of text as translate.py does: in chunks (batched, with flat memory), one output
-line per input line, written as soon as its chunk is translated; with the torch engine, optionally
-each translation's attention picture and alignment; reference files read and scored; the output file
-written whole or not at all. Imports no torch (the attention part loads it when asked for).
+line per input line (text, or a JSON object), written as soon as its chunk is translated; target
+prefixes, for all lines or from a second column; with the torch engine, optionally each translation's
+attention picture and alignment; scoring source<TAB>target lines; reference files read and scored;
+the output file written whole or not at all. Imports no torch (the attention part loads it when asked for).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import math
 import os
 import stat
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol, TextIO
+from typing import Iterable, Iterator, TextIO
 
 from transformer.data.text import read_lines
 from transformer.errors import UserError
 from transformer.files import atomic_writer
 from transformer.translation.metrics import score
+from transformer.translation.texts import Engine, score_texts, translate_scored, translate_texts
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
 # small enough that a long file streams and memory stays flat.
 STREAM_CHUNK = 2000
 # With attention pictures or alignments: a chunk's attention maps are held until its lines are written.
 ATTENTION_CHUNK = 100
-
-
-class Engine(Protocol):
-    def translate(self, texts: list[str], n_best: int = 1) -> list[list[str]]: ...
 
 
 def chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -89,14 +90,44 @@ def output_file(path: Path, name: str) -> Iterator[TextIO]:
         raise UserError(f"cannot write {name} {path}: {error.strerror or error}") from None
 
 
+def split_columns(lines: Iterable[str], second: str) -> Iterator[tuple[str, str]]:
+    """Each line as (first column, second column), split at its first tab; `second` names the second
+    column in the error for a non-blank line without a tab. A blank line is ("", "")."""
+    for number, line in enumerate(lines, start=1):
+        first, tab, other = line.partition("\t")
+        if not tab and line.strip():
+            raise UserError(f"line {number} has no tab: expected the source, a tab, then the {second}")
+        yield first, other
+
+
+def _json_line(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False)
+
+
+def _records(sources: list[str], prefixes: list[str] | None, translations: list[list[tuple]]) -> list[str]:
+    """One JSON object per source: its translation and score, its n-best list (text, score, and the
+    alignment when one was made) and, when one was given, its prefix."""
+    lines = []
+    for i, (source, candidates) in enumerate(zip(sources, translations)):
+        n_best = [dict(text=c[0], score=c[1], **({"alignment": c[2]} if len(c) > 2 else {})) for c in candidates]
+        record = {"source": source, "translation": n_best[0]["text"], "score": n_best[0]["score"]}
+        if prefixes is not None:
+            record["prefix"] = prefixes[i]
+        if "alignment" in n_best[0]:
+            record["alignment"] = n_best[0]["alignment"]
+        lines.append(_json_line({**record, "n_best": n_best}))
+    return lines
+
+
 def _inspect_chunk(translator, chunk: list[str], n_best: int, first: int, attention_dir: Path | None,
-                   alignment_layer: int | None) -> tuple[list[str], list[str]]:
+                   alignment_layer: int | None, prefixes: list[str] | None, jsonl: bool
+                   ) -> tuple[list[str], list[str]]:
     """(output lines, best translations) of a chunk whose first line is input line `first`; writes
     the attention PNGs and adds the alignments that were asked for."""
     # torch: only once attention is asked for
     from transformer.translation.attention import format_alignment, translate_with_attention
 
-    attended = translate_with_attention(translator, chunk, n_best)
+    attended = translate_with_attention(translator, chunk, n_best, prefixes=prefixes, with_scores=jsonl)
     if attention_dir is not None:
         from transformer.translation.attention_plots import save_cross_attention_png  # matplotlib: only for pictures
 
@@ -107,31 +138,47 @@ def _inspect_chunk(translator, chunk: list[str], n_best: int, first: int, attent
                     save_cross_attention_png(path, source, candidates[0])
                 except OSError as error:
                     raise UserError(f"cannot write {path}: {error.strerror or error}") from None
+    best = [candidates[0].text for candidates in attended]
+    if jsonl:
+        rows = [[(c.text, c.log_prob) + (() if alignment_layer is None else
+                                         (format_alignment(c.alignment(alignment_layer)),)) for c in candidates]
+                for candidates in attended]
+        return _records(chunk, prefixes, rows), best
     if alignment_layer is None:
         lines = ["\t".join(c.text for c in candidates) for candidates in attended]
     else:
         lines = ["\t".join(f"{c.text}\t{format_alignment(c.alignment(alignment_layer))}" for c in candidates)
                  for candidates in attended]
-    return lines, [candidates[0].text for candidates in attended]
+    return lines, best
 
 
 def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_best: int, chunk_size: int,
-                     progress=None, attention_dir: Path | None = None, alignment_layer: int | None = None
-                     ) -> list[str]:
+                     progress=None, attention_dir: Path | None = None, alignment_layer: int | None = None,
+                     prefix: str | None = None, prefix_column: bool = False, jsonl: bool = False) -> list[str]:
     """Translate lines chunk by chunk, writing each chunk's output as soon as it is ready; returns
     the best translations. `attention_dir`: write DIR/N.png for input line N (1-based, blank lines
     counted); `alignment_layer` (0-based): follow each translation with a tab and its alignment.
-    Both need the torch engine (attention.translate_with_attention)."""
+    Both need the torch engine (attention.translate_with_attention). `prefix`: every translation
+    starts with it; `prefix_column`: each line is source<TAB>prefix instead. `jsonl`: one JSON object
+    per line (`_records`) instead of tab-separated text."""
     inspect = attention_dir is not None or alignment_layer is not None
     if inspect:
         chunk_size = min(chunk_size, ATTENTION_CHUNK)
+    with_prefixes = prefix_column or prefix is not None
+    items = split_columns(lines, "target prefix") if prefix_column else ((line, prefix) for line in lines)
     written: list[str] = []
     first = 1
-    for chunk in chunks(lines, chunk_size):
+    for pairs in chunks(items, chunk_size):
+        chunk = [source for source, _ in pairs]
+        prefixes = [prefix_text for _, prefix_text in pairs] if with_prefixes else None
         if inspect:
-            output, best = _inspect_chunk(translator, chunk, n_best, first, attention_dir, alignment_layer)
+            output, best = _inspect_chunk(translator, chunk, n_best, first, attention_dir, alignment_layer,
+                                          prefixes, jsonl)
+        elif jsonl:
+            scored = translate_scored(translator, chunk, n_best, prefixes)
+            output, best = _records(chunk, prefixes, scored), [c[0][0] for c in scored]
         else:
-            candidates = translator.translate(chunk, n_best=n_best)
+            candidates = translate_texts(translator, chunk, n_best, prefixes=prefixes)
             output, best = ["\t".join(c) for c in candidates], [c[0] for c in candidates]
         out.write("".join(line + "\n" for line in output))
         written.extend(best)
@@ -142,5 +189,49 @@ def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_be
     return written
 
 
+@dataclass
+class ScoreTotals:
+    """What `score_stream` scored, for the corpus summary."""
+
+    pairs: int = 0
+    tokens: int = 0
+    log_prob: float = 0.0
+
+    def summary(self) -> str:
+        if not self.pairs:
+            return "scored 0 pairs"
+        per_token = self.log_prob / self.tokens
+        return (f"scored {self.pairs} pairs, {self.tokens} target subwords with EOS: log-prob {self.log_prob:.4f}, "
+                f"{per_token:.4f} per subword, perplexity {math.exp(-per_token):.4f}")
+
+
+def score_stream(engine: Engine, pairs: Iterable[tuple[str, str]], out: TextIO, chunk_size: int,
+                 jsonl: bool = False, progress=None) -> ScoreTotals:
+    """Score (source, target) pairs chunk by chunk (texts.score_texts), writing one line per pair in
+    input order: `log_prob<TAB>normalized<TAB>perplexity`, or with `jsonl` one JSON object with the
+    texts, log_prob, tokens, normalized and perplexity. Returns the totals."""
+    totals = ScoreTotals()
+    for chunk in chunks(pairs, chunk_size):
+        for number, (source, _) in enumerate(chunk, start=totals.pairs + 1):
+            if not source.strip():
+                raise UserError(f"line {number}: the source is blank; there is nothing to score its target against")
+        sources, targets = [source for source, _ in chunk], [target for _, target in chunk]
+        scores = score_texts(engine, sources, targets)
+        if jsonl:
+            lines = [_json_line(dict(source=source, target=target, log_prob=s.log_prob, tokens=s.tokens,
+                                     normalized=s.normalized, perplexity=s.perplexity))
+                     for source, target, s in zip(sources, targets, scores)]
+        else:
+            lines = [f"{s.log_prob:.4f}\t{s.normalized:.4f}\t{s.perplexity:.4f}" for s in scores]
+        out.write("".join(line + "\n" for line in lines))
+        out.flush()
+        totals.pairs += len(scores)
+        totals.tokens += sum(s.tokens for s in scores)
+        totals.log_prob += sum(s.log_prob for s in scores)
+        if progress is not None:
+            progress.update(len(chunk))
+    return totals
+
+
 __all__ = ["STREAM_CHUNK", "ATTENTION_CHUNK", "chunks", "read_references", "align_references", "score_report",
-           "attention_directory", "output_file", "translate_stream"]
+           "attention_directory", "output_file", "split_columns", "translate_stream", "ScoreTotals", "score_stream"]

@@ -1,10 +1,13 @@
-"""Tensor searches: greedy and beam search over a batch of source id tensors, one step of the
-model's decoder at a time. No text and no tokenizers here (the text path is texts.py, the torch
-engine around these searches torch_engine.py); the incremental decoding cache lives in model.py.
+"""Tensor searches: greedy search, beam search and sampling over a batch of source id tensors, one
+step of the decoder at a time, by one model or an ensemble, optionally forced to start with given
+target prefixes. No text and no tokenizers here (the text path is texts.py, the torch engine around
+these searches torch_engine.py); the incremental decoding cache lives in model.py.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,78 +36,131 @@ def max_output_lengths(src_lengths: Tensor, a: float, b: int, hard_cap: int) -> 
     return torch.tensor(lengths, dtype=torch.long, device=src_lengths.device)
 
 
+Models = Transformer | Sequence[Transformer]  # one model, or an ensemble searched as one
+
+
+def _as_list(models: Models) -> list[Transformer]:
+    # A list or tuple is an ensemble; anything else one model (tests pass scripted stand-ins).
+    return list(models) if isinstance(models, (list, tuple)) else [models]
+
+
+def forced_tokens(prefixes: Sequence[Sequence[int]] | None, device: torch.device | str
+                  ) -> tuple[Tensor, Tensor] | None:
+    """Target prefixes (B lists of ids, maybe empty) -> (B, P) ids padded with PAD and (B,) lengths,
+    or None when there are none: at step t < length, row b's next token is ids[b, t]."""
+    if prefixes is None or not any(prefixes):
+        return None
+    width = max(len(p) for p in prefixes)
+    ids = torch.full((len(prefixes), width), PAD_ID, dtype=torch.long)
+    for row, prefix in enumerate(prefixes):
+        ids[row, :len(prefix)] = torch.tensor(list(prefix), dtype=torch.long)
+    lengths = torch.tensor([len(p) for p in prefixes], dtype=torch.long)
+    return ids.to(device), lengths.to(device)
+
+
 class _StepDecoder:
     """Next-token logits for a working batch of prefixes, incrementally (cache) or by recomputing
     every prefix from scratch (use_cache=False, for tests and the benchmark).
 
     Rows are hypotheses, G >= 1 consecutive ones per source sentence (G = beam size); the memory
-    and the source padding mask have one row per sentence, shared by its hypotheses.
+    and the source padding mask have one row per sentence, shared by its hypotheses. `copies` > 1
+    repeats each sentence's memory (sampling's independent samples, one sentence row each).
+
+    An ensemble's next-token scores are the log of its models' mean probability: fairseq's
+    EnsembleModel.forward_decoder, logsumexp(log_probs) - log(N) (sequence_generator.py). Averaging
+    probabilities, not log-probabilities, keeps a token that one model rules out possible when the
+    others like it. One model's logits are returned as they are.
     """
 
-    def __init__(self, model: Transformer, memory: Tensor, src_pad_mask: Tensor, use_cache: bool) -> None:
-        self.model, self.src_pad_mask = model, src_pad_mask
-        self.cache = model.init_cache(memory) if use_cache else None
+    def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, use_cache: bool, copies: int = 1) -> None:
+        self.models = _as_list(models)
+        memories = [model.encode(src, src_pad_mask) for model in self.models]  # each (B, S, D)
+        if copies > 1:
+            memories = [memory.repeat_interleave(copies, 0) for memory in memories]
+            src_pad_mask = src_pad_mask.repeat_interleave(copies, 0)
+        self.src_pad_mask = src_pad_mask
+        self.caches = [m.init_cache(memory) for m, memory in zip(self.models, memories)] if use_cache else None
         # With the cache, the memory is used only through the keys/values the cache already holds.
-        self.memory = None if use_cache else memory
+        self.memories = None if use_cache else memories
+
+    @property
+    def recompute(self) -> bool:
+        """True when every step reads the whole prefix (no cache holds the earlier positions)."""
+        return self.caches is None
 
     def logits(self, prefix: Tensor) -> Tensor:
         """prefix (N, t): BOS and the tokens so far -> (N, V) logits of the next token."""
-        if self.cache is not None:
-            states = self.model.decode(prefix[:, -1:], None, self.src_pad_mask, self.cache)
+        outputs = []
+        for index, model in enumerate(self.models):
+            if self.caches is not None:
+                states = model.decode(prefix[:, -1:], None, self.src_pad_mask, self.caches[index])
+            else:
+                states = model.decode(prefix, self.memories[index], self.src_pad_mask)
+            # Only the last position's projection is needed: with V >> D it is the costliest matmul.
+            outputs.append(model.project(states[:, -1]))
+        if len(outputs) == 1:
+            logits = outputs[0]
         else:
-            states = self.model.decode(prefix, self.memory, self.src_pad_mask)
-        # Only the last position's projection is needed: with V >> D it is the costliest matmul.
-        logits = self.model.project(states[:, -1])
+            log_probs = torch.stack([output.float().log_softmax(-1) for output in outputs])  # (M, N, V)
+            logits = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))
         logits[:, _NEVER_EMITTED] = float("-inf")
         return logits
 
     def keep_rows(self, index: Tensor) -> None:
         """Keep hypotheses `index` (N',) in that order: reorders beams, drops finished rows."""
-        if self.cache is not None:
-            self.cache.keep_rows(index)
+        for cache in self.caches or []:
+            cache.keep_rows(index)
 
     def keep_sentences(self, index: Tensor) -> None:
         """Keep source sentences `index` in that order: drops finished sentences."""
         self.src_pad_mask = self.src_pad_mask.index_select(0, index)
-        if self.memory is not None:
-            self.memory = self.memory.index_select(0, index)
-        if self.cache is not None:
-            self.cache.keep_sentences(index)
+        if self.memories is not None:
+            self.memories = [memory.index_select(0, index) for memory in self.memories]
+        for cache in self.caches or []:
+            cache.keep_sentences(index)
 
 
-@torch.inference_mode()
-def greedy_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
-                  use_cache: bool = True) -> list[list[int]]:
-    """Pick the most probable token at each step (the model should be in eval mode).
-
-    src (B, S) ids with EOS, src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most
-    tokens each output may have (EOS not counted). Returns B id lists without BOS/EOS. A sentence
-    stops at EOS or at its max length, and then leaves the working batch.
-    """
-    batch, device = src.shape[0], src.device
-    if batch == 0:
-        return []
-    max_lengths = max_lengths.to(device)
+def _check_lengths(max_lengths: Tensor, prefixes: Sequence[Sequence[int]] | None) -> None:
     if int(max_lengths.min()) < 1:
         raise ValueError("max_lengths must all be >= 1")
+    if prefixes is not None and any(len(p) > n for p, n in zip(prefixes, max_lengths.tolist())):
+        raise ValueError("a target prefix is longer than its max length")
+
+
+def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
+                    choose: Callable[[Tensor], Tensor], prefixes: Sequence[Sequence[int]] | None,
+                    use_cache: bool, copies: int = 1) -> list[list[int]]:
+    """One token per step for each row, picked by `choose` ((N, V) logits -> (N,) ids) unless a
+    prefix forces it; `copies` rows per sentence (B * copies rows, those of a sentence consecutive).
+    A row stops at EOS or at its max length, and then leaves the working batch."""
+    batch, device = src.shape[0] * copies, src.device
+    if batch == 0:
+        return []
+    max_lengths = max_lengths.to(device).repeat_interleave(copies)
+    if prefixes is not None:
+        prefixes = [p for p in prefixes for _ in range(copies)]
+    _check_lengths(max_lengths, prefixes)
+    forced = forced_tokens(prefixes, device)
     longest = int(max_lengths.max())
-    step_decoder = _StepDecoder(model, model.encode(src, src_pad_mask), src_pad_mask, use_cache)
+    step_decoder = _StepDecoder(models, src, src_pad_mask, use_cache, copies)
 
     output = torch.full((batch, longest), PAD_ID, dtype=torch.long, device=device)
     lengths = torch.zeros(batch, dtype=torch.long, device=device)
-    rows = torch.arange(batch, device=device)  # sentence of each working row
+    rows = torch.arange(batch, device=device)  # output row of each working row
     row_max = max_lengths
     prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
-    recompute = step_decoder.cache is None  # else the cache holds every earlier position
     for step in range(longest):
-        next_token = step_decoder.logits(prefix).argmax(-1)  # (N,)
+        next_token = choose(step_decoder.logits(prefix))  # (N,)
+        if forced is not None and step < forced[0].shape[1]:
+            forced_ids, forced_lengths = forced
+            next_token = torch.where(step < forced_lengths[rows], forced_ids[rows, step], next_token)
         ended = next_token == EOS_ID
         output[rows, step] = next_token
         lengths[rows] = step + 1 - ended.long()  # an EOS is written but not counted
         done = ended | (row_max <= step + 1)
         if bool(done.all()):
             break
-        prefix = torch.cat([prefix, next_token[:, None]], dim=1) if recompute else next_token[:, None]
+        prefix = torch.cat([prefix, next_token[:, None]], dim=1) if step_decoder.recompute else next_token[:, None]
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
             rows, row_max, prefix = rows[keep], row_max[keep], prefix[keep]
@@ -114,13 +170,71 @@ def greedy_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, max_len
 
 
 @torch.inference_mode()
-def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size: int,
+def greedy_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
+                  use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
+    """Pick the most probable token at each step (the model, or each of an ensemble, in eval mode).
+
+    src (B, S) ids with EOS, src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most
+    tokens each output may have (EOS not counted). `prefixes`: B lists of target ids each output
+    must start with (fairseq's prefix_tokens: forced one step at a time, so the decoder reads them
+    as if it had chosen them), at most its max length. Returns B id lists without BOS/EOS, prefix
+    included. A sentence stops at EOS or at its max length, and then leaves the working batch.
+    """
+    return _token_by_token(model, src, src_pad_mask, max_lengths, lambda logits: logits.argmax(-1), prefixes,
+                           use_cache)
+
+
+def _sampler(generator: torch.Generator, top_k: int, top_p: float, temperature: float
+             ) -> Callable[[Tensor], Tensor]:
+    """(N, V) logits -> (N,) ids drawn from softmax(logits / temperature), restricted to the `top_k`
+    most probable tokens (0 = all), then to the fewest most probable whose probabilities sum to at
+    least `top_p` (nucleus sampling, Holtzman et al., 2020)."""
+    def choose(logits: Tensor) -> Tensor:
+        logits = logits.float() / temperature
+        if 0 < top_k < logits.shape[-1]:
+            kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = logits.softmax(-1)
+        if top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            # A token stays if the more probable ones before it sum to less than top_p: the first always does.
+            sorted_probs = sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= top_p, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return choose
+
+
+@torch.inference_mode()
+def sample_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
+                  generator: torch.Generator, n_samples: int = 1, top_k: int = 0, top_p: float = 1.0,
+                  temperature: float = 1.0, prefixes: Sequence[Sequence[int]] | None = None,
+                  use_cache: bool = True) -> list[list[list[int]]]:
+    """Draw each next token at random (see `_sampler`), `n_samples` independent outputs per sentence.
+
+    Arguments as greedy_search's; every draw comes from `generator` (on src's device), so a seeded
+    generator gives the same samples whatever the global RNG did. top_k 1, or a temperature near 0,
+    is greedy search. Returns, per sentence, its samples as id lists without BOS/EOS.
+    """
+    if n_samples < 1 or top_k < 0 or not 0.0 < top_p <= 1.0 or temperature <= 0.0:
+        raise ValueError(f"need n_samples >= 1, top_k >= 0, 0 < top_p <= 1 and temperature > 0, got "
+                         f"{n_samples}, {top_k}, {top_p} and {temperature}")
+    outputs = _token_by_token(model, src, src_pad_mask, max_lengths, _sampler(generator, top_k, top_p, temperature),
+                              prefixes, use_cache, copies=n_samples)
+    return [outputs[i: i + n_samples] for i in range(0, len(outputs), n_samples)]
+
+
+@torch.inference_mode()
+def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int,
                 length_penalty: float, max_lengths: Tensor, n_best: int = 1,
-                use_cache: bool = True) -> list[list[Hypothesis]]:
-    """Beam search over B sentences at once, k = beam_size rows each (the model should be in eval mode).
+                use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+    """Beam search over B sentences at once, k = beam_size rows each (the model, or each of an
+    ensemble, in eval mode).
 
     src (B, S), src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most tokens an output
     may have (EOS not counted). Returns, per sentence, its `n_best` hypotheses best first.
+    `prefixes`: as greedy_search's. While a sentence's prefix lasts, its one live beam may take only
+    the prefix token, with that token's log-probability (fairseq's prefix_tokens), so the prefix is
+    scored like any other tokens.
 
     Each step ranks the 2k best (beam, token) candidates of a sentence by summed float32 log-prob
     (fairseq's and Marian's rule). Those among the first k that end in EOS leave as finished
@@ -141,12 +255,12 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
     if batch == 0:
         return []
     max_lengths = max_lengths.to(device)
-    if int(max_lengths.min()) < 1:
-        raise ValueError("max_lengths must all be >= 1")
+    _check_lengths(max_lengths, prefixes)
+    forced = forced_tokens(prefixes, device)
     neg_inf = float("-inf")
 
     # Rows are hypotheses, k consecutive ones per sentence; the memory stays one row per sentence.
-    step_decoder = _StepDecoder(model, model.encode(src, src_pad_mask), src_pad_mask, use_cache)
+    step_decoder = _StepDecoder(model, src, src_pad_mask, use_cache)
 
     sentences = torch.arange(batch, device=device)  # (n,) original index of each working sentence
     row_max = max_lengths  # (n,)
@@ -166,6 +280,12 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
         # beams: normalise and rank just those, not all n*k*V candidates.
         width = min(2 * k, logits.shape[-1])
         log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n*k, 1)
+        if forced is not None and step < forced[0].shape[1]:  # rows in their prefix keep only its token
+            forced_ids, forced_lengths = forced
+            token = forced_ids[sentences, step].repeat_interleave(k)[:, None]  # (n*k, 1)
+            only_forced = torch.full_like(logits, neg_inf).scatter(1, token, logits.gather(1, token))
+            in_prefix = (step < forced_lengths[sentences]).repeat_interleave(k)[:, None]
+            logits = torch.where(in_prefix, only_forced, logits)
         top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
         row_log_probs = top_logits - log_norm
         at_max = (row_max <= step).repeat_interleave(k)  # (n*k,) rows that already hold max tokens
@@ -222,4 +342,4 @@ def beam_search(model: Transformer, src: Tensor, src_pad_mask: Tensor, beam_size
     return finished
 
 
-__all__ = ["Hypothesis", "max_output_lengths", "greedy_search", "beam_search"]
+__all__ = ["Hypothesis", "Models", "max_output_lengths", "forced_tokens", "greedy_search", "sample_search", "beam_search"]

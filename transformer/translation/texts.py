@@ -1,19 +1,24 @@
 """The one road from text to text that every engine shares: clean once, warn about characters the
 tokenizer never saw, encode, truncate to the position table, search length-sorted batches with the
-engine's `search`, detokenize. Also the output-length rule and the GNMT length penalty, which both
-engines' searches follow. No torch here, so that the CTranslate2 engine starts without it; the
-searches themselves live with their engines (search.py, torch_engine.py, ct2_engine.py).
+engine's `search` (optionally from target prefixes, or sampling), detokenize; and the one road from
+(source, target) texts to scores through the engine's `score`. Also the output-length rule and the
+GNMT length penalty, which both engines' searches follow. No torch here, so that the CTranslate2
+engine starts without it; the searches themselves live with their engines (search.py,
+torch_engine.py, ct2_engine.py).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from transformer.config import DecodeConfig
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import UNK, UNK_ID, Tokenizers
+from transformer.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -22,18 +27,46 @@ _UNKNOWN_SHOWN = 10  # unknown characters named in the warning
 Length = TypeVar("Length")  # a float or a tensor of lengths
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Random sampling instead of search: each next token drawn from softmax(logits / temperature),
+    among the `top_k` most probable (0 = all), then the fewest most probable whose probabilities sum
+    to at least `top_p`; `seed` makes the draws reproducible. n-best means that many independent samples."""
+
+    top_k: int = 0
+    top_p: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.top_k < 0:
+            raise UserError(f"sampling top-k must be 0 (every token) or more, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"sampling top-p must be in (0, 1], got {self.top_p}")
+        if not self.temperature > 0.0:
+            raise UserError(f"sampling temperature must be above 0, got {self.temperature}")
+
+
 class Engine(Protocol):
     """What the text path needs of an engine: its tokenizers, decode settings, position table size,
-    and a search over one batch of source id lists."""
+    a search over one batch of source id lists, and the teacher-forced log-probabilities of targets."""
 
     tokenizers: Tokenizers
     decode: DecodeConfig
+    sampling: Sampling | None  # None: greedy or beam search, by decode.beam_size
 
     @property
     def max_len(self) -> int: ...
 
-    def search(self, sources: list[list[int]], n_best: int) -> list[list[list[int]]]:
-        """Source id lists (no EOS) -> for each, up to `n_best` output id lists best first (no BOS/EOS)."""
+    def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None
+               ) -> list[list[list[int]]]:
+        """Source id lists (no EOS) -> for each, up to `n_best` output id lists best first (no BOS/EOS),
+        each starting with its target prefix (ids) when `prefixes` are given."""
+        ...
+
+    def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+        """Source and target id lists (no BOS/EOS) -> for each pair, the log-probability of every target
+        token and of the EOS after them, normalised over the whole vocabulary."""
         ...
 
 
@@ -95,29 +128,55 @@ def source_ids(texts: list[str], tokenizers: Tokenizers, hard_cap: int, warn_unk
     return [row if text else [] for text, row in zip(texts, ids)]
 
 
-def search_in_batches(engine: Engine, sources: list[list[int]], n_best: int) -> list[list[list[int]]]:
+def length_sorted_batches(sources: list[list[int]], batch_size: int) -> Iterator[list[int]]:
+    """Indices of the non-empty `sources`, longest first, `batch_size` at a time: peak memory shows up
+    in the first batch, not after minutes of work, and a batch holds similar lengths."""
+    order = sorted((i for i, row in enumerate(sources) if row), key=lambda i: -len(sources[i]))
+    for start in range(0, len(order), batch_size):
+        yield order[start: start + batch_size]
+
+
+def search_in_batches(engine: Engine, sources: list[list[int]], n_best: int,
+                      prefixes: list[list[int]] | None = None) -> list[list[list[int]]]:
     """For each source, up to `n_best` output id lists best first, found by `engine.search` on
     decode.batch_size sources at a time, sorted by length; the result is in input order. A source
     without ids gets n_best empty outputs, without a search."""
     results: list[list[list[int]]] = [[[]] * n_best for _ in sources]
-    # Longest first: peak memory shows up in the first batch, not after minutes of work.
-    order = sorted((i for i, row in enumerate(sources) if row), key=lambda i: -len(sources[i]))
-    batch_size = engine.decode.batch_size
-    for start in range(0, len(order), batch_size):
-        chunk = order[start: start + batch_size]
-        for i, output in zip(chunk, engine.search([sources[i] for i in chunk], n_best)):
+    for chunk in length_sorted_batches(sources, engine.decode.batch_size):
+        chunk_prefixes = None if prefixes is None else [prefixes[i] for i in chunk]
+        for i, output in zip(chunk, engine.search([sources[i] for i in chunk], n_best, chunk_prefixes)):
             results[i] = output[:n_best]
     return results
 
 
-def search_texts(engine: Engine, texts: list[str], n_best: int = 1, warn_unknown: bool = True
-                 ) -> tuple[list[list[int]], list[list[list[int]]]]:
+def target_prefix_ids(prefixes: list[str], sources: list[list[int]], engine: Engine) -> list[list[int]]:
+    """The target ids each prefix is read as (cleaned as every text is), checked to fit the output
+    length of its source (max_output_length); a blank prefix has none, which is plain translation."""
+    texts = [clean_text(prefix) for prefix in prefixes]
+    ids = [row if text else [] for text, row in zip(texts, engine.tokenizers.encode_target(texts))]
+    decode = engine.decode
+    for source, prefix, text in zip(sources, ids, texts):
+        if source and prefix:
+            limit = max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
+            if len(prefix) > limit:
+                raise UserError(f"the target prefix {text!r} has {len(prefix)} subwords, more than the {limit} "
+                                "an output of its source may have")
+    return ids
+
+
+def search_texts(engine: Engine, texts: list[str], n_best: int = 1, warn_unknown: bool = True,
+                 prefixes: list[str] | None = None) -> tuple[list[list[int]], list[list[list[int]]]]:
     """`translate_texts` before detokenization: the source ids each text was read as (without EOS),
     and for each text its `n_best` output id lists best first (without BOS/EOS)."""
-    if not 1 <= n_best <= engine.decode.beam_size:
+    if engine.sampling is None and not 1 <= n_best <= engine.decode.beam_size:
         raise ValueError(f"n_best must be between 1 and the beam size {engine.decode.beam_size}, got {n_best}")
+    if n_best < 1:
+        raise ValueError(f"n_best must be at least 1, got {n_best}")
+    if prefixes is not None and len(prefixes) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(prefixes)} prefixes")
     sources = source_ids(texts, engine.tokenizers, engine.max_len - 1, warn_unknown)
-    return sources, search_in_batches(engine, sources, n_best)
+    prefix_ids = None if prefixes is None else target_prefix_ids(prefixes, sources, engine)
+    return sources, search_in_batches(engine, sources, n_best, prefix_ids)
 
 
 def decode_outputs(tokenizers: Tokenizers, results: list[list[list[int]]]) -> list[list[str]]:
@@ -127,12 +186,82 @@ def decode_outputs(tokenizers: Tokenizers, results: list[list[list[int]]]) -> li
     return [[next(flat) for _ in sentence] for sentence in results]
 
 
-def translate_texts(engine: Engine, texts: list[str], n_best: int = 1, warn_unknown: bool = True
-                    ) -> list[list[str]]:
-    """For each text, its `n_best` translations best first (n_best <= the beam size), in input order;
-    the result does not depend on the batching. Blank texts translate to ""."""
-    return decode_outputs(engine.tokenizers, search_texts(engine, texts, n_best, warn_unknown)[1])
+def translate_texts(engine: Engine, texts: list[str], n_best: int = 1, warn_unknown: bool = True,
+                    prefixes: list[str] | None = None) -> list[list[str]]:
+    """For each text, its `n_best` translations best first (n_best <= the beam size unless sampling),
+    in input order; the result does not depend on the batching. Blank texts translate to "".
+    `prefixes`: one per text, a text its translation must start with ("" for none)."""
+    return decode_outputs(engine.tokenizers, search_texts(engine, texts, n_best, warn_unknown, prefixes)[1])
 
 
-__all__ = ["Engine", "gnmt_length_penalty", "max_output_length", "truncate_sources", "warn_unknown_characters",
-           "source_ids", "search_in_batches", "search_texts", "decode_outputs", "translate_texts"]
+@dataclass(frozen=True)
+class PairScore:
+    """How likely the model finds a target given its source."""
+
+    log_prob: float  # natural-log probability of the target's subwords and the EOS after them
+    tokens: int  # the subwords scored: the target's and the EOS
+
+    @property
+    def normalized(self) -> float:
+        """log_prob per token."""
+        return self.log_prob / self.tokens
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(-self.normalized)
+
+
+def score_ids(engine: Engine, sources: list[list[int]], targets: list[list[int]]) -> list[PairScore]:
+    """The score of each (source ids, target ids) pair by `engine.score`, decode.batch_size pairs at a
+    time sorted by source length, in input order. Every source needs ids."""
+    if not all(sources):
+        raise ValueError("every source needs at least one id")
+    scores: list[PairScore | None] = [None] * len(sources)
+    for chunk in length_sorted_batches(sources, engine.decode.batch_size):
+        for i, log_probs in zip(chunk, engine.score([sources[i] for i in chunk], [targets[i] for i in chunk])):
+            scores[i] = PairScore(float(sum(log_probs)), len(log_probs))
+    return scores  # type: ignore[return-value]
+
+
+def score_texts(engine: Engine, sources: list[str], targets: list[str]) -> list[PairScore]:
+    """The score of each (source, target) text pair, in input order: both cleaned as translation
+    cleans its input, the source truncated as translation truncates it. A blank source, or a target
+    too long for the model's position table, is a UserError naming the pair (1-based)."""
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+    source_list = source_ids(sources, engine.tokenizers, engine.max_len - 1)
+    texts = [clean_text(target) for target in targets]
+    target_list = [row if text else [] for text, row in zip(texts, engine.tokenizers.encode_target(texts))]
+    for number, (source, target) in enumerate(zip(source_list, target_list), start=1):
+        if not source:
+            raise UserError(f"pair {number}: the source is blank; there is nothing to score the target against")
+        if len(target) + 1 > engine.max_len:  # the decoder reads BOS + target
+            raise UserError(f"pair {number}: the target has {len(target)} subwords, more than the model's "
+                            f"{engine.max_len - 1} (max_len with BOS)")
+    return score_ids(engine, source_list, target_list)
+
+
+def translate_scored(engine: Engine, texts: list[str], n_best: int = 1, prefixes: list[str] | None = None
+                     ) -> list[list[tuple[str, float | None]]]:
+    """`translate_texts`, each translation with the log-probability of its subwords and an EOS after
+    them (`score_ids`: the same measure as `score_texts`, whichever search found it). A blank text
+    translates to "" with score None."""
+    sources, results = search_texts(engine, texts, n_best, True, prefixes)
+    translations = decode_outputs(engine.tokenizers, results)
+    return [list(zip(candidates, log_probs)) for candidates, log_probs in
+            zip(translations, output_log_probs(engine, sources, results))]
+
+
+def output_log_probs(engine: Engine, sources: list[list[int]], results: list[list[list[int]]]
+                     ) -> list[list[float | None]]:
+    """For each source's outputs (as search_texts gives them), the log-probability of each with an EOS
+    after it; None for the outputs of a source without ids."""
+    pairs = [(i, output) for i, outputs in enumerate(results) if sources[i] for output in outputs]
+    scores = iter(score_ids(engine, [sources[i] for i, _ in pairs], [output for _, output in pairs]))
+    return [[next(scores).log_prob if sources[i] else None for _ in outputs] for i, outputs in enumerate(results)]
+
+
+__all__ = ["Sampling", "Engine", "PairScore", "gnmt_length_penalty", "max_output_length", "truncate_sources",
+           "warn_unknown_characters", "source_ids", "length_sorted_batches", "search_in_batches", "target_prefix_ids",
+           "search_texts", "decode_outputs", "translate_texts", "score_ids", "score_texts", "translate_scored",
+           "output_log_probs"]

@@ -1,36 +1,41 @@
-"""The torch engine: load a trained run for translation (rebuild the model from its checkpoint, load
-the run's own tokenizers, refusing files that differ from those it was trained with) and search
-batches of source ids with it. Text goes through texts.py, as with every engine; the tensor searches
-are in search.py.
+"""The torch engine: load a trained run, or an ensemble of runs that share their tokenizer files, for
+translation (rebuild each model from its checkpoint, load the run's own tokenizers, refusing files
+that differ from those it was trained with); search batches of source ids with it, and score target
+ids by teacher forcing. Text goes through texts.py, as with every engine; the tensor searches are in
+search.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints.rundir import TOKENIZER_DIR, find_checkpoint, load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
-from transformer.data.batching import source_tensor
-from transformer.data.tokenizer import Tokenizers, load_tokenizers, tokenizer_fingerprint
+from transformer.data.batching import make_batch, source_tensor
+from transformer.data.tokenizer import PAD_ID, Tokenizers, load_tokenizers, tokenizer_fingerprint
 from transformer.errors import CheckpointError, UserError
 from transformer.model import Transformer
 from transformer.runtime import fast_bf16
 from transformer.translation.quantize import quantize_int8
-from transformer.translation.search import beam_search, greedy_search, max_output_lengths
-from transformer.translation.texts import translate_texts
+from transformer.translation.search import beam_search, greedy_search, max_output_lengths, sample_search
+from transformer.translation.texts import Sampling, translate_texts
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Translator:
-    """A model and its tokenizers as an engine of the text path (texts.Engine)."""
+    """A model (or an ensemble: `model` and `others`) and its tokenizers as an engine of the text path
+    (texts.Engine)."""
 
     model: Transformer
     tokenizers: Tokenizers
@@ -38,36 +43,77 @@ class Translator:
     device: torch.device | str
     checkpoint: Path | None = None  # where the model was loaded from, when it was
     use_cache: bool = True  # False recomputes every prefix: for tests and the benchmark
+    sampling: Sampling | None = None  # sample instead of searching
+    others: list[Transformer] = dataclasses.field(default_factory=list)  # the rest of an ensemble
+    _generator: torch.Generator | None = dataclasses.field(default=None, init=False, repr=False)
+
+    @property
+    def models(self) -> list[Transformer]:
+        return [self.model, *self.others]
 
     @property
     def max_len(self) -> int:
-        return self.model.config.max_len
+        return min(model.config.max_len for model in self.models)
 
-    def translate(self, texts: list[str], n_best: int = 1) -> list[list[str]]:
+    def translate(self, texts: list[str], n_best: int = 1, prefixes: list[str] | None = None) -> list[list[str]]:
         """For each text, its `n_best` translations, best first (texts.translate_texts)."""
-        return translate_texts(self, texts, n_best)
+        return translate_texts(self, texts, n_best, prefixes=prefixes)
 
-    def search(self, sources: list[list[int]], n_best: int) -> list[list[list[int]]]:
-        """Source id lists (no EOS) -> for each, its `n_best` output id lists best first: greedy search
-        when decode.beam_size is 1, else beam search. The model runs in eval mode, and its mode is
-        restored."""
-        decode = self.decode
-        was_training = self.model.training
-        self.model.eval()
+    @contextlib.contextmanager
+    def _eval(self):
+        """The models in eval mode and inference mode within the block; their modes are restored."""
+        modes = [model.training for model in self.models]
+        for model in self.models:
+            model.eval()
         try:
             with torch.inference_mode():
-                src, src_pad_mask = source_tensor(sources)
-                src, src_pad_mask = src.to(self.device), src_pad_mask.to(self.device)
-                max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), decode.max_length_a,
-                                                 decode.max_length_b, self.max_len - 1)
-                if decode.beam_size == 1:
-                    return [[tokens] for tokens in
-                            greedy_search(self.model, src, src_pad_mask, max_lengths, self.use_cache)]
-                hypotheses = beam_search(self.model, src, src_pad_mask, decode.beam_size, decode.length_penalty,
-                                         max_lengths, n_best, self.use_cache)
-                return [[h.tokens for h in sentence] for sentence in hypotheses]
+                yield
         finally:
-            self.model.train(was_training)
+            for model, mode in zip(self.models, modes):
+                model.train(mode)
+
+    def generator(self) -> torch.Generator:
+        """Sampling's random numbers: one generator seeded once, so that a run is reproducible and
+        successive batches draw different numbers."""
+        if self._generator is None:
+            self._generator = torch.Generator(device=self.device).manual_seed(self.sampling.seed)
+        return self._generator
+
+    def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None
+               ) -> list[list[list[int]]]:
+        """Source id lists (no EOS) -> for each, its `n_best` output id lists best first: samples when
+        `sampling` is set, else greedy search when decode.beam_size is 1, else beam search; each output
+        starts with its prefix when `prefixes` are given."""
+        decode = self.decode
+        with self._eval():
+            src, src_pad_mask = source_tensor(sources)
+            src, src_pad_mask = src.to(self.device), src_pad_mask.to(self.device)
+            max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), decode.max_length_a,
+                                             decode.max_length_b, self.max_len - 1)
+            if self.sampling is not None:
+                s = self.sampling
+                return sample_search(self.models, src, src_pad_mask, max_lengths, self.generator(), n_best,
+                                     s.top_k, s.top_p, s.temperature, prefixes, self.use_cache)
+            if decode.beam_size == 1:
+                return [[tokens] for tokens in
+                        greedy_search(self.models, src, src_pad_mask, max_lengths, self.use_cache, prefixes)]
+            hypotheses = beam_search(self.models, src, src_pad_mask, decode.beam_size, decode.length_penalty,
+                                     max_lengths, n_best, self.use_cache, prefixes)
+            return [[h.tokens for h in sentence] for sentence in hypotheses]
+
+    def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
+        """Teacher-forced log-probabilities of each target's tokens and its EOS, over the whole vocabulary
+        (texts.Engine), in one forward pass per model; an ensemble's as in search (log of the mean
+        probability)."""
+        batch = make_batch(sources, targets)
+        src, tgt_in, tgt_out = batch.src.to(self.device), batch.tgt_in.to(self.device), batch.tgt_out.to(self.device)
+        src_pad_mask = src == PAD_ID
+        with self._eval():
+            log_probs = torch.stack([F.log_softmax(model(src, tgt_in, src_pad_mask).float(), dim=-1)
+                                     for model in self.models])  # (M, B, T, V)
+            log_probs = torch.logsumexp(log_probs, dim=0) - math.log(len(self.models))
+            picked = log_probs.gather(-1, tgt_out[..., None]).squeeze(-1).tolist()  # (B, T)
+        return [row[: len(target) + 1] for row, target in zip(picked, targets)]
 
 
 def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
@@ -80,6 +126,7 @@ def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, conf
 
 def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None, device: torch.device | str = "cpu",
                     runs_root: Path = Path("runs"), int8: bool = False, bf16: bool = False,
+                    sampling: Sampling | None = None, ensemble: list[Path] | tuple[Path, ...] = (),
                     **decode_overrides) -> Translator:
     """The best checkpoint of `run` (default: the newest run under `runs_root`), or `checkpoint_dir`.
 
@@ -87,6 +134,9 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     whole model to bfloat16, where the hardware runs it fast (runtime.fast_bf16): its matmuls then
     run on the bf16 units (AVX-512-BF16 or AMX on a CPU), and layer norms and softmax still
     accumulate in fp32 inside PyTorch's kernels. Both change the output slightly.
+    `sampling`: sample instead of searching. `ensemble`: more runs whose best checkpoints search
+    together with the first (search._StepDecoder says how); they must share its tokenizer files, and
+    the first run's decode config applies.
     `decode_overrides` replace fields of the run's decode config (beam_size, batch_size, ...).
     """
     if int8 and bf16:
@@ -98,13 +148,29 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
     decode = dataclasses.replace(load_decode_config(run_dir_of(found)),
                                  **{k: v for k, v in decode_overrides.items() if v is not None})
+    others = [_ensemble_member(found, tokenizers, find_checkpoint(member, None, runs_root), device)
+              for member in ensemble]
     if int8:
-        model = quantize_int8(model)
+        model, others = quantize_int8(model), [quantize_int8(other) for other in others]
     if bf16:
-        model = model.to(torch.bfloat16)
-    log.info("translating with %s (step %s%s)", found, meta.get("step"),
-             ", int8" if int8 else ", bf16" if bf16 else "")
-    return Translator(model, tokenizers, decode, torch.device(device), found)
+        model, others = model.to(torch.bfloat16), [other.to(torch.bfloat16) for other in others]
+    log.info("translating with %s (step %s%s)%s", found, meta.get("step"),
+             ", int8" if int8 else ", bf16" if bf16 else "",
+             f" in an ensemble of {len(others) + 1} models" if others else "")
+    return Translator(model, tokenizers, decode, torch.device(device), found, sampling=sampling, others=others)
+
+
+def _ensemble_member(first: Path, tokenizers: Tokenizers, found: Path, device: torch.device | str) -> Transformer:
+    """The model of checkpoint `found`, refused unless its run reads and writes text exactly as the
+    run of `first` (whose `tokenizers` are given) does: an ensemble averages distributions over one
+    target vocabulary."""
+    model, _, own = load_checkpoint_and_tokenizers(found, device)
+    if own.target_vocab_size != tokenizers.target_vocab_size:
+        raise UserError(f"cannot ensemble {found} with {first}: their target vocabularies have "
+                        f"{own.target_vocab_size} and {tokenizers.target_vocab_size} subwords")
+    if tokenizer_fingerprint(run_dir_of(found) / TOKENIZER_DIR) != tokenizer_fingerprint(run_dir_of(first) / TOKENIZER_DIR):
+        raise UserError(f"cannot ensemble {found} with {first}: they were trained with different tokenizer files")
+    return model
 
 
 def load_checkpoint_and_tokenizers(found: Path, device: torch.device | str = "cpu"

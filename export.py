@@ -1,11 +1,17 @@
 """Export a trained run for deployment: `python export.py --run runs/base --to ctranslate2 OUT_DIR`.
 
-OUT_DIR gets a CTranslate2 model of the run's best checkpoint (or --checkpoint DIR), the run's
-tokenizer files and transformer-enfr.json, which says how text becomes tokens: the directory is
-self-contained. Translate with it: `python translate.py --engine ctranslate2 --checkpoint OUT_DIR "I am cold."`.
-OUT_DIR must be new, empty, or an earlier export (which is replaced), and lie outside every run
-directory and checkpoint: nothing else is ever deleted. Needs the optional dependency:
-pip install -e ".[ctranslate2]".
+--to ctranslate2: OUT_DIR gets a CTranslate2 model of the run's best checkpoint (or --checkpoint DIR),
+the run's tokenizer files and transformer-enfr.json, which says how text becomes tokens: the directory
+is self-contained. Translate with it: `python translate.py --engine ctranslate2 --checkpoint OUT_DIR "I am cold."`.
+Needs pip install -e ".[ctranslate2]".
+
+--to huggingface: OUT_DIR gets a directory that transformers loads with its own classes (MarianMT for
+a post-norm model, Pegasus for a pre-norm one): AutoModelForSeq2SeqLM, AutoTokenizer and, in
+transformers 4, pipeline("translation", model=OUT_DIR); and a model card README.md. Nothing is uploaded. Needs
+pip install -e ".[hf]".
+
+OUT_DIR must be new, empty, or an earlier export of the same kind (which is replaced), and lie outside
+every run directory and checkpoint: nothing else is ever deleted.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from pathlib import Path
 
 from transformer.checkpoints.rundir import STATE_FILE
 from transformer.errors import UserError
-from transformer.export.ctranslate2 import export_run
+from transformer.export import ctranslate2, huggingface
 from transformer.training.logs import setup_logging
 
 
@@ -27,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--run", type=Path, help="run directory (default: the newest run under runs/)")
     where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
-    parser.add_argument("--to", choices=["ctranslate2"], required=True, help="the format to export to")
+    parser.add_argument("--to", choices=["ctranslate2", "huggingface"], required=True, help="the format to export to")
     # No longer changes anything (an export replaces only an earlier export, and nothing else ever),
     # but still accepted, so that scripts written for it keep working where they were safe.
     parser.add_argument("--force", action="store_true", help=argparse.SUPPRESS)
@@ -44,13 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.checkpoint is not None and (args.checkpoint / STATE_FILE).is_file():
             raise UserError(f"{args.checkpoint}: a run directory, not a checkpoint: use --run {args.checkpoint}")
+        export_run = ctranslate2.export_run if args.to == "ctranslate2" else huggingface.export_run
         out_dir = export_run(args.run, args.checkpoint, args.out_dir)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if not args.quiet:
+    if not args.quiet and args.to == "ctranslate2":
         print(f"exported to {out_dir}. Translate with: python translate.py --engine ctranslate2 --checkpoint {out_dir} "
               "\"I am cold.\"", file=sys.stderr)
+    elif not args.quiet:
+        print(f"exported to {out_dir}. Load it with transformers' AutoModelForSeq2SeqLM and AutoTokenizer "
+              f"(from_pretrained(\"{out_dir}\")); {out_dir}/README.md shows how", file=sys.stderr)
     return 0
 
 

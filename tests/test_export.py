@@ -74,31 +74,39 @@ def test_the_export_is_self_contained_and_follows_its_own_description(trained_ru
     assert capsys.readouterr().out.splitlines() == outputs
 
 
-def test_an_occupied_directory_is_refused_unless_it_holds_an_export(trained_run: Path, tmp_path: Path, capsys):
+def check_destination_rules(export, run_dir: Path, tmp_path: Path, capsys) -> Path:
+    """What every export kind (`export(run_dir, out_dir, *args)`) must do with its destination: refuse
+    an occupied directory, a file, a run, a checkpoint and anything inside them; fill an empty directory
+    and replace its own earlier export, leaving no temporary. Returns the export it left, tmp_path/out."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert export(trained_run, out) == 2
+    assert export(run_dir, out) == 2
     assert user_error(capsys) == (f"{out} holds files other than an earlier export, which an export would delete; "
                                   "export into a new or empty directory")
     assert (out / "notes.txt").read_text() == "mine"
     (out / "notes.txt").unlink()
-    assert export(trained_run, out, "--quiet") == 0  # an empty directory is fine
+    assert export(run_dir, out, "--quiet") == 0  # an empty directory is fine
     assert (out / EXPORT_INFO).is_file()
-    assert export(trained_run, out, "--quiet") == 0  # an earlier export is simply replaced
+    assert export(run_dir, out, "--quiet") == 0  # an earlier export is simply replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary directory left behind
     (tmp_path / "file").write_text("")
-    assert export(trained_run, tmp_path / "file") == 2
+    assert export(run_dir, tmp_path / "file") == 2
     assert user_error(capsys) == f"{tmp_path / 'file'} exists and is not a directory"
-    best = trained_run / rundir.CHECKPOINTS / rundir.BEST
-    for precious in (trained_run, best):
-        assert export(trained_run, precious) == 2
+    best = run_dir / rundir.CHECKPOINTS / rundir.BEST
+    for precious in (run_dir, best):
+        assert export(run_dir, precious) == 2
         assert user_error(capsys) == f"{precious} is a run or a checkpoint; export into a directory of its own"
-    inside = trained_run / rundir.CHECKPOINTS
-    assert export(trained_run, inside) == 2
-    assert user_error(capsys) == (f"{inside} lies inside {trained_run.resolve()}, which is a run or a checkpoint; "
+    inside = run_dir / rundir.CHECKPOINTS
+    assert export(run_dir, inside) == 2
+    assert user_error(capsys) == (f"{inside} lies inside {run_dir.resolve()}, which is a run or a checkpoint; "
                                   "export into a directory of its own")
     assert (best / checkpoint.MODEL_FILE).is_file()
+    return out
+
+
+def test_an_occupied_directory_is_refused_unless_it_holds_an_export(trained_run: Path, tmp_path: Path, capsys):
+    check_destination_rules(export, trained_run, tmp_path, capsys)
 
 
 def test_export_errors_are_one_line(trained_run: Path, tmp_path: Path, capsys, monkeypatch):

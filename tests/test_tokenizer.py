@@ -8,11 +8,11 @@ import pytest
 from tokenizers import Tokenizer, models, trainers
 
 from transformer.config import TokenizerConfig
-from transformer.data.text import clean_text
+from transformer.data.text import APOSTROPHES, clean_text
 from transformer.errors import CheckpointError
 from transformer.data.tokenizer import (
-    BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID, Tokenizers, load_tokenizers, save_tokenizers,
-    tokenizer_fingerprint, train_tokenizers,
+    BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID, Tokenizers, clean_text_normalizer, load_tokenizers,
+    save_tokenizers, tokenizer_fingerprint, train_tokenizers,
 )
 
 FRENCH = [
@@ -172,3 +172,23 @@ def test_load_refuses_wrong_special_ids(tmp_path: Path):
     tokenizer.save(str(tmp_path / "joint.json"))
     with pytest.raises(CheckpointError, match="special token ids"):
         load_tokenizers(tmp_path)
+
+
+def test_the_clean_text_normalizer_cleans_as_clean_text():
+    """The tokenizers spelling of clean_text (a Hugging Face export's tokenizer carries it) agrees with
+    it on every control, format and space character, alone, between letters and in random mixtures."""
+    import random
+    import sys
+    import unicodedata
+
+    normalizer = clean_text_normalizer()
+    tricky = [chr(p) for p in range(sys.maxunicode + 1) if not 0xD800 <= p <= 0xDFFF
+              and (unicodedata.category(chr(p)) in ("Cc", "Cf", "Zs", "Zl", "Zp") or chr(p).isspace())]
+    tricky += list(APOSTROPHES) + ["e\u0301", "\u0301", "é", "😀", "a", "'"]
+    for ch in tricky:
+        for text in (ch, f"a{ch}b", f" {ch}x{ch} ", f"e{ch}\u0301"):
+            assert normalizer.normalize_str(text) == clean_text(text), repr(text)
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice(tricky) for _ in range(rng.randint(0, 8)))
+        assert normalizer.normalize_str(text) == clean_text(text), repr(text)

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 TEMPORARY_PREFIX = ".tmp-"  # every temporary this module makes starts with it, then the final name
 
@@ -80,6 +80,22 @@ def publish_directory(tmp: Path, final: Path) -> None:
     fsync_directory(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_directory_atomic(final: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a fresh temporary directory beside `final`, which then replaces `final` in one
+    rename (`publish_directory`); on any failure the temporary is removed and `final` is as it was."""
+    final = Path(final)
+    tmp = temporary_path(final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # this process's own leftover, if any
+        tmp.mkdir()
+        write(tmp)
+        publish_directory(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def same_file(a: Path, b: Path) -> bool:

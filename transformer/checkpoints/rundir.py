@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterator
 
 from transformer.config import Config, DecodeConfig, load_config
 from transformer.errors import CheckpointError
-from transformer.files import TEMPORARY_PREFIX, publish_directory, temporary_path, write_json_atomic, write_text_atomic
+from transformer.files import (TEMPORARY_PREFIX, publish_directory, temporary_path, write_directory_atomic,
+                               write_json_atomic, write_text_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -217,15 +218,7 @@ class RunDirectory:
 
     def replace_tokenizer(self, save: Callable[[Path], None]) -> None:
         """`save(directory)` writes the tokenizer files into a fresh directory, which then replaces tokenizer/."""
-        tmp = temporary_path(self.tokenizer_dir)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
-            save(tmp)
-            publish_directory(tmp, self.tokenizer_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        write_directory_atomic(self.tokenizer_dir, save)
 
     def copy_tokenizer(self, source: Path) -> None:
         """Copy the files of another run's tokenizer folder `source` as they are, byte for byte (a
@@ -348,19 +341,10 @@ class RunDirectory:
         if not re.fullmatch(r"[0-9a-f]{16}", name):
             raise CheckpointError(f"{self.path / EXPORTS_DIR}: {name!r} is not an export name this project writes")
         final = self.path / EXPORTS_DIR / name
-        tmp = temporary_path(final)
         try:
-            final.parent.mkdir(exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-            write(tmp)
-            publish_directory(tmp, final)
+            write_directory_atomic(final, write)
         except OSError as error:
-            shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(f"cannot write the CTranslate2 export {final}: {error.strerror or error}") from None
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return final
 
     def _link_best(self, target: str | None) -> None:

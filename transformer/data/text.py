@@ -14,8 +14,14 @@ from transformer.errors import UserError
 # Typographic apostrophes, as web pages and word processors write them. The shipped corpus
 # spells "I'm" and "aujourd'hui" with the ASCII one in 99% of its rows, so a pasted "I’m" would
 # otherwise reach the model as a rare token. Moses' normalize-punctuation.perl maps them the same way.
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'"})
+APOSTROPHES = {"\u2019": "'", "\u2018": "'"}
+_APOSTROPHE_TABLE = str.maketrans(APOSTROPHES)
 _INVISIBLE_CATEGORIES = ("Cc", "Cf")  # control and format characters: zero-width spaces, BOM, soft hyphen, ...
+
+
+def is_invisible(ch: str) -> bool:
+    """Whether `clean_text` removes the character `ch`: a control or format character that is not a space."""
+    return not ch.isspace() and unicodedata.category(ch) in _INVISIBLE_CATEGORIES
 
 
 def clean_text(text: str) -> str:
@@ -28,9 +34,8 @@ def clean_text(text: str) -> str:
     """
     text = unicodedata.normalize("NFC", text)
     if not text.isprintable():  # only then can it hold an invisible character (or a non-ASCII space)
-        text = "".join(ch for ch in text
-                       if ch.isspace() or unicodedata.category(ch) not in _INVISIBLE_CATEGORIES)
-    return " ".join(text.translate(_APOSTROPHES).split())  # split() knows every Unicode space
+        text = "".join(ch for ch in text if not is_invisible(ch))
+    return " ".join(text.translate(_APOSTROPHE_TABLE).split())  # split() knows every Unicode space
 
 
 def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
@@ -64,4 +69,4 @@ def read_lines(path: Path, what: str) -> list[str]:
         raise UserError(f"cannot read {what} {path}: {error.strerror or error}") from None
 
 
-__all__ = ["clean_text", "iter_lines", "read_lines"]
+__all__ = ["APOSTROPHES", "is_invisible", "clean_text", "iter_lines", "read_lines"]

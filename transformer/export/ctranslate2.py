@@ -1,14 +1,13 @@
 """Export a checkpoint to CTranslate2 (the inference engine OpenNMT-py and fairseq models deploy with):
 a TransformerSpec filled from our weights, the tokenizer files, and a JSON saying how text becomes
-tokens; and which directories an export may be written to. translation/ct2_engine.py translates
-with the result; this module needs torch, that one does not.
+tokens (which directories it may be written to is destination.py's). translation/ct2_engine.py
+translates with the result; this module needs torch, that one does not.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from transformer.checkpoints.rundir import (CHECKPOINTS, META_FILE, MODEL_FILE, RUN_CONFIG, STATE_FILE, TOKENIZER_DIR,
-                                            find_checkpoint, load_decode_config, run_dir_of)
+from transformer.checkpoints.rundir import MODEL_FILE, find_checkpoint, load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
 from transformer.data.tokenizer import (BOS, EOS, JOINT_FILE, PAD, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK,
                                         Tokenizers, save_tokenizers)
 from transformer.errors import UserError
-from transformer.files import publish_directory, temporary_path, write_json_atomic
+from transformer.export import destination
+from transformer.files import write_json_atomic
 from transformer.model import CrossAttention, FeedForward, SelfAttention, Transformer
 from transformer.translation.ct2_format import (EXPORT_FORMAT, EXPORT_INFO, EXPORT_MODEL_FILE, EXPORT_TOKENIZER_DIR,
                                                 EXPORT_VERSION, import_ctranslate2, read_export_info)
@@ -149,13 +148,6 @@ def _description(found: Path, meta: dict[str, Any], model: Transformer, tokenize
     }
 
 
-def _run_or_checkpoint(directory: Path) -> bool:
-    """Whether `directory` is a checkpoint or a run directory (trained, or still before its first save)."""
-    return ((directory / META_FILE).is_file() or (directory / STATE_FILE).is_file()
-            or ((directory / RUN_CONFIG).is_file() and ((directory / CHECKPOINTS).is_dir()
-                                                         or (directory / TOKENIZER_DIR).is_dir())))
-
-
 def _holds_only_an_export(directory: Path) -> bool:
     """Whether `directory` holds an earlier export of this project and nothing else."""
     if read_export_info(directory) is None:
@@ -170,24 +162,9 @@ def _holds_only_an_export(directory: Path) -> bool:
 
 
 def check_destination(out_dir: Path) -> None:
-    """Refuse an `out_dir` whose contents an export would destroy: one inside (or equal to) a run
-    directory or a checkpoint, or one holding anything but an earlier export. An empty or missing
-    directory is fine; so is an earlier export, which the new one replaces."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{out_dir} exists and is not a directory")
-    resolved = out_dir.resolve()  # links and other spellings count as where they lead
-    for directory in (resolved, *resolved.parents):
-        if _run_or_checkpoint(directory):
-            where = "is" if directory == resolved else f"lies inside {directory}, which is"
-            raise UserError(f"{out_dir} {where} a run or a checkpoint; export into a directory of its own")
-    try:
-        occupied = out_dir.is_dir() and any(out_dir.iterdir()) and not _holds_only_an_export(out_dir)
-    except OSError as error:
-        raise UserError(f"cannot read {out_dir}: {error.strerror or error}") from None
-    if occupied:
-        raise UserError(f"{out_dir} holds files other than an earlier export, which an export would delete; "
-                        "export into a new or empty directory")
+    """Refuse an `out_dir` an export would destroy (destination.check_destination): in a run or a
+    checkpoint, or holding anything but an earlier CTranslate2 export."""
+    destination.check_destination(out_dir, _holds_only_an_export)
 
 
 def write_export_files(found: Path, directory: Path) -> None:
@@ -206,18 +183,8 @@ def write_export(found: Path, out_dir: Path) -> Path:
     `out_dir` and renamed into place, so a reader sees all of it or none.
     """
     import_ctranslate2()  # the clearest error first
-    out_dir = Path(out_dir)
-    tmp = temporary_path(out_dir)
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # this process's own leftover, if any
-        tmp.mkdir()
-        write_export_files(found, tmp)
-        publish_directory(tmp, out_dir)
-    except OSError as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"cannot write the CTranslate2 export {out_dir}: {error.strerror or error}") from None
-    return out_dir
+    return destination.publish_export(Path(out_dir), lambda tmp: write_export_files(found, tmp),
+                                      "the CTranslate2 export")
 
 
 def export_checkpoint(found: Path, out_dir: Path) -> Path:

@@ -1,0 +1,430 @@
+"""Export a checkpoint as a Hugging Face `transformers` directory that its own classes load, with no
+code of ours: MarianMT for a post-norm model, Pegasus for a pre-norm one; a fast tokenizer that
+cleans text as we do and appends EOS; a generation config; a model card. What those classes cannot
+express exactly is refused. Nothing is uploaded; which directories may be written is destination.py's.
+
+How our weights become theirs (each point checked against transformers' modeling_marian.py and
+modeling_pegasus.py): both scale embeddings by sqrt(d_model), add static sinusoids from position 0,
+use separate q/k/v projections, attention scaled by sqrt(d_head), LayerNorm eps 1e-5, ReLU by config.
+Their sinusoid table holds all sines, then all cosines; ours interleaves them (sin on even features).
+Permuting the d_model axis of every weight that touches the residual stream by `residual_permutation`
+maps one network onto the other exactly: LayerNorm and attention do not care about feature order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from transformer.checkpoints.rundir import (MODEL_FILE, RUN_CONFIG, find_checkpoint, load_decode_config, load_run_config,
+                                            run_dir_of)
+from transformer.config import DataConfig, DecodeConfig
+from transformer.data.tokenizer import (BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, Tokenizers,
+                                        clean_text_normalizer)
+from transformer.errors import UserError
+from transformer.export import destination
+from transformer.files import write_json_atomic, write_text_atomic
+from transformer.model import Transformer
+from transformer.translation.ct2_format import EXPORT_INFO
+from transformer.translation.torch_engine import load_checkpoint_and_tokenizers
+
+HF_FORMAT = "transformer-enfr/huggingface"  # in EXPORT_INFO: marks the directory as an export of ours
+HF_VERSION = 1
+MODEL_CARD = "README.md"
+INSTALL_HINT = 'pip install -e ".[hf]"'
+_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which Marian and Pegasus build their LayerNorms with
+_SELF_CHECK_TOLERANCE = 1e-3  # largest logit difference the export accepts on its own check
+
+
+def import_transformers() -> Any:
+    """The transformers module, or a UserError saying how to install it (an optional dependency)."""
+    try:
+        import transformers
+    except ImportError:
+        raise UserError(f"the transformers package is not installed; install it with {INSTALL_HINT}") from None
+    return transformers
+
+
+def residual_permutation(d_model: int) -> Tensor:
+    """Feature h of the Hugging Face model is feature `perm[h]` of ours: sine features (our even ones)
+    first, then cosine features (our odd ones), as their sinusoid table lays them out."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+# --------------------------------------------------------------------------- what can be expressed
+
+
+def check_expressible(model: Transformer, tokenizers: Tokenizers) -> None:
+    """A one-line UserError for whatever the Hugging Face classes cannot reproduce exactly."""
+    config = model.config
+    if not tokenizers.joint:
+        raise UserError("the run has separate source and target vocabularies (tokenizer.joint: false); a Hugging Face "
+                        "tokenizer directory holds one vocabulary for both, so only joint-vocabulary runs export")
+    if config.pre_norm and not config.share_embeddings:
+        raise UserError("a pre-norm model with separate embedding matrices (model.share_embeddings: false) has no "
+                        "Hugging Face class: Pegasus, the pre-norm one, shares one embedding between encoder and "
+                        "decoder")
+    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    if any(norm.eps != _LAYER_NORM_EPS or not norm.elementwise_affine for norm in norms):
+        raise UserError(f"the model's LayerNorms differ from eps {_LAYER_NORM_EPS} with weight and bias, which "
+                        "Marian and Pegasus hard-code")
+
+
+def _hf_class_and_config(model: Transformer) -> tuple[type, Any]:
+    transformers = import_transformers()
+    config = model.config
+    common = dict(
+        vocab_size=model.src_vocab_size, d_model=config.d_model,
+        encoder_layers=config.n_encoder_layers, decoder_layers=config.n_decoder_layers,
+        encoder_attention_heads=config.n_heads, decoder_attention_heads=config.n_heads,
+        encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
+        activation_function="relu", dropout=config.dropout, attention_dropout=0.0, activation_dropout=0.0,
+        max_position_embeddings=config.max_len, scale_embedding=True,  # Section 3.4: times sqrt(d_model)
+        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=None,  # we never force EOS at the length limit
+        tie_word_embeddings=config.share_embeddings,
+    )
+    if config.pre_norm:
+        return transformers.PegasusForConditionalGeneration, transformers.PegasusConfig(**common)
+    marian = transformers.MarianConfig(**common, decoder_vocab_size=model.tgt_vocab_size,
+                                       share_encoder_decoder_embeddings=config.share_embeddings)
+    return transformers.MarianMTModel, marian
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _attention(prefix: str, q: tuple[Tensor, Tensor], k: tuple[Tensor, Tensor], v: tuple[Tensor, Tensor],
+               out: nn.Linear, perm: Tensor) -> dict[str, Tensor]:
+    """q/k/v (weight, bias) read the residual stream (permute their inputs); out_proj writes it."""
+    weights = {}
+    for name, (weight, bias) in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+        weights[f"{prefix}.{name}.weight"], weights[f"{prefix}.{name}.bias"] = weight[:, perm], bias
+    weights[f"{prefix}.out_proj.weight"], weights[f"{prefix}.out_proj.bias"] = out.weight[perm], out.bias[perm]
+    return weights
+
+
+def _split(linear: nn.Linear, parts: int) -> list[tuple[Tensor, Tensor]]:
+    """A fused projection ([Q; K; V] or [K; V] stacked on the output axis) as (weight, bias) per part."""
+    return list(zip(linear.weight.chunk(parts, 0), linear.bias.chunk(parts, 0)))
+
+
+def _norm(prefix: str, norm: nn.LayerNorm, perm: Tensor) -> dict[str, Tensor]:
+    return {f"{prefix}.weight": norm.weight[perm], f"{prefix}.bias": norm.bias[perm]}
+
+
+def _feed_forward(prefix: str, layer: Any, perm: Tensor) -> dict[str, Tensor]:
+    ff = layer.feed_forward
+    return {f"{prefix}.fc1.weight": ff.linear1.weight[:, perm], f"{prefix}.fc1.bias": ff.linear1.bias,
+            f"{prefix}.fc2.weight": ff.linear2.weight[perm], f"{prefix}.fc2.bias": ff.linear2.bias[perm],
+            **_norm(f"{prefix}.final_layer_norm", layer.feed_forward_block.norm, perm)}
+
+
+def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
+    """Our weights under Marian's / Pegasus's names (tied names included), the residual axis permuted."""
+    perm = residual_permutation(model.config.d_model)
+    src, tgt, output = model.src_embedding.weight[:, perm], model.tgt_embedding.weight[:, perm], model.output.weight
+    positions = model.positions[:, perm]
+    weights = {"model.encoder.embed_tokens.weight": src, "model.decoder.embed_tokens.weight": tgt,
+               "lm_head.weight": output[:, perm],
+               "model.encoder.embed_positions.weight": positions, "model.decoder.embed_positions.weight": positions,
+               "final_logits_bias": torch.zeros(1, model.tgt_vocab_size)}  # our output layer has no bias
+    if model.config.share_embeddings or model.config.pre_norm:
+        weights["model.shared.weight"] = src  # Pegasus keeps it even untied (a refused case above)
+    for i, layer in enumerate(model.encoder_layers):
+        prefix = f"model.encoder.layers.{i}"
+        weights.update(_attention(f"{prefix}.self_attn", *_split(layer.attention.in_proj, 3),
+                                  layer.attention.out_proj, perm))
+        weights.update(_norm(f"{prefix}.self_attn_layer_norm", layer.attention_block.norm, perm))
+        weights.update(_feed_forward(prefix, layer, perm))
+    for i, layer in enumerate(model.decoder_layers):
+        prefix = f"model.decoder.layers.{i}"
+        weights.update(_attention(f"{prefix}.self_attn", *_split(layer.self_attention.in_proj, 3),
+                                  layer.self_attention.out_proj, perm))
+        weights.update(_norm(f"{prefix}.self_attn_layer_norm", layer.self_block.norm, perm))
+        cross = layer.cross_attention
+        weights.update(_attention(f"{prefix}.encoder_attn", (cross.q_proj.weight, cross.q_proj.bias),
+                                  *_split(cross.kv_proj, 2), cross.out_proj, perm))
+        weights.update(_norm(f"{prefix}.encoder_attn_layer_norm", layer.cross_block.norm, perm))
+        weights.update(_feed_forward(prefix, layer, perm))
+    if model.config.pre_norm:  # post-norm stacks end in their last sublayer's LayerNorm and have no final one
+        weights.update(_norm("model.encoder.layer_norm", model.encoder_norm, perm))
+        weights.update(_norm("model.decoder.layer_norm", model.decoder_norm, perm))
+    return {name: tensor.detach().to("cpu", torch.float32).contiguous() for name, tensor in weights.items()}
+
+
+def _generation_config(decode: DecodeConfig, max_len: int) -> Any:
+    transformers = import_transformers()
+    return transformers.GenerationConfig(
+        decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+        forced_eos_token_id=None,
+        suppress_tokens=[PAD_ID, BOS_ID],  # as our searches: never emitted
+        num_beams=decode.beam_size, do_sample=False,
+        # Their length penalty divides by length ** alpha, ours by the GNMT ((5 + length) / 6) ** alpha: the
+        # same alpha ranks alike, not identically. "never" is their exact stopping rule, as ours is.
+        length_penalty=decode.length_penalty, early_stopping="never",
+        max_new_tokens=max_len - 1,  # the start token and max_len - 1 more fill the position table
+    )
+
+
+def build_hf_model(model: Transformer, decode: DecodeConfig) -> Any:
+    """The Marian (post-norm) or Pegasus (pre-norm) model holding `model`'s weights, in eval mode."""
+    hf_class, hf_config = _hf_class_and_config(model)
+    hf_model = hf_class(hf_config)
+    weights = hf_state_dict(model)
+    expected = set(hf_model.state_dict())
+    if set(weights) != expected:  # a transformers version that names its weights otherwise
+        raise UserError(f"this transformers version's {hf_class.__name__} has other weights than the export "
+                        f"fills (missing {sorted(expected - set(weights))[:3]}, extra "
+                        f"{sorted(set(weights) - expected)[:3]}); it is not supported")
+    hf_model.load_state_dict(weights, strict=True)
+    hf_model.generation_config = _generation_config(decode, model.config.max_len)
+    return hf_model.eval()
+
+
+@torch.inference_mode()
+def max_logit_difference(model: Transformer, hf_model: Any, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor
+                         ) -> float:
+    """Largest |our logit - theirs| over a teacher-forced batch: src (B, S) right-padded, tgt_in (B, T)."""
+    model.eval()
+    ours = model(src, tgt_in, src_pad_mask)
+    theirs = hf_model(input_ids=src, attention_mask=(~src_pad_mask).long(), decoder_input_ids=tgt_in).logits
+    real = tgt_in != PAD_ID  # (B, T): where both are defined alike
+    return float((ours - theirs).abs()[real].max())
+
+
+def _self_check(model: Transformer, hf_model: Any) -> None:
+    """Refuse an export whose logits differ from ours on a fixed batch: a transformers version whose
+    Marian/Pegasus computes otherwise than the one this mapping was written against."""
+    generator = torch.Generator().manual_seed(0)
+    src = torch.randint(4, model.src_vocab_size, (2, 7), generator=generator)
+    src[:, -1], src[1, 4:] = EOS_ID, PAD_ID
+    src[1, 3] = EOS_ID
+    tgt_in = torch.randint(4, model.tgt_vocab_size, (2, 6), generator=generator)
+    tgt_in[:, 0] = BOS_ID
+    difference = max_logit_difference(model, hf_model, src, src == PAD_ID, tgt_in)
+    if not difference <= _SELF_CHECK_TOLERANCE:
+        raise UserError(f"the exported {type(hf_model).__name__} does not reproduce the model (logits differ by "
+                        f"{difference:.3g}); this transformers version is not supported")
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def build_hf_tokenizer(tokenizers: Tokenizers, max_len: int) -> Any:
+    """A fast tokenizer that gives exactly our source ids for a raw text: clean_text as a normalizer
+    before our tokenizer's own, our BPE, and EOS appended (our sources have EOS and no BOS)."""
+    transformers = import_transformers()
+    from tokenizers import Tokenizer, normalizers, processors
+
+    tokenizer = Tokenizer.from_str(tokenizers.source.to_str())  # a copy: the run's object stays as it is
+    own = [tokenizer.normalizer] if tokenizer.normalizer is not None else []
+    tokenizer.normalizer = normalizers.Sequence([clean_text_normalizer(), *own])
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", pair=f"$A $B {EOS}",
+                                                             special_tokens=[(EOS, EOS_ID)])
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, unk_token=UNK, pad_token=PAD,
+        model_max_length=max_len,  # with truncation=True: max_len - 1 subwords and EOS, as we truncate
+        padding_side="right",
+        model_input_names=["input_ids", "attention_mask"],  # no token_type_ids, which generate() would refuse
+        clean_up_tokenization_spaces=False,  # it would glue French "! ? : ;" to the word before
+    )
+
+
+def _name_tokenizer_class(path: Path) -> None:
+    """Name the tokenizer class as transformers 4 and 5 both know it: 5 writes its new name for the
+    class (TokenizersBackend), which 4 cannot load, and reads the old one as that class."""
+    settings = json.loads(path.read_text(encoding="utf-8"))
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    write_json_atomic(path, settings)
+
+
+# --------------------------------------------------------------------------- model card
+
+
+def _minutes(seconds: float | None) -> str:
+    return "unknown" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+_SHIPPED_COLUMNS = {DataConfig.source_column: "en", DataConfig.target_column: "fr"}
+
+
+def _data_description(data: DataConfig) -> tuple[str, list[str]]:
+    """What the run trained on, in words, and its languages (source first) where the config says them."""
+    if data.format == "text":
+        return f"`{Path(data.path).name}` → `{Path(data.target_path).name}` (line-aligned text files)", []
+    languages = [_SHIPPED_COLUMNS.get(data.source_column), _SHIPPED_COLUMNS.get(data.target_column)]
+    return (f"`{Path(data.path).name}`, column “{data.source_column}” → “{data.target_column}”",
+            languages if None not in languages else [])
+
+
+def model_card(found: Path, meta: dict[str, Any], model: Transformer, hf_class: str, decode: DecodeConfig) -> str:
+    """README.md of the export: what it is, the data and its licence, config, training, scores, loading."""
+    run_dir = run_dir_of(found)
+    try:
+        data_line, languages = _data_description(load_run_config(run_dir).data)
+    except UserError:
+        data_line, languages = f"unknown data (the run's {RUN_CONFIG} is unreadable)", []
+    direction = "→".join(languages) if languages else "a translation"
+    state = meta.get("state", {})
+    metrics = meta.get("metrics") or {}
+    scores = ", ".join(f"{name} {value:.2f}" for name, value in metrics.items()) or "none recorded"
+    config = dataclasses.asdict(model.config)
+    config_rows = "\n".join(f"| `model.{key}` | `{value}` |" for key, value in config.items())
+    language_line = f"language: [{', '.join(languages)}]\n" if languages else ""
+    return f"""---
+license: cc-by-2.0
+{language_line}tags: [translation, transformer-enfr]
+pipeline_tag: translation
+---
+
+# {run_dir.name}: {direction} Transformer
+
+A Transformer (Vaswani et al., 2017) trained with transformer-enfr and exported as a
+`transformers.{hf_class}` ({"pre-norm" if model.config.pre_norm else "post-norm"}); it loads with
+transformers' own classes, no custom code. Exported from `{found.resolve()}` (weights SHA-256
+`{meta["files"][MODEL_FILE]["sha256"][:16]}…`).
+
+## Data and licence
+
+Trained on {data_line}. The project's shipped data, `data/eng_-french.csv`, comes from the
+[Tatoeba Project](https://tatoeba.org) via [manythings.org/anki](https://www.manythings.org/anki),
+under Creative Commons Attribution 2.0 (CC-BY 2.0); sentences and translations are the work of
+Tatoeba's contributors. A model trained on other data inherits that data's licence instead.
+
+## Configuration
+
+| setting | value |
+|---|---|
+{config_rows}
+| vocabulary (joint BPE) | {model.src_vocab_size} |
+
+## Training
+
+{state.get("step", meta.get("step", "?"))} steps ({_minutes(state.get("train_seconds"))} in training steps,
+{_minutes(state.get("elapsed_seconds"))} in all); {state.get("target_tokens", "?")} target tokens.
+
+## Scores
+
+Validation (the checkpoint's own, at export): {scores}.
+Test: none; the run directory holds no test scores (score its `heldout/test.*` with
+`translate.py --reference`).
+
+## Use
+
+```python
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+tokenizer = AutoTokenizer.from_pretrained("DIR")
+model = AutoModelForSeq2SeqLM.from_pretrained("DIR")
+batch = tokenizer(["I am cold."], return_tensors="pt", padding=True, truncation=True)
+print(tokenizer.batch_decode(model.generate(**batch, max_new_tokens=32), skip_special_tokens=True))
+print(pipeline("translation", model="DIR")("I am cold."))  # transformers 4 only: 5 removed this pipeline
+```
+
+How it differs from `translate.py` on the same weights:
+- The tokenizer cleans text as training did (NFC, invisible characters removed, typographic
+  apostrophes to `'`, whitespace runs to one space) and appends `</s>`; pass `truncation=True` to
+  cut long sources to {model.config.max_len - 1} subwords as translate.py does.
+- translate.py caps an output at floor({decode.max_length_a} × source subwords) + {decode.max_length_b}
+  tokens; `generate` has one limit per call: pass `max_new_tokens` (the saved default only keeps
+  within the position table, {model.config.max_len - 1}).
+- Greedy search (`num_beams=1`) gives our greedy output. Beam search (saved default
+  `num_beams={decode.beam_size}`) divides scores by length ** {decode.length_penalty}, ours by the GNMT
+  ((5 + length) / 6) ** {decode.length_penalty}, so some beam outputs differ.
+- `skip_special_tokens=True` drops `<unk>` from an output, where translate.py shows it; a blank
+  input still runs the model, where translate.py returns a blank line.
+"""
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _read_info(directory: Path) -> dict[str, Any] | None:
+    try:
+        info = json.loads((Path(directory) / EXPORT_INFO).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(info, dict) or (info.get("format"), info.get("version")) != (HF_FORMAT, HF_VERSION):
+        return None
+    return info
+
+
+def _holds_only_an_export(directory: Path) -> bool:
+    """Whether `directory` holds an earlier Hugging Face export of ours (the files its description
+    lists) and nothing else."""
+    info = _read_info(directory)
+    if info is None or not isinstance(info.get("files"), list):
+        return False
+    allowed = set(info["files"]) | {EXPORT_INFO}
+    return all(entry.is_file() and entry.name in allowed for entry in Path(directory).iterdir())
+
+
+@contextlib.contextmanager
+def _no_progress_bars(transformers: Any) -> Iterator[None]:
+    """transformers draws a progress bar while it saves, which the library must not print; restored after."""
+    hf_logging = transformers.utils.logging
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def check_destination(out_dir: Path) -> None:
+    """Refuse an `out_dir` an export would destroy (destination.check_destination): in a run or a
+    checkpoint, or holding anything but an earlier Hugging Face export."""
+    destination.check_destination(out_dir, _holds_only_an_export)
+
+
+def write_export_files(found: Path, directory: Path) -> None:
+    """Write the Hugging Face export of checkpoint `found` into the empty `directory`."""
+    transformers = import_transformers()
+    model, meta, tokenizers = load_checkpoint_and_tokenizers(found, "cpu")
+    check_expressible(model, tokenizers)
+    decode = load_decode_config(run_dir_of(found))
+    hf_model = build_hf_model(model, decode)
+    _self_check(model, hf_model)
+    with _no_progress_bars(transformers):
+        hf_model.save_pretrained(directory)
+    build_hf_tokenizer(tokenizers, model.config.max_len).save_pretrained(directory)
+    _name_tokenizer_class(directory / "tokenizer_config.json")
+    write_text_atomic(directory / MODEL_CARD, model_card(found, meta, model, type(hf_model).__name__, decode))
+    files = sorted(entry.name for entry in directory.iterdir())
+    write_json_atomic(directory / EXPORT_INFO, {
+        "format": HF_FORMAT, "version": HF_VERSION,
+        "checkpoint": {"path": str(Path(found).resolve()), "step": meta.get("step"),
+                       "model_sha256": meta["files"][MODEL_FILE]["sha256"]},
+        "class": type(hf_model).__name__, "transformers_version": transformers.__version__,
+        "residual_permutation": "HF feature h = our feature perm[h], perm = even features then odd ones",
+        "files": files,
+    })
+
+
+def export_checkpoint(found: Path, out_dir: Path) -> Path:
+    """Export checkpoint `found` into `out_dir` (see `check_destination` for which are refused)."""
+    import_transformers()  # the clearest error first
+    check_destination(Path(out_dir))
+    return destination.publish_export(Path(out_dir), lambda tmp: write_export_files(found, tmp),
+                                      "the Hugging Face export")
+
+
+def export_run(run: Path | None, checkpoint_dir: Path | None, out_dir: Path, runs_root: Path = Path("runs")) -> Path:
+    """Export the best checkpoint of `run` (or `checkpoint_dir`; default: the newest run) to `out_dir`."""
+    return export_checkpoint(find_checkpoint(run, checkpoint_dir, runs_root), out_dir)
+
+
+__all__ = ["HF_FORMAT", "HF_VERSION", "import_transformers", "residual_permutation", "check_expressible",
+           "hf_state_dict", "build_hf_model", "max_logit_difference", "build_hf_tokenizer", "model_card",
+           "check_destination", "write_export_files", "export_checkpoint", "export_run"]

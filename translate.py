@@ -253,31 +253,36 @@ def score_lines(args: argparse.Namespace, translator: Translator | CTranslate2Tr
     print(totals.summary(), file=sys.stderr)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse arguments that contradict each other or are out of range, with one line naming the flag."""
+    if args.sentences and (args.input or args.interactive):
+        raise UserError("give sentences as arguments, or --input FILE, or --interactive; not several of them")
+    blank = [i for i, sentence in enumerate(args.sentences, start=1) if not sentence.strip()]
+    if blank:  # most likely an unset shell variable; blank lines of a file or stdin stay blank lines
+        raise UserError(f"sentence argument {blank[0]} is empty: nothing to translate")
+    if args.n_best < 1:
+        raise UserError(f"--n-best must be at least 1, got {args.n_best}")
+    if args.beam is not None and args.beam < 1:
+        raise UserError(f"--beam must be at least 1, got {args.beam}")
+    if args.threads < 0:
+        raise UserError(f"--threads must be 0 (the engine's default) or more, got {args.threads}")
+    if args.alignment_layer is not None and not args.alignment:
+        raise UserError("--alignment-layer needs --alignment")
+    if args.bf16 and args.engine != "torch":
+        raise UserError("--bf16 is for the default --engine torch: CTranslate2 offers no bf16 on a CPU "
+                        "(use --int8 for its fast path)")
+    if (args.attention or args.alignment) and args.engine != "torch":
+        raise UserError("--attention and --alignment read the model's attention: use the default --engine torch")
+    check_combinations(args)
+    check_output(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
     try:
-        if args.sentences and (args.input or args.interactive):
-            raise UserError("give sentences as arguments, or --input FILE, or --interactive; not several of them")
-        blank = [i for i, sentence in enumerate(args.sentences, start=1) if not sentence.strip()]
-        if blank:  # most likely an unset shell variable; blank lines of a file or stdin stay blank lines
-            raise UserError(f"sentence argument {blank[0]} is empty: nothing to translate")
-        if args.n_best < 1:
-            raise UserError(f"--n-best must be at least 1, got {args.n_best}")
+        check_arguments(args)
         beam = 1 if args.greedy else args.beam
-        if beam is not None and beam < 1:
-            raise UserError(f"--beam must be at least 1, got {beam}")
-        if args.threads < 0:
-            raise UserError(f"--threads must be 0 (the engine's default) or more, got {args.threads}")
-        if args.alignment_layer is not None and not args.alignment:
-            raise UserError("--alignment-layer needs --alignment")
-        if args.bf16 and args.engine != "torch":
-            raise UserError("--bf16 is for the default --engine torch: CTranslate2 offers no bf16 on a CPU "
-                            "(use --int8 for its fast path)")
-        if (args.attention or args.alignment) and args.engine != "torch":
-            raise UserError("--attention and --alignment read the model's attention: use the default --engine torch")
-        check_combinations(args)
-        check_output(args)
         if args.sample:
             beam = 1  # the searches' own settings do not apply; attention reads outputs as greedy ones
         translator = load_engine(args, beam)

@@ -1,6 +1,7 @@
 """Exact resume: a run killed (SIGKILL) or stopped (SIGINT/SIGTERM) at an arbitrary step and resumed
 ends with the same weights and optimizer state, bit for bit, as the same run left alone; a damaged
-newest checkpoint is skipped; non-finite steps are skipped, counted, and end training after 5 in a row.
+newest checkpoint is skipped; non-finite steps are skipped, counted, and end training after 5 in a row;
+a kill in the middle of an early-stopping count stops where the run left alone stops.
 
 The runs use the tiny CSV, dropout 0.3 (so the RNG state matters), 5 batches per epoch with 2 batches
 per step (so an epoch ends on a one-batch step and resuming must land mid-epoch) and 40 steps (13
@@ -288,3 +289,31 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
     assert meta["state"]["nonfinite_steps"] == 4 and meta["state"]["nonfinite_in_a_row"] == 3  # 3; 12, 13, 14
     model, _ = checkpoint.load_model(saved)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params_after[11]))
+
+
+def test_sigkill_in_the_middle_of_a_patience_count_then_resume_stops_where_the_run_left_alone_stops(
+        tmp_path: Path, tiny_csv: Path, capsys):
+    """train.patience counts validations without a better BLEU; the count travels in the checkpoints,
+    so a run killed while it counts stops at the same step, with the same weights, as one left alone."""
+    config = write_config(tmp_path / "patience.yaml", tiny_csv, patience=3, valid_every=2, checkpoint_every=2,
+                          keep_checkpoints=100)
+    alone = tmp_path / "alone"
+    assert train_cli.main(cli_args(config, alone)) == 0
+    assert "stopped early at step" in capsys.readouterr().err
+    stop = read_run_state(alone).latest
+    counts = {path.name: checkpoint.read_meta(path)["state"]["validations_without_improvement"]
+              for path in rundir.list_checkpoints(alone)}
+    assert counts[stop] == 3 and stop != rundir.step_dir_name(MAX_STEPS)
+    # The first checkpoint whose count is under way: the kill lands after it, well before the stop.
+    counting = min(name for name, count in counts.items() if 0 < count < 3)
+    run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
+    process = start_slow_run(config, run_dir, log, seconds_per_step=0.5)
+    wait_for_checkpoint(process, run_dir, int(counting.split("_")[1]), log)
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    if recorded_step(run_dir) >= int(stop.split("_")[1]):  # the slowed run outran the kill: nothing to test
+        pytest.skip("the run reached its early stop before it was killed")
+    assert train_cli.main(cli_args(config, run_dir)) == 0
+    assert f"stopped early at step {int(stop.split('_')[1])}" in capsys.readouterr().err
+    assert read_run_state(run_dir).latest == stop
+    assert_same_training(alone / rundir.CHECKPOINTS / stop, run_dir / rundir.CHECKPOINTS / stop)

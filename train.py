@@ -32,7 +32,7 @@ from transformer.config import load_config
 from transformer.errors import CheckpointError, UserError
 from transformer.runtime import select_device, set_threads
 from transformer.training.logs import setup_logging
-from transformer.training.run import train
+from transformer.training.run import VALID_SAMPLE, train
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,6 +74,17 @@ def resume_command(args: argparse.Namespace) -> str:
     if distributed.launched() and os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE"):
         command += " (on every node, with the same --nnodes and rendezvous options)"
     return command
+
+
+def example_sentence(run_dir: Path) -> str:
+    """A sentence to try the run on: one from the middle of its validation sample, in the run's own
+    source language (shortest first, so the middle is neither a one-word line nor a paragraph)."""
+    try:
+        sample = RunDirectory(run_dir).read_heldout(VALID_SAMPLE)
+    except UserError:
+        sample = None
+    sources = sample[0] if sample else []
+    return sources[len(sources) // 2] if sources else "I am cold."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,15 +147,15 @@ def main(argv: list[str] | None = None) -> int:
                  state.validations_without_improvement, state.validations_without_improvement + patience)
     elif outcome.stopped_early:
         log.info("stopped early at step %d: no better valid BLEU in %d validations; %s. Translate with: "
-                 "python translate.py --run %s \"I am cold.\"", state.step, state.validations_without_improvement,
-                 found, run_dir)
+                 "python translate.py --run %s %s", state.step, state.validations_without_improvement,
+                 found, run_dir, shlex.quote(example_sentence(run_dir)))
     elif outcome.already_finished:
         log.info("%s already reached its budget at step %d; nothing to do. Raise train.max_steps / max_epochs / "
                  "max_minutes (e.g. --set train.max_steps=N) to train further.", run_dir, state.step)
     elif state.end_step and state.step >= state.end_step:
         minutes = f"{state.train_seconds / 60:.1f} min of training, {state.elapsed_seconds / 60:.1f} min in all"
-        log.info("done: %d steps (%s), %s. Translate with: python translate.py --run %s \"I am cold.\"",
-                 state.step, minutes, found, run_dir)
+        log.info("done: %d steps (%s), %s. Translate with: python translate.py --run %s %s",
+                 state.step, minutes, found, run_dir, shlex.quote(example_sentence(run_dir)))
     else:
         log.info("stopped at step %d; saved %s. Resume with: %s",
                  state.step, run_dir / CHECKPOINTS / step_dir_name(state.step), command)

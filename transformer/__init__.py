@@ -1,6 +1,7 @@
 """A Transformer translation model (Vaswani et al., 2017), shipped for English to French. The folders
 follow the pipeline, and a lower stage never imports a higher one: config.py, errors.py, files.py
 (atomic writes), runtime.py (devices, precision) → data/ → model.py → checkpoints/ (the run
-directory) → translation/ → training/ (whose validation translates) → export/."""
+directory) → translation/ → training/ (whose validation translates) → export/ → serving/
+(the HTTP API and web page)."""
 
 __version__ = "0.1.0"

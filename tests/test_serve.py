@@ -1,0 +1,228 @@
+"""serve.py and transformer/serving/app.py: the JSON API through FastAPI's TestClient (translations equal
+the engine's, n-best, the alignment matrix, every bad request a 4xx JSON message after which the server
+still answers), a run that cannot load stopping serve.py with one error line, and the web page driven
+in a real browser (Debian's chromium through Playwright) against uvicorn on 127.0.0.1."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e \".[serve]\"")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from conftest import train_tiny_run  # noqa: E402
+from transformer.config import Config  # noqa: E402
+from transformer.serving.app import MAX_CHARS, MAX_TEXTS, create_app  # noqa: E402
+from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import serve as serve_cli  # noqa: E402  (the CLI script at the repository root)
+
+SENTENCE = "I'm cold."
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("serve") / "run", tiny_config, datasets_cache)  # beam 2
+
+
+@pytest.fixture(scope="module")
+def translator(trained_run: Path) -> Translator:
+    return load_translator(trained_run, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def client(translator: Translator) -> TestClient:
+    with TestClient(create_app(translator)) as client:
+        yield client
+
+
+def translate(client: TestClient, **body) -> dict:
+    response = client.post("/translate", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_health(client: TestClient, trained_run: Path):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["beam"] == 2
+    assert health["checkpoint"].startswith(str(trained_run))
+    assert (health["max_texts"], health["max_chars"]) == (MAX_TEXTS, MAX_CHARS)
+
+
+def test_translate_gives_the_engines_translations(client: TestClient, translator: Translator):
+    texts = [SENTENCE, "Go.", ""]
+    result = translate(client, texts=texts)["translations"]
+    assert [t["source"] for t in result] == texts
+    assert [t["translation"] for t in result] == [best[0] for best in translator.translate(texts)]
+    assert all(t["alignment"] is None for t in result)
+    assert result[2]["n_best"] == [{"text": "", "score": None}]  # a blank text stays blank
+
+
+def test_n_best_has_scores_and_a_beam_can_be_asked_for(client: TestClient, translator: Translator):
+    result = translate(client, texts=[SENTENCE], n_best=2)["translations"][0]
+    assert len(result["n_best"]) == 2 and result["n_best"][0]["text"] == result["translation"]
+    assert all(isinstance(c["score"], float) and c["score"] < 0 for c in result["n_best"])
+    wide = translate(client, texts=[SENTENCE], beam=4, n_best=4)["translations"][0]
+    assert 1 <= len(wide["n_best"]) <= 4
+    assert translator.decode.beam_size == 2  # a request's beam leaves the served one as it was
+    greedy = translate(client, texts=[SENTENCE], beam=1)["translations"][0]
+    beam_1 = dataclasses.replace(translator, decode=dataclasses.replace(translator.decode, beam_size=1))
+    assert greedy["translation"] == beam_1.translate([SENTENCE])[0][0]
+
+
+def test_alignment_matrix_is_output_by_source_subwords(client: TestClient):
+    result = translate(client, texts=[SENTENCE, ""], n_best=2, alignment=True)["translations"]
+    alignment = result[0]["alignment"]
+    rows, columns = len(alignment["output_tokens"]), len(alignment["source_tokens"])
+    assert rows >= 1 and columns >= 2 and alignment["source_tokens"][-1] == "</s>"
+    assert len(alignment["weights"]) == rows and all(len(row) == columns for row in alignment["weights"])
+    assert all(abs(sum(row) - 1) < 1e-2 for row in alignment["weights"])  # each row a distribution
+    assert all(0 <= s < columns - 1 and 0 <= t < rows for s, t in alignment["pairs"])
+    assert len(result[0]["n_best"]) == 2
+    assert result[1]["alignment"] == {"source_tokens": [], "output_tokens": [], "weights": [], "pairs": []}
+
+
+BAD_REQUESTS = {
+    "bad JSON": dict(content=b'{"texts": ["Hi."', headers={"content-type": "application/json"}),
+    "not an object": dict(json=["Hi."]),
+    "no texts": dict(json={}),
+    "an empty list": dict(json={"texts": []}),
+    "texts not strings": dict(json={"texts": [1]}),
+    "too many texts": dict(json={"texts": ["Hi."] * (MAX_TEXTS + 1)}),
+    "a too-long text": dict(json={"texts": ["a" * (MAX_CHARS + 1)]}),
+    "an unknown option": dict(json={"texts": ["Hi."], "temperature": 0.5}),
+    "beam 0": dict(json={"texts": ["Hi."], "beam": 0}),
+    "a huge beam": dict(json={"texts": ["Hi."], "beam": 1000}),
+    "n_best above the beam": dict(json={"texts": ["Hi."], "n_best": 3}),
+    "n_best 0": dict(json={"texts": ["Hi."], "n_best": 0}),
+}
+
+
+@pytest.mark.parametrize("name", BAD_REQUESTS)
+def test_a_bad_request_is_a_4xx_json_message_and_the_server_goes_on(client: TestClient, name: str):
+    response = client.post("/translate", **BAD_REQUESTS[name])
+    assert 400 <= response.status_code < 500
+    assert response.headers["content-type"] == "application/json"
+    message = response.json()["error"]
+    assert message and "Traceback" not in response.text
+    assert translate(client, texts=[SENTENCE])["translations"][0]["translation"] is not None
+
+
+def test_the_limits_are_inclusive(client: TestClient):
+    result = translate(client, texts=["a" * MAX_CHARS] + ["Hi."] * (MAX_TEXTS - 1))["translations"]
+    assert len(result) == MAX_TEXTS
+
+
+def test_concurrent_requests_all_get_their_answers(client: TestClient, translator: Translator):
+    expected = translator.translate([SENTENCE])[0][0]
+    answers: list[str] = []
+    threads = [threading.Thread(target=lambda: answers.append(
+        translate(client, texts=[SENTENCE], alignment=True)["translations"][0]["translation"])) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers == [expected] * 4
+
+
+def test_the_page_and_the_openapi_docs_are_served(client: TestClient):
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert 'id="heatmap"' in page.text and "/translate" in page.text
+    assert "/translate" in client.get("/openapi.json").json()["paths"]
+
+
+def test_serve_a_run_that_cannot_load_is_one_error_line(tmp_path: Path, capsys):
+    assert serve_cli.main(["--run", str(tmp_path / "missing"), "--port", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "missing" in err[0], err
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_py_listens_and_answers(trained_run: Path):
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--run", str(trained_run), "--device", "cpu",
+                                "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 45
+        while True:
+            assert process.poll() is None, process.stderr.read().decode()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                    assert json.load(response)["status"] == "ok"
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "serve.py did not answer /health"
+                time.sleep(0.2)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/translate", data=b'{"texts": ["Go."]}',
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert json.load(response)["translations"][0]["source"] == "Go."
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+# --------------------------------------------------------------------------- the page in a real browser
+
+
+@pytest.fixture
+def server(translator: Translator):
+    uvicorn = pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(translator), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_the_page_translates_as_you_type_in_a_browser(server: str, tmp_path: Path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 700})
+            page.goto(server + "/")
+            page.locator("#source").press_sequentially(SENTENCE, delay=20)  # typed, so the debounce runs
+            page.wait_for_selector("#heatmap td", timeout=15_000)
+            translation = page.locator("#translation").inner_text()
+            assert translation.strip()
+            assert page.locator("#nbest li").count() == 2  # min(3, beam 2)
+            rows, cells = page.locator("#heatmap tbody tr").count(), page.locator("#heatmap td").count()
+            columns = page.locator("#heatmap thead th").count() - 1
+            assert rows >= 1 and columns >= 2 and cells == rows * columns
+            assert page.locator("#error").inner_text() == ""
+            shot = Path(os.environ.get("SERVE_SCREENSHOT", tmp_path / "serve.png"))  # docs/serve.png is one
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        finally:
+            browser.close()

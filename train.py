@@ -77,14 +77,16 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 def example_sentence(run_dir: Path) -> str:
-    """A sentence to try the run on: one from the middle of its validation sample, in the run's own
-    source language (shortest first, so the middle is neither a one-word line nor a paragraph)."""
+    """A sentence to try the run on, quoted for a shell: one from the middle of its validation sample,
+    in the run's own source language (shortest first: the middle is neither one word nor a paragraph)."""
     try:
         sample = RunDirectory(run_dir).read_heldout(VALID_SAMPLE)
     except UserError:
         sample = None
     sources = sample[0] if sample else []
-    return sources[len(sources) // 2] if sources else "I am cold."
+    sentence = sources[len(sources) // 2] if sources else "I am cold."
+    # Double quotes read best and keep an apostrophe as it is; shlex for what a shell would expand there.
+    return f'"{sentence}"' if not set(sentence) & set('"$`\\!') else shlex.quote(sentence)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,14 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     elif outcome.stopped_early:
         log.info("stopped early at step %d: no better valid BLEU in %d validations; %s. Translate with: "
                  "python translate.py --run %s %s", state.step, state.validations_without_improvement,
-                 found, run_dir, shlex.quote(example_sentence(run_dir)))
+                 found, run_dir, example_sentence(run_dir))
     elif outcome.already_finished:
         log.info("%s already reached its budget at step %d; nothing to do. Raise train.max_steps / max_epochs / "
                  "max_minutes (e.g. --set train.max_steps=N) to train further.", run_dir, state.step)
     elif state.end_step and state.step >= state.end_step:
         minutes = f"{state.train_seconds / 60:.1f} min of training, {state.elapsed_seconds / 60:.1f} min in all"
         log.info("done: %d steps (%s), %s. Translate with: python translate.py --run %s %s",
-                 state.step, minutes, found, run_dir, shlex.quote(example_sentence(run_dir)))
+                 state.step, minutes, found, run_dir, example_sentence(run_dir))
     else:
         log.info("stopped at step %d; saved %s. Resume with: %s",
                  state.step, run_dir / CHECKPOINTS / step_dir_name(state.step), command)

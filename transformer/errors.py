@@ -16,3 +16,8 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A run directory or checkpoint is missing, corrupt or does not match."""
+
+
+class ExportCacheError(CheckpointError):
+    """The CTranslate2 export a run keeps of a checkpoint could not be written there (no permission, a
+    full disk): a caller that can translate without it (the torch engine) may."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from transformer.config import Config, DecodeConfig, load_config
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, ExportCacheError
 from transformer.files import (TEMPORARY_PREFIX, publish_directory, temporary_path, write_directory_atomic,
                                write_json_atomic, write_text_atomic)
 
@@ -341,10 +341,17 @@ class RunDirectory:
         if not re.fullmatch(r"[0-9a-f]{16}", name):
             raise CheckpointError(f"{self.path / EXPORTS_DIR}: {name!r} is not an export name this project writes")
         final = self.path / EXPORTS_DIR / name
+        made_exports_dir = not final.parent.exists()
         try:
             write_directory_atomic(final, write)
-        except OSError as error:
-            raise CheckpointError(f"cannot write the CTranslate2 export {final}: {error.strerror or error}") from None
+        except BaseException as error:
+            if made_exports_dir:  # a failed export leaves the directory as it found it
+                with contextlib.suppress(OSError):
+                    final.parent.rmdir()
+            if isinstance(error, OSError):
+                raise ExportCacheError(f"cannot write the CTranslate2 export {final}: "
+                                       f"{error.strerror or error}") from None
+            raise
         return final
 
     def _link_best(self, target: str | None) -> None:

@@ -2,8 +2,7 @@
 
 --to ctranslate2: OUT_DIR gets a CTranslate2 model of the run's best checkpoint (or --checkpoint DIR),
 the run's tokenizer files and transformer-enfr.json, which says how text becomes tokens: the directory
-is self-contained. Translate with it: `python translate.py --engine ctranslate2 --checkpoint OUT_DIR "I am cold."`.
-Needs pip install -e ".[ctranslate2]".
+is self-contained. Translate with it: `python translate.py --checkpoint OUT_DIR "I am cold."`.
 
 --to huggingface: OUT_DIR gets a directory that transformers loads with its own classes (MarianMT for
 a post-norm model, Pegasus for a pre-norm one): AutoModelForSeq2SeqLM, AutoTokenizer and, in

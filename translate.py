@@ -4,7 +4,7 @@
   cat file.en | python translate.py > file.fr
   python translate.py --input file.en --output file.fr --reference file.fr.ref
   python translate.py --interactive
-  python translate.py --engine ctranslate2 "I am cold."      # CTranslate2, exported on first use
+  python translate.py --engine torch "I am cold."       # PyTorch instead of CTranslate2
   python translate.py --alignment --attention maps "I am cold."   # maps/1.png
   python translate.py --sample --top-p 0.9 --seed 1 --n-best 3 "I am cold."   # 3 samples
   python translate.py --prefix "Il" "He is cold."       # the translation starts with "Il"
@@ -12,8 +12,11 @@
   python translate.py --run runs/a --run runs/b "I am cold."       # an ensemble of two runs
   python translate.py --format jsonl "I am cold."       # one JSON object per line
 
-Default model: the best checkpoint of the newest run under runs/. Translations go to stdout,
-one line per input line (empty lines stay empty); logs, progress and scores go to stderr.
+Default model: the best checkpoint of the newest run under runs/. Default engine (--engine auto):
+CTranslate2, the faster, exported into the run on first use; the torch engine where CTranslate2 is
+not installed or cannot do what is asked (--attention, --alignment, --bf16, an ensemble, --device mps),
+with a note saying why. Translations go to stdout, one line per input line (empty lines stay empty);
+logs, progress and scores go to stderr.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from typing import TYPE_CHECKING, Iterable, TextIO
 # `--engine ctranslate2` starts without torch (and matplotlib only loads for --attention).
 from transformer.checkpoints.rundir import STATE_FILE
 from transformer.data.text import iter_lines, read_lines
-from transformer.errors import UserError
+from transformer.errors import ExportCacheError, UserError
 from transformer.files import same_file
+from transformer.translation.ct2_format import INSTALL_HINT, read_export_info
 from transformer.training.logs import setup_logging
 from transformer.translation.lines import (STREAM_CHUNK, align_references, attention_directory, output_file,
                                            read_references, score_report, score_stream, split_columns,
@@ -61,13 +65,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-length-b", type=int, metavar="B")
     parser.add_argument("--batch-size", type=int, metavar="N", help="sentences decoded together")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default: auto)")
-    parser.add_argument("--engine", choices=["torch", "ctranslate2"], default="torch",
-                        help="torch (default), or CTranslate2 (pip install -e \".[ctranslate2]\"): the run is exported "
-                             "into RUN/ctranslate2/ on first use; --checkpoint may name an export.py directory")
+    parser.add_argument("--engine", choices=["auto", "ctranslate2", "torch"], default="auto",
+                        help="auto (default): CTranslate2 where it is installed and can do what is asked, else "
+                             "torch, with a note saying why; ctranslate2: the run is exported into RUN/ctranslate2/ "
+                             "on first use, and --checkpoint may name an export.py directory; torch: PyTorch, which "
+                             "alone does --attention, --alignment, --bf16 and ensembles")
     precision = parser.add_mutually_exclusive_group()
     precision.add_argument("--int8", action="store_true",
-                           help="int8 linear layers (torch: dynamically quantized; ctranslate2: compute_type int8): "
-                                "faster on a CPU, slightly different output")
+                           help="int8 linear layers (torch: dynamically quantized, CPU only; ctranslate2: compute_type "
+                                "int8; auto: the faster of the two here): faster, slightly different output")
     precision.add_argument("--bf16", action="store_true",
                            help="the model in bfloat16 (torch engine; a GPU, or a CPU with AVX-512-BF16 or AMX): "
                                 "faster there, slightly different output")
@@ -107,8 +113,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTranslate2Translator:
-    """The translator of the chosen engine, with the decode options given on the command line."""
+def int8_engine() -> str:
+    """The engine of `--int8` under `--engine auto` on a CPU: the one whose int8 translates faster on this
+    machine. CTranslate2 until bench/engines.py's `greedy --int8` rows say otherwise. (On a GPU it is
+    always CTranslate2: the torch engine's int8, dynamic quantization, runs on the CPU only.)"""
+    return "ctranslate2"
+
+
+def _needs_torch(args: argparse.Namespace) -> str | None:
+    """Why this request needs the torch engine (what CTranslate2 does not do), or None."""
+    if len(args.run or []) > 1:
+        return "--run given more than once: an ensemble runs on the torch engine only"
+    if args.attention is not None:
+        return "--attention draws the model's attention, which only the torch engine returns"
+    if args.alignment:
+        return "--alignment reads the model's attention, which only the torch engine returns"
+    if args.bf16:
+        return "--bf16 is the torch engine's: CTranslate2 offers no bf16 on a CPU"
+    return None
+
+
+def choose_engine(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The engine to translate with, and why it is not CTranslate2 when --engine auto picks torch (for one
+    note line; None: nothing to say). An explicit --engine is kept as given."""
+    if args.engine != "auto":
+        return args.engine, None
+    needs_torch = _needs_torch(args)
+    if args.checkpoint is not None and read_export_info(args.checkpoint) is not None:
+        if needs_torch:  # an export runs on CTranslate2 only
+            raise UserError(f"{args.checkpoint}: a CTranslate2 export, but {needs_torch}: "
+                            "give the run (--run) or one of its checkpoints instead")
+        return "ctranslate2", None
+    if needs_torch:
+        return "torch", needs_torch
+    kind, _, index = args.device.partition(":")
+    if kind == "mps":
+        return "torch", "--device mps: CTranslate2 has no Apple MPS backend"
+    if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+        return "torch", None  # names no device: the torch engine's error lists the ones there are
+    try:
+        import ctranslate2
+    except ImportError:
+        return "torch", f"CTranslate2 is not installed; install it with {INSTALL_HINT}"
+    if kind == "cuda" and int(index or 0) >= ctranslate2.get_cuda_device_count():
+        return "torch", f"--device {args.device}: CTranslate2 finds no such CUDA GPU here"
+    on_cpu = kind == "cpu" or (kind == "auto" and ctranslate2.get_cuda_device_count() == 0)
+    if args.int8 and on_cpu:
+        return int8_engine(), None
+    return "ctranslate2", None
+
+
+def note(args: argparse.Namespace, text: str) -> None:
+    if not args.quiet:
+        print(f"note: {text}", file=sys.stderr)
+
+
+def load_engine(args: argparse.Namespace, beam: int | None, auto: bool = False) -> Translator | CTranslate2Translator:
+    """The translator of the chosen engine (args.engine), with the decode options given on the command line.
+    `auto`: the engine was chosen by --engine auto, which may still fall back to torch (with a note) when
+    the run's CTranslate2 export cannot be written."""
     overrides = dict(beam_size=beam, batch_size=args.batch_size, length_penalty=args.length_penalty,
                      max_length_a=args.max_length_a, max_length_b=args.max_length_b)
     sampling = None
@@ -124,15 +187,23 @@ def load_engine(args: argparse.Namespace, beam: int | None) -> Translator | CTra
         from transformer.export.run_cache import ctranslate2_model
         from transformer.translation.ct2_engine import differences_from_torch, load_ct2_translator
 
-        model_dir, checkpoint = ctranslate2_model(first_run, args.checkpoint)  # exported on first use
-        translator = load_ct2_translator(model_dir, checkpoint, device=args.device, int8=args.int8,
-                                         threads=args.threads, device_key="--device", sampling=sampling, **overrides)
-        if not args.quiet and not args.score:
-            for note in differences_from_torch(translator.decode, args.n_best, translator.patience, sampling):
-                print(f"note: {note}", file=sys.stderr)
-        return translator
+        try:
+            model_dir, checkpoint = ctranslate2_model(first_run, args.checkpoint)  # exported on first use
+        except ExportCacheError as error:  # e.g. a run directory this user may only read
+            if not auto:
+                raise
+            note(args, f"engine: torch ({error})")
+        else:
+            translator = load_ct2_translator(model_dir, checkpoint, device=args.device, int8=args.int8,
+                                             threads=args.threads, device_key="--device", sampling=sampling,
+                                             **overrides)
+            # Against the torch engine: worth saying to whoever chose CTranslate2, not to every default call.
+            if not auto and not args.score:
+                for difference in differences_from_torch(translator.decode, args.n_best, translator.patience,
+                                                         sampling):
+                    note(args, difference)
+            return translator
     from transformer.runtime import select_device, set_threads
-    from transformer.translation.ct2_format import read_export_info
     from transformer.translation.torch_engine import load_translator
 
     if args.checkpoint is not None and read_export_info(args.checkpoint) is not None:
@@ -269,10 +340,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.alignment_layer is not None and not args.alignment:
         raise UserError("--alignment-layer needs --alignment")
     if args.bf16 and args.engine != "torch":
-        raise UserError("--bf16 is for the default --engine torch: CTranslate2 offers no bf16 on a CPU "
+        raise UserError("--bf16 is for --engine torch: CTranslate2 offers no bf16 on a CPU "
                         "(use --int8 for its fast path)")
     if (args.attention or args.alignment) and args.engine != "torch":
-        raise UserError("--attention and --alignment read the model's attention: use the default --engine torch")
+        raise UserError("--attention and --alignment read the model's attention: use --engine torch")
     check_combinations(args)
     check_output(args)
 
@@ -281,11 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
     try:
+        auto = args.engine == "auto"
+        args.engine, why_torch = choose_engine(args)
         check_arguments(args)
+        if why_torch:
+            note(args, f"engine: torch ({why_torch})")
         beam = 1 if args.greedy else args.beam
         if args.sample:
             beam = 1  # the searches' own settings do not apply; attention reads outputs as greedy ones
-        translator = load_engine(args, beam)
+        translator = load_engine(args, beam, auto)
         if args.score:
             with contextlib.ExitStack() as stack:
                 out = stack.enter_context(output_file(args.output, "--output")) if args.output else sys.stdout

@@ -240,7 +240,7 @@ def main() -> None:
     print(f"cold one-sentence translate.py: {wall:.2f} s wall (median of {args.repeats}), peak RSS {rss:.2f} GiB")
     print(f"peak RSS of this benchmark (all settings above): {self_rss:.2f} GiB")
     if importlib.util.find_spec("ctranslate2") is None:
-        print("ctranslate2 is not installed: no side-by-side (pip install -e \".[ctranslate2]\")")
+        print("ctranslate2 is not installed: no side-by-side (pip install ctranslate2)")
         return
     side_by_side(args.run, sources, references, slow, ours, speed, (wall, rss), args.threads, args.repeats)
 

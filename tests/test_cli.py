@@ -358,11 +358,14 @@ def test_translate_a_checkpoint_whose_tokenizer_is_missing(trained_run: Path, tm
 
 def test_translate_a_corrupt_checkpoint(trained_run: Path, tmp_path: Path, capsys):
     copy = tmp_path / "run"
-    shutil.copytree(trained_run, copy, symlinks=True)
+    # Without its CTranslate2 export, which the default engine would translate with, weights unread.
+    shutil.copytree(trained_run, copy, symlinks=True, ignore=shutil.ignore_patterns(rundir.EXPORTS_DIR))
     weights = (copy / rundir.CHECKPOINTS / rundir.BEST).resolve() / checkpoint.MODEL_FILE
     weights.write_bytes(weights.read_bytes()[:1000])
-    assert translate(copy, "Hi.") == 2
-    assert user_error(capsys).startswith(f"{weights}: truncated or corrupt (1000 bytes, expected ")
+    for engine in ("auto", "torch"):  # CTranslate2's export reads the weights first
+        assert translate(copy, "--engine", engine, "Hi.") == 2
+        assert user_error(capsys).startswith(f"{weights}: truncated or corrupt (1000 bytes, expected ")
+    assert not (copy / rundir.EXPORTS_DIR).exists()
 
 
 def test_translate_a_run_directory_given_as_checkpoint(trained_run: Path, capsys):
@@ -445,7 +448,7 @@ def test_translate_bf16_where_the_hardware_emulates_it_is_one_line(trained_run: 
     assert user_error(capsys) == ("bf16 translation: this cpu has no fast bf16 units (a CPU needs AVX-512-BF16 or "
                                   "AMX) and would emulate them, far slower than fp32; leave out bf16")
     assert translate(trained_run, "--bf16", "--engine", "ctranslate2", "Hi.") == 2
-    assert user_error(capsys).startswith("--bf16 is for the default --engine torch")
+    assert user_error(capsys).startswith("--bf16 is for --engine torch")
 
 
 def test_translate_bf16_translates_where_the_hardware_runs_it(trained_run: Path, tmp_path: Path, capsys,

@@ -2,7 +2,8 @@
 beam output re-ranked with the GNMT penalty equal wherever the two searches stop alike, for pre-norm,
 post-norm and separate-vocabulary models; the same CLI behaviour (arguments, stdin, files, blank
 lines, n-best, references); one export per weights; no torch in a cold call; one clear line when
-ctranslate2 is missing or the device is not one it has."""
+ctranslate2 is missing or the device is not one it has. (What the default --engine auto picks:
+test_engine_choice.py.)"""
 
 from __future__ import annotations
 
@@ -217,8 +218,7 @@ def test_ctranslate2_on_cuda_without_a_gpu_is_one_line(trained_run: Path, capsys
 def test_a_missing_ctranslate2_is_one_line(trained_run: Path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` now raises ImportError
     assert translate(trained_run, "ctranslate2", "Hi.") == 2
-    assert user_error(capsys) == ('the ctranslate2 package is not installed; install it with '
-                                  'pip install -e ".[ctranslate2]"')
+    assert user_error(capsys) == "the ctranslate2 package is not installed; install it with pip install ctranslate2"
 
 
 # --------------------------------------------------------------------------- the export cache and a cold start
@@ -270,3 +270,6 @@ def test_a_cold_call_from_an_export_never_imports_torch(trained_run: Path):
     control = _cold_call(trained_run, "torch")  # the same probe sees torch where it is used
     assert control.stderr.splitlines()[-1] == "exit 0; torch imported: True", control.stderr
     assert control.stdout == cold.stdout
+    default = _cold_call(trained_run, "auto")  # the default engine starts as fast
+    assert default.stderr.splitlines()[-1] == "exit 0; torch imported: False", default.stderr
+    assert default.stdout == cold.stdout

@@ -19,11 +19,11 @@ EXPORT_MODEL_FILE = "model.bin"  # CTranslate2's weights: without it a directory
 EXPORT_FORMAT = "transformer-enfr/ctranslate2"
 EXPORT_VERSION = 1
 _HASH_CHARS = 16  # of the weights' SHA-256 in the cache directory's name
-INSTALL_HINT = 'pip install -e ".[ctranslate2]"'
+INSTALL_HINT = "pip install ctranslate2"  # a regular dependency, missing only where it has no wheel or --no-deps
 
 
 def import_ctranslate2() -> Any:
-    """The ctranslate2 module, or a UserError saying how to install it (it is an optional dependency)."""
+    """The ctranslate2 module, or a UserError saying how to install it."""
     try:
         import ctranslate2
     except ImportError:

@@ -1,0 +1,161 @@
+"""`translate.py --engine auto`, the default: CTranslate2, silently, wherever it imports and can do what is
+asked; the torch engine, with exactly one note line naming the reason, for what only it does (--attention,
+--alignment, --bf16, an ensemble), where ctranslate2 does not import, or where the run's export cannot be
+written; an export given as --checkpoint runs on CTranslate2; --int8 goes to `int8_engine()`'s choice.
+Greedy output is the torch engine's, so the default changes no greedy translation."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import train_tiny_run
+from test_cli import user_error
+from test_ct2_engine import EXTRA
+from transformer.config import Config
+from transformer.translation.ct2_format import EXPORTS_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+import export as export_cli  # noqa: E402  (the CLI scripts at the repository root)
+import translate as translate_cli  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("auto") / "run", tiny_config, datasets_cache)
+
+
+@pytest.fixture
+def engines(monkeypatch) -> list[str]:
+    """The class names of the translators translate.py goes on to use, one per call."""
+    used: list[str] = []
+    translate_lines = translate_cli.translate_lines
+
+    def recording(args, translator, *rest):
+        used.append(type(translator).__name__)
+        return translate_lines(args, translator, *rest)
+
+    monkeypatch.setattr(translate_cli, "translate_lines", recording)
+    return used
+
+
+CT2, TORCH = "CTranslate2Translator", "Translator"
+
+
+def notes(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("note: ")]
+
+
+def test_auto_is_ctranslate2_and_says_nothing(trained_run: Path, capsys, engines):
+    """Not even how its beam search differs from the torch engine's, which --engine ctranslate2 says."""
+    assert translate_cli.main(["--run", str(trained_run), "--beam", "2", "I'm cold.", "Go."]) == 0
+    captured = capsys.readouterr()
+    assert engines == [CT2] and len(captured.out.splitlines()) == 2
+    assert notes(captured.err) == []
+    assert translate_cli.main(["--run", str(trained_run), "--engine", "ctranslate2", "--beam", "2", "Go."]) == 0
+    assert len(notes(capsys.readouterr().err)) == 1
+
+
+def test_auto_greedy_output_is_the_torch_engine_s(trained_run: Path, tmp_path: Path, capsys):
+    source = tmp_path / "in.en"
+    lines = (trained_run / "heldout" / "test.en").read_text(encoding="utf-8").splitlines() + EXTRA
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    outputs = {}
+    for engine in ("auto", "torch"):
+        assert translate_cli.main(["--run", str(trained_run), "--engine", engine, "--greedy", "--quiet",
+                                   "--input", str(source)]) == 0
+        outputs[engine] = capsys.readouterr().out
+    assert outputs["auto"].count("\n") == len(lines) and outputs["auto"] == outputs["torch"]
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--attention", "{tmp}/maps"], "--attention"),
+    (["--alignment"], "--alignment"),
+    (["--bf16"], "--bf16"),
+    (["--run", "{run}"], "--run given more than once"),
+], ids=["attention", "alignment", "bf16", "ensemble"])
+def test_what_only_the_torch_engine_does_picks_it_with_one_note(trained_run: Path, tmp_path: Path, capsys, engines,
+                                                                monkeypatch, args: list[str], flag: str):
+    import transformer.translation.torch_engine
+    monkeypatch.setattr(transformer.translation.torch_engine, "fast_bf16", lambda device: True)  # correct anywhere
+    args = [arg.format(tmp=tmp_path, run=trained_run) for arg in args]
+    assert translate_cli.main(["--run", str(trained_run), *args, "I'm cold."]) == 0
+    captured = capsys.readouterr()
+    assert engines == [TORCH] and len(captured.out.splitlines()) == 1
+    (line,) = notes(captured.err)
+    assert line.startswith(f"note: engine: torch ({flag}")
+    assert translate_cli.main(["--run", str(trained_run), "--quiet", *args, "I'm cold."]) == 0
+    assert capsys.readouterr().err == ""  # --quiet: no note either
+
+
+def test_without_ctranslate2_auto_is_torch_with_one_note(trained_run: Path, capsys, engines, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` now raises ImportError
+    assert translate_cli.main(["--run", str(trained_run), "--greedy", "I'm cold."]) == 0
+    captured = capsys.readouterr()
+    assert engines == [TORCH] and len(captured.out.splitlines()) == 1
+    assert notes(captured.err) == ["note: engine: torch (CTranslate2 is not installed; install it with "
+                                   "pip install ctranslate2)"]
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="needs a machine without Apple's MPS")
+def test_a_device_ctranslate2_has_not_is_the_torch_engine_s_to_refuse(trained_run: Path, capsys):
+    assert translate_cli.main(["--run", str(trained_run), "--device", "mps", "Hi."]) == 2
+    err = capsys.readouterr().err
+    assert notes(err) == ["note: engine: torch (--device mps: CTranslate2 has no Apple MPS backend)"]
+    assert err.splitlines()[-1].startswith("error: --device: 'mps' requested but")  # torch's own words
+    assert translate_cli.main(["--run", str(trained_run), "--device", "gpu", "Hi."]) == 2
+    assert user_error(capsys) == "--device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'"
+
+
+def test_a_run_whose_export_cannot_be_written_falls_back_to_torch(trained_run: Path, tmp_path: Path, capsys,
+                                                                   engines, monkeypatch):
+    """A run directory this user may only read (simulated: root writes anywhere) still translates."""
+    run_dir = Path(shutil.copytree(trained_run, tmp_path / "run", symlinks=True,
+                                   ignore=shutil.ignore_patterns(EXPORTS_DIR)))
+
+    def refuse(final, write):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("transformer.checkpoints.rundir.write_directory_atomic", refuse)
+    assert translate_cli.main(["--run", str(run_dir), "--greedy", "I'm cold."]) == 0
+    captured = capsys.readouterr()
+    assert engines == [TORCH] and len(captured.out.splitlines()) == 1
+    (line,) = notes(captured.err)
+    assert line.startswith(f"note: engine: torch (cannot write the CTranslate2 export {run_dir / EXPORTS_DIR}/")
+    assert line.endswith(": Permission denied)")
+    assert translate_cli.main(["--run", str(run_dir), "--engine", "ctranslate2", "I'm cold."]) == 2  # as asked
+    assert user_error(capsys).startswith(f"cannot write the CTranslate2 export {run_dir / EXPORTS_DIR}/")
+    assert not (run_dir / EXPORTS_DIR).exists()  # nothing left behind
+
+
+def test_an_export_given_as_checkpoint_runs_on_ctranslate2(trained_run: Path, tmp_path: Path, capsys, engines):
+    assert export_cli.main(["--run", str(trained_run), "--to", "ctranslate2", "--quiet", str(tmp_path / "ct2")]) == 0
+    assert translate_cli.main(["--checkpoint", str(tmp_path / "ct2"), "--greedy", "I'm cold."]) == 0
+    assert engines == [CT2] and notes(capsys.readouterr().err) == []
+    assert translate_cli.main(["--checkpoint", str(tmp_path / "ct2"), "--alignment", "I'm cold."]) == 2
+    assert user_error(capsys) == (f"{tmp_path / 'ct2'}: a CTranslate2 export, but --alignment reads the model's "
+                                  "attention, which only the torch engine returns: give the run (--run) or one of "
+                                  "its checkpoints instead")
+
+
+@pytest.mark.parametrize("choice", ["ctranslate2", "torch"])
+def test_int8_goes_to_the_engine_int8_engine_names(trained_run: Path, capsys, engines, monkeypatch, choice: str):
+    assert translate_cli.int8_engine() == "ctranslate2"  # until bench/engines.py says otherwise
+    monkeypatch.setattr(translate_cli, "int8_engine", lambda: choice)
+    assert translate_cli.main(["--run", str(trained_run), "--int8", "--device", "cpu", "I'm cold."]) == 0
+    captured = capsys.readouterr()
+    assert engines == [{"ctranslate2": CT2, "torch": TORCH}[choice]] and notes(captured.err) == []
+    assert "int8" in captured.err  # the engine's own log line says it runs int8
+
+
+def test_the_help_says_which_engine_is_the_default(capsys):
+    with pytest.raises(SystemExit):
+        translate_cli.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--engine {auto,ctranslate2,torch}" in help_text and "auto (default): CTranslate2" in help_text

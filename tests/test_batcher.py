@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from transformer.serving.batcher import Batcher, BatchRecord
+from transformer.serving.batcher import Batcher, BatchRecord, Served
 
 
 class Work:
@@ -48,6 +48,7 @@ def test_waiting_requests_run_together_each_getting_its_own_slice():
     # One call per option set, in order of each set's oldest request; the empty request ran nothing.
     assert work.calls == [("hold", ["first"]), ("a", ["x", "y", "w"]), ("b", ["z"])]
     assert list(batcher.batches) == [BatchRecord(1, 1), BatchRecord(2, 3), BatchRecord(1, 1)]
+    assert batcher.served == Served(calls=3, requests=4, texts=5)
 
 
 def test_a_call_holds_at_most_max_texts_unless_one_request_alone_has_more():

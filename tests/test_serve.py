@@ -68,6 +68,7 @@ def test_health(client: TestClient, trained_run: Path):
     assert health["status"] == "ok" and health["beam"] == 2 and health["alignment"] is True
     assert health["checkpoint"].startswith(str(trained_run))
     assert (health["max_texts"], health["max_chars"]) == (MAX_TEXTS, MAX_CHARS)
+    assert set(health["batches"]) == {"calls", "requests", "texts"}
 
 
 def test_translate_gives_the_engines_translations(client: TestClient, translator: Translator):

@@ -214,10 +214,13 @@ def create_app(engine: Engine, attention: Translator | None = None, batch_texts:
         return page
 
     @app.get("/health")
-    def health() -> dict:
+    def health(http: Request) -> dict:
+        served = http.app.state.batcher.served
         return {"status": "ok", "checkpoint": str(getattr(engine, "checkpoint", None)),
                 "beam": engine.decode.beam_size, "alignment": attention is not None,
-                "max_beam": MAX_BEAM, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS}
+                "max_beam": MAX_BEAM, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS,
+                # translation calls since the start, and the requests and texts they served
+                "batches": dataclasses.asdict(served)}
 
     @app.post("/translate", response_model=TranslateResponse)
     async def translate(request: TranslateRequest, http: Request) -> TranslateResponse:

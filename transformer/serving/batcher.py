@@ -30,6 +30,16 @@ class BatchRecord:
     texts: int
 
 
+@dataclass(frozen=True)
+class Served:
+    """Every call so far: how many, and the requests and texts they served. Replaced whole after each
+    call, so that another thread reads a consistent triple."""
+
+    calls: int = 0
+    requests: int = 0
+    texts: int = 0
+
+
 @dataclass
 class _Request(Generic[Options, Result]):
     options: Options
@@ -60,6 +70,7 @@ class Batcher(Generic[Options, Result]):
             raise ValueError(f"window must be 0 or more seconds, got {window}")
         self.work, self.max_texts, self.window = work, max_texts, window
         self.batches: deque[BatchRecord] = deque(maxlen=history)  # the latest calls, oldest first
+        self.served = Served()
         self._pending: deque[_Request] = deque()
         self._condition = threading.Condition()
         self._closing = False
@@ -149,10 +160,12 @@ class Batcher(Generic[Options, Result]):
                 requests[0].future.set_exception(error)
             return
         self.batches.append(BatchRecord(len(requests), len(texts)))
+        served = self.served
+        self.served = Served(served.calls + 1, served.requests + len(requests), served.texts + len(texts))
         start = 0
         for request in requests:
             request.future.set_result(results[start: start + len(request.texts)])
             start += len(request.texts)
 
 
-__all__ = ["Batcher", "BatchRecord"]
+__all__ = ["Batcher", "BatchRecord", "Served"]

@@ -257,6 +257,32 @@ def test_shutdown_stops_the_worker(translator: Translator):
     assert not worker.is_alive()
 
 
+def test_a_ctranslate2_engine_serves_batched_requests_and_the_torch_one_the_attention(trained_run: Path,
+                                                                                        translator: Translator):
+    pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
+    from transformer.export.run_cache import ctranslate2_model
+    from transformer.translation.ct2_engine import load_ct2_translator
+
+    engine = load_ct2_translator(*ctranslate2_model(trained_run, None), device="cpu")
+    requests = [dict(texts=[text], beam=beam) for text in TOGETHER for beam in (1, 2)]
+    requests.append(dict(texts=[SENTENCE], alignment=True))
+    answers: dict[int, dict] = {}
+    with TestClient(create_app(engine, attention=translator, batch_window=1.0)) as client:
+        def send(i: int) -> None:
+            answers[i] = translate(client, **requests[i])["translations"][0]
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert max(batch.requests for batch in client.app.state.batcher.batches) > 1
+    for i, request in enumerate(requests[:-1]):
+        at_beam = dataclasses.replace(engine, decode=dataclasses.replace(engine.decode, beam_size=request["beam"]))
+        assert answers[i]["translation"] == at_beam.translate(request["texts"])[0][0]
+    assert answers[len(requests) - 1]["alignment"]["weights"]  # from the torch Translator
+
+
 def test_without_a_torch_engine_alignment_is_refused(translator: Translator):
     with TestClient(create_app(translator)) as client:
         assert client.get("/health").json()["alignment"] is False

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--threads must be 0 (the default) or more, got {args.threads}")
         set_threads(args.threads)
         translator = load_translator(args.run, args.checkpoint, select_device(args.device, key="--device"))
-        app = create_app(translator)
+        app = create_app(translator, attention=translator)  # the torch engine also gives the attention
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

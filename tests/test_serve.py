@@ -1,11 +1,13 @@
 """serve.py and transformer/serving/app.py: the JSON API through FastAPI's TestClient (translations equal
 the engine's, n-best, the alignment matrix, every bad request a 4xx JSON message after which the server
-still answers), a run that cannot load stopping serve.py with one error line, and the web page driven
-in a real browser (Debian's chromium through Playwright) against uvicorn on 127.0.0.1."""
+still answers, concurrent requests batched together each getting what it gets alone), a huge body
+refused before it is read, a run that cannot load stopping serve.py with one error line, and the web
+page driven in a real browser (Debian's chromium through Playwright) against uvicorn on 127.0.0.1."""
 
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import os
 import shutil
@@ -24,7 +26,11 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from conftest import train_tiny_run  # noqa: E402
 from transformer.config import Config  # noqa: E402
-from transformer.serving.app import MAX_CHARS, MAX_TEXTS, create_app  # noqa: E402
+from transformer.errors import UserError  # noqa: E402
+from transformer.serving.batcher import BatchRecord  # noqa: E402
+from transformer.serving.app import MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, create_app  # noqa: E402
+from transformer.translation.attention import translate_with_attention  # noqa: E402
+from transformer.translation.texts import translate_scored  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +53,7 @@ def translator(trained_run: Path) -> Translator:
 
 @pytest.fixture(scope="module")
 def client(translator: Translator) -> TestClient:
-    with TestClient(create_app(translator)) as client:
+    with TestClient(create_app(translator, attention=translator)) as client:
         yield client
 
 
@@ -59,9 +65,10 @@ def translate(client: TestClient, **body) -> dict:
 
 def test_health(client: TestClient, trained_run: Path):
     health = client.get("/health").json()
-    assert health["status"] == "ok" and health["beam"] == 2
+    assert health["status"] == "ok" and health["beam"] == 2 and health["alignment"] is True
     assert health["checkpoint"].startswith(str(trained_run))
     assert (health["max_texts"], health["max_chars"]) == (MAX_TEXTS, MAX_CHARS)
+    assert set(health["batches"]) == {"calls", "requests", "texts"}
 
 
 def test_translate_gives_the_engines_translations(client: TestClient, translator: Translator):
@@ -110,13 +117,24 @@ BAD_REQUESTS = {
     "a huge beam": dict(json={"texts": ["Hi."], "beam": 1000}),
     "n_best above the beam": dict(json={"texts": ["Hi."], "n_best": 3}),
     "n_best 0": dict(json={"texts": ["Hi."], "n_best": 0}),
+    "10,000 texts": dict(json={"texts": ["Hi."] * 10_000}),
+    "a 1 MB text": dict(json={"texts": ["a" * 1_000_000]}),
+    "a beam as a string": dict(json={"texts": ["Hi."], "beam": "2"}),
+    "alignment not a boolean": dict(json={"texts": ["Hi."], "alignment": "yes"}),
+    "texts a string": dict(json={"texts": "Hi."}),
+    "a body over the limit": dict(content=b" " * (MAX_BODY_BYTES + 1), headers={"content-type": "application/json"}),
+    "a chunked body over the limit": dict(content=iter([b" " * 2**16] * (MAX_BODY_BYTES // 2**16 + 1)),
+                                          headers={"content-type": "application/json"}),
+    "an unknown path": dict(url="/translations", json={"texts": ["Hi."]}),
 }
 
 
 @pytest.mark.parametrize("name", BAD_REQUESTS)
 def test_a_bad_request_is_a_4xx_json_message_and_the_server_goes_on(client: TestClient, name: str):
-    response = client.post("/translate", **BAD_REQUESTS[name])
+    response = client.post(**{"url": "/translate", **BAD_REQUESTS[name]})
     assert 400 <= response.status_code < 500
+    assert response.status_code == (413 if "limit" in name else 404 if "path" in name
+                                    else 400 if name == "n_best above the beam" else 422)
     assert response.headers["content-type"] == "application/json"
     message = response.json()["error"]
     assert message and "Traceback" not in response.text
@@ -138,6 +156,139 @@ def test_concurrent_requests_all_get_their_answers(client: TestClient, translato
     for thread in threads:
         thread.join()
     assert answers == [expected] * 4
+
+
+TOGETHER = ["I'm cold.", "Where is the station?", "Go.", "", "The heart has its reasons.", "Tom is here."]
+
+
+def alone(translator: Translator, text: str, beam: int, n_best: int, alignment: bool) -> dict:
+    """What a request of `text` alone gets, straight from the text path (as the API rounds it)."""
+    engine = dataclasses.replace(translator, decode=dataclasses.replace(translator.decode, beam_size=beam))
+    if not alignment:
+        return {"n_best": [{"text": t, "score": s} for t, s in translate_scored(engine, [text], n_best)[0]]}
+    row = translate_with_attention(engine, [text], n_best, with_scores=True)[0]
+    best = row[0]
+    weights = [] if best.attention is None else best.attention.cross[-1].mean(dim=0).tolist()
+    return {"n_best": [{"text": a.text, "score": a.log_prob} for a in row],
+            "alignment": {"source_tokens": best.source_tokens, "output_tokens": best.output_tokens,
+                          "weights": weights, "pairs": [list(p) for p in best.alignment(-1)]}}
+
+
+def assert_same(served: dict, expected: dict) -> None:
+    """Texts, tokens and hard alignment identical; scores and weights equal to float32 rounding (a
+    sentence padded beside longer ones runs through other matrix shapes: about 1e-6 apart)."""
+    assert [c["text"] for c in served["n_best"]] == [c["text"] for c in expected["n_best"]]
+    assert served["translation"] == expected["n_best"][0]["text"]
+    for got, want in zip(served["n_best"], expected["n_best"]):
+        assert (got["score"] is None) == (want["score"] is None)
+        assert got["score"] is None or got["score"] == pytest.approx(want["score"], abs=1e-4)
+    if "alignment" in expected:
+        got, want = served["alignment"], expected["alignment"]
+        assert (got["source_tokens"], got["output_tokens"], got["pairs"]) == (
+            want["source_tokens"], want["output_tokens"], want["pairs"])
+        assert len(got["weights"]) == len(want["weights"])
+        for got_row, want_row in zip(got["weights"], want["weights"]):
+            assert got_row == pytest.approx(want_row, abs=2e-4)  # the API rounds to 4 decimals
+
+
+def test_concurrent_requests_are_batched_and_each_gets_what_it_gets_alone(translator: Translator):
+    """Requests with every option set, sent together from threads: the worker gathers them (a long
+    window makes that certain here), and each answer equals the text path's for that text alone."""
+    requests = [dict(texts=[text], beam=beam, n_best=n_best, alignment=alignment)
+                for text in TOGETHER for beam, n_best in ((1, 1), (2, 2)) for alignment in (False, True)]
+    requests.append(dict(texts=TOGETHER, beam=2, n_best=2, alignment=False))  # several texts in one request
+    answers: dict[int, dict] = {}
+    with TestClient(create_app(translator, attention=translator, batch_window=1.0)) as client:
+        def send(i: int) -> None:
+            answers[i] = translate(client, **requests[i])
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        batches = list(client.app.state.batcher.batches)
+    assert max(batch.requests for batch in batches) > 1, batches
+    assert sum(batch.requests for batch in batches) == len(requests)
+    for i, request in enumerate(requests):
+        for text, served in zip(request["texts"], answers[i]["translations"]):
+            assert served["source"] == text
+            assert_same(served, alone(translator, text, request["beam"], request["n_best"], request["alignment"]))
+
+
+@dataclasses.dataclass
+class RefusingTranslator(Translator):
+    """Refuses, as a UserError, any batch holding a source of more than 8 subwords."""
+
+    def search(self, sources, n_best, prefixes=None):
+        if any(len(source) > 8 for source in sources):
+            raise UserError("a sentence too long for this test")
+        return super().search(sources, n_best, prefixes)
+
+
+def test_an_error_in_one_batched_request_reaches_only_that_request(translator: Translator):
+    refusing = RefusingTranslator(**{f.name: getattr(translator, f.name)
+                                     for f in dataclasses.fields(Translator) if f.init})
+    long = "The heart has its reasons that reason does not know, and the station is far away."
+    responses: dict[str, object] = {}
+    with TestClient(create_app(refusing, attention=translator, batch_window=1.0)) as client:
+        def send(text: str) -> None:
+            responses[text] = client.post("/translate", json={"texts": [text]})
+
+        threads = [threading.Thread(target=send, args=(text,)) for text in (SENTENCE, long, "Go.")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        batches = list(client.app.state.batcher.batches)
+    assert responses[long].status_code == 400 and responses[long].json()["error"] == "a sentence too long for this test"
+    for text in (SENTENCE, "Go."):
+        assert responses[text].status_code == 200
+        assert responses[text].json()["translations"][0]["translation"] == translator.translate([text])[0][0]
+    assert batches == [BatchRecord(1, 1), BatchRecord(1, 1)]  # the good two, each alone after the failed batch
+
+
+def test_shutdown_stops_the_worker(translator: Translator):
+    app = create_app(translator, attention=translator)
+    with TestClient(app) as client:
+        translate(client, texts=[SENTENCE])
+        worker = app.state.batcher._thread
+        assert worker.is_alive()
+    assert not worker.is_alive()
+
+
+def test_a_ctranslate2_engine_serves_batched_requests_and_the_torch_one_the_attention(trained_run: Path,
+                                                                                        translator: Translator):
+    pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
+    from transformer.export.run_cache import ctranslate2_model
+    from transformer.translation.ct2_engine import load_ct2_translator
+
+    engine = load_ct2_translator(*ctranslate2_model(trained_run, None), device="cpu")
+    requests = [dict(texts=[text], beam=beam) for text in TOGETHER for beam in (1, 2)]
+    requests.append(dict(texts=[SENTENCE], alignment=True))
+    answers: dict[int, dict] = {}
+    with TestClient(create_app(engine, attention=translator, batch_window=1.0)) as client:
+        def send(i: int) -> None:
+            answers[i] = translate(client, **requests[i])["translations"][0]
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(requests))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert max(batch.requests for batch in client.app.state.batcher.batches) > 1
+    for i, request in enumerate(requests[:-1]):
+        at_beam = dataclasses.replace(engine, decode=dataclasses.replace(engine.decode, beam_size=request["beam"]))
+        assert answers[i]["translation"] == at_beam.translate(request["texts"])[0][0]
+    assert answers[len(requests) - 1]["alignment"]["weights"]  # from the torch Translator
+
+
+def test_without_a_torch_engine_alignment_is_refused(translator: Translator):
+    with TestClient(create_app(translator)) as client:
+        assert client.get("/health").json()["alignment"] is False
+        assert translate(client, texts=[SENTENCE])["translations"][0]["alignment"] is None
+        response = client.post("/translate", json={"texts": [SENTENCE], "alignment": True})
+        assert response.status_code == 400 and "alignment" in response.json()["error"]
 
 
 def test_the_page_and_the_openapi_docs_are_served(client: TestClient):
@@ -190,7 +341,8 @@ def test_serve_py_listens_and_answers(trained_run: Path):
 def server(translator: Translator):
     uvicorn = pytest.importorskip("uvicorn", reason="the serve extra is not installed")
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(translator), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(translator, attention=translator), host="127.0.0.1", port=port,
+                                           log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -200,6 +352,24 @@ def server(translator: Translator):
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
+
+
+def test_a_huge_body_is_refused_before_it_is_read(server: str):
+    """50 MB announced, a few bytes sent: the 413 comes back at once, without waiting for the rest."""
+    host, port = server.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.putrequest("POST", "/translate")
+        connection.putheader("content-type", "application/json")
+        connection.putheader("content-length", str(50 * 2**20))
+        connection.endheaders(b'{"texts": ["')
+        response = connection.getresponse()
+        assert response.status == 413 and "larger than" in json.loads(response.read())["error"]
+    finally:
+        connection.close()
+    with urllib.request.urlopen(urllib.request.Request(server + "/translate", data=b'{"texts": ["Go."]}',
+                                                       headers={"content-type": "application/json"}), timeout=30) as ok:
+        assert json.load(ok)["translations"][0]["source"] == "Go."
 
 
 def test_the_page_translates_as_you_type_in_a_browser(server: str, tmp_path: Path):

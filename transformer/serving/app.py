@@ -1,27 +1,32 @@
-"""The HTTP face of a loaded torch Translator: `POST /translate` (texts in, translations with their
-n-best scores and, when asked, the cross-attention of the best one out), `GET /health`, and the web
-page at `/`. Requests are pydantic models that refuse unknown fields; every refusal is a 4xx JSON
-`{"error": ...}`. No model loading here (serve.py does it) and no batching across requests: one lock
-runs translations one at a time, because a model and its generator are not thread-safe.
+"""The HTTP face of a translation engine: `POST /translate` (texts in, translations with their n-best
+scores and, when asked, the cross-attention of the best one out), `GET /health`, and the web page at
+`/`. Requests are strict pydantic models that refuse unknown fields and wrong types; every refusal is
+a 4xx JSON `{"error": ...}`, a body above MAX_BODY_BYTES a 413 before it is read. Translation runs on
+one worker thread that batches concurrent requests (batcher.py). No model loading here (serve.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-import threading
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformer.errors import UserError
+from transformer.serving.batcher import Batcher
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
-from transformer.translation.texts import translate_scored
+from transformer.translation.texts import Engine, translate_scored
 from transformer.translation.torch_engine import Translator
 
 log = logging.getLogger(__name__)
@@ -29,11 +34,16 @@ log = logging.getLogger(__name__)
 MAX_TEXTS = 64  # texts in one request
 MAX_CHARS = 1000  # characters in one text
 MAX_BEAM = 16  # the largest beam a request may ask for; n_best is at most the beam
+# The largest valid request is 64 x 1,000 characters, each at most 12 bytes of JSON (an escaped
+# surrogate pair): about 770 KB. A larger body is refused with 413 before it is read.
+MAX_BODY_BYTES = 1 << 20
+BATCH_TEXTS = 256  # the most texts the worker translates in one call (4 full requests)
+BATCH_WINDOW = 0.005  # seconds the worker waits for more requests after the first arrived
 PAGE = Path(__file__).parent / "static" / "index.html"
 
 
 class TranslateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: "2" is not a beam, "yes" not a bool
 
     texts: list[Annotated[str, StringConstraints(max_length=MAX_CHARS)]] = Field(min_length=1, max_length=MAX_TEXTS)
     beam: int | None = Field(default=None, ge=1, le=MAX_BEAM, description="beam size (default: the run's)")
@@ -64,6 +74,15 @@ class TranslateResponse(BaseModel):
     translations: list[Translation]
 
 
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What makes two requests' texts translatable in one call: the batcher groups by it."""
+
+    beam: int
+    n_best: int
+    alignment: bool
+
+
 def alignment_of(attended: AttendedTranslation) -> Alignment:
     """The cross-attention of the last decoder layer, averaged over its heads, rows = output tokens."""
     if attended.attention is None:  # a blank text: the model did not run
@@ -74,6 +93,72 @@ def alignment_of(attended: AttendedTranslation) -> Alignment:
                      pairs=attended.alignment(-1))
 
 
+class Translations:
+    """The batcher's work function: the texts of one group of requests through the text path, with the
+    engine for plain requests and the torch Translator for alignment requests, each at the group's
+    beam (engines at other beams than the run's are made once and kept). Runs on the worker thread only."""
+
+    def __init__(self, engine: Engine, attention: Translator | None) -> None:
+        self.engine, self.attention = engine, attention
+        self._engines: dict[tuple[bool, int], Any] = {}
+
+    def _at_beam(self, alignment: bool, beam: int) -> Any:
+        engine = self.attention if alignment else self.engine
+        if beam == engine.decode.beam_size:
+            return engine
+        key = (alignment, beam)
+        if key not in self._engines:
+            self._engines[key] = dataclasses.replace(engine, decode=dataclasses.replace(engine.decode, beam_size=beam))
+        return self._engines[key]
+
+    def __call__(self, options: DecodeOptions, texts: list[str]) -> list[Translation]:
+        engine = self._at_beam(options.alignment, options.beam)
+        if options.alignment:
+            attended = translate_with_attention(engine, texts, options.n_best, with_scores=True)
+            candidates = [[(a.text, a.log_prob) for a in row] for row in attended]
+            alignments = [alignment_of(row[0]) for row in attended]
+        else:
+            candidates = translate_scored(engine, texts, options.n_best)
+            alignments = [None] * len(texts)
+        return [Translation(source=text, translation=row[0][0], alignment=alignment,
+                            n_best=[Candidate(text=t, score=s) for t, s in row])
+                for text, row, alignment in zip(texts, candidates, alignments)]
+
+
+class BodyLimit:
+    """ASGI middleware: a request body above `limit` bytes gets 413 (as the app's JSON error) without
+    being read: by its Content-Length before any of it, or, sent in chunks, once the bytes read pass
+    the limit (uvicorn stops reading the socket while the app does not ask for more)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            response = JSONResponse(status_code=413, content={"error": self._message()})
+            await response(scope, receive, send)
+            return
+        read = 0
+
+        async def limited() -> Message:
+            nonlocal read
+            message = await receive()
+            read += len(message.get("body", b""))
+            if read > self.limit:
+                # FastAPI re-raises an HTTPException met while reading the body (routing.py).
+                raise HTTPException(status_code=413, detail=self._message())
+            return message
+
+        await self.app(scope, limited, send)
+
+    def _message(self) -> str:
+        return f"the request body is larger than {self.limit:,} bytes"
+
+
 def _message(errors: list[dict]) -> str:
     """The first validation error in one line, e.g. "texts: List should have at most 64 items"."""
     first = errors[0]
@@ -81,13 +166,28 @@ def _message(errors: list[dict]) -> str:
     return f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
 
 
-def create_app(translator: Translator) -> FastAPI:
-    """The app around `translator` (a single model, not an ensemble: attention is one model's)."""
-    if translator.others:
+def create_app(engine: Engine, attention: Translator | None = None, batch_texts: int = BATCH_TEXTS,
+               batch_window: float = BATCH_WINDOW) -> FastAPI:
+    """The app around `engine` (any texts.Engine: torch or CTranslate2) for plain requests, and the
+    torch `attention` Translator for requests with `alignment` (a single model: attention is one
+    model's; without it such requests are refused). `batch_texts` and `batch_window` are the batcher's
+    max_texts and window. The batcher's worker runs from the app's startup to its shutdown; while it
+    runs, `app.state.batcher` is it."""
+    if attention is not None and attention.others:
         raise UserError("serving shows one model's attention: not an ensemble")
-    app = FastAPI(title="English→French Transformer",
+    work = Translations(engine, attention)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.batcher = Batcher(work, max_texts=batch_texts, window=batch_window, name="translate")
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(app.state.batcher.close)
+
+    app = FastAPI(title="English→French Transformer", lifespan=lifespan,
                   description=f"At most {MAX_TEXTS} texts a request, {MAX_CHARS} characters a text.")
-    lock = threading.Lock()
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     page = PAGE.read_text(encoding="utf-8")
 
     @app.exception_handler(RequestValidationError)
@@ -99,38 +199,43 @@ def create_app(translator: Translator) -> FastAPI:
     async def user_error(request: Request, error: UserError) -> JSONResponse:
         return JSONResponse(status_code=400, content={"error": str(error)})
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(status_code=error.status_code, content={"error": str(error.detail)},
+                            headers=getattr(error, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:  # logged by the server too
+        return JSONResponse(status_code=500, content={"error": f"internal error ({type(error).__name__}); "
+                                                               "see the server's log"})
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> str:
         return page
 
     @app.get("/health")
-    def health() -> dict:
-        return {"status": "ok", "checkpoint": str(translator.checkpoint), "beam": translator.decode.beam_size,
-                "max_beam": MAX_BEAM, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS}
+    def health(http: Request) -> dict:
+        served = http.app.state.batcher.served
+        return {"status": "ok", "checkpoint": str(getattr(engine, "checkpoint", None)),
+                "beam": engine.decode.beam_size, "alignment": attention is not None,
+                "max_beam": MAX_BEAM, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS,
+                # translation calls since the start, and the requests and texts they served
+                "batches": dataclasses.asdict(served)}
 
-    # A plain `def`: FastAPI runs it in its thread pool, so the event loop keeps answering while the
-    # lock holds other requests back.
     @app.post("/translate", response_model=TranslateResponse)
-    def translate(request: TranslateRequest) -> TranslateResponse:
-        beam = translator.decode.beam_size if request.beam is None else request.beam
+    async def translate(request: TranslateRequest, http: Request) -> TranslateResponse:
+        beam = engine.decode.beam_size if request.beam is None else request.beam
         if request.n_best > beam:
             raise UserError(f"n_best {request.n_best} needs a beam of at least {request.n_best} (beam is {beam})")
-        with lock:
-            engine = translator if beam == translator.decode.beam_size else dataclasses.replace(
-                translator, decode=dataclasses.replace(translator.decode, beam_size=beam))
-            if request.alignment:
-                attended = translate_with_attention(engine, request.texts, request.n_best, with_scores=True)
-                candidates = [[(a.text, a.log_prob) for a in row] for row in attended]
-                alignments = [alignment_of(row[0]) for row in attended]
-            else:
-                candidates = translate_scored(engine, request.texts, request.n_best)
-                alignments = [None] * len(request.texts)
-        return TranslateResponse(translations=[
-            Translation(source=text, translation=row[0][0], alignment=alignment,
-                        n_best=[Candidate(text=t, score=s) for t, s in row])
-            for text, row, alignment in zip(request.texts, candidates, alignments)])
+        if request.alignment and attention is None:
+            raise UserError("this server translates without the torch engine, which alone gives the "
+                            "cross-attention: ask without alignment")
+        future = http.app.state.batcher.submit(DecodeOptions(beam, request.n_best, request.alignment),
+                                               request.texts)
+        return TranslateResponse(translations=await asyncio.wrap_future(future))
 
     return app
 
 
-__all__ = ["MAX_TEXTS", "MAX_CHARS", "MAX_BEAM", "TranslateRequest", "TranslateResponse", "create_app"]
+__all__ = ["MAX_TEXTS", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "BATCH_TEXTS", "BATCH_WINDOW", "DecodeOptions",
+           "TranslateRequest", "TranslateResponse", "Translations", "BodyLimit", "create_app"]

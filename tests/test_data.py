@@ -417,3 +417,16 @@ def test_no_held_out_sentence_of_the_shipped_csv_is_on_the_same_side_of_train(da
         for held_out in (splits.valid, splits.test):
             assert not seen.intersection(iter_texts(held_out, side))
     assert len(splits.valid) >= config.valid_pairs and len(splits.test) >= config.test_pairs
+
+
+def test_a_run_without_test_pairs_trains_and_writes_no_test_files(tmp_path: Path, tiny_config, datasets_cache: Path):
+    """data.test_pairs: 0 is allowed (e.g. a fine-tuning run scored elsewhere): an empty test split
+    encodes to an empty dataset with the encoded columns, and training goes on."""
+    from conftest import train_tiny_run
+    from transformer.checkpoints.rundir import RunDirectory, read_run_state
+
+    config = dataclasses.replace(tiny_config, data=dataclasses.replace(tiny_config.data, test_pairs=0))
+    run_dir = train_tiny_run(tmp_path / "run", config, datasets_cache)
+    assert read_run_state(run_dir).latest is not None
+    test = RunDirectory(run_dir).read_heldout("test")
+    assert test is None or test[0] == []

@@ -365,6 +365,8 @@ def _fits(src_len: list[int], tgt_len: list[int], limit: int, code_digest: str) 
 
 def _encode(dataset: datasets.Dataset, tokenizers: Tokenizers, name: str) -> datasets.Dataset:
     features = datasets.Features({**dataset.features, **_ENCODED_FEATURES})
+    if len(dataset) == 0:  # map() skips an empty dataset and would leave the new columns out
+        return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
     # Large batches: the Rust tokenizer spreads a batch over all cores, small ones leave them idle.
     # With worker processes (a large corpus), datasets turns that off (TOKENIZERS_PARALLELISM=false)
     # in the forked workers: one thread each, while the workers keep the cores busy.

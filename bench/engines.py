@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from transformer.checkpoints.rundir import RunDirectory  # noqa: E402  (no torch: the children import it)
+from transformer.hardware import cpu_flags, cpu_model  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
 
 ENGINES = ("torch", "ctranslate2")
@@ -110,19 +111,9 @@ def measure(setting: Setting, run: Path, sources: list[str], work: Path, repeats
 
 def cpu_line(threads: int) -> str:
     """The CPU's model name, its flags that matter to the kernels, cores, threads asked for."""
-    model, flags = "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown CPU":
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    present = [flag for flag in CPU_FLAGS if flag in flags] or ["none of " + " ".join(CPU_FLAGS)]
+    present = [flag for flag in CPU_FLAGS if flag in cpu_flags()] or ["none of " + " ".join(CPU_FLAGS)]
     asked = f"--threads {threads}" if threads else "each engine's default threads"
-    return f"{model}; flags: {' '.join(present)}; {os.cpu_count()} logical CPUs; {asked}"
+    return f"{cpu_model()}; flags: {' '.join(present)}; {os.cpu_count()} logical CPUs; {asked}"
 
 
 def commit() -> str:

@@ -38,6 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from transformer.hardware import cpu_flags, cpu_model  # noqa: E402
+
 HOST = "127.0.0.1"
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
@@ -195,16 +199,9 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def cpu_description() -> tuple[str, str]:
-    """The CPU's model name and which of CPU_FLAGS it has, from /proc/cpuinfo (Linux)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "unknown (no /proc/cpuinfo)", "unknown"
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    flags = set(fields.get("flags", "").split())
-    present = [flag for flag in CPU_FLAGS if flag in flags]
-    return fields.get("model name", "unknown"), ", ".join(present) or "none of " + ", ".join(CPU_FLAGS)
+    """The CPU's model name and which of CPU_FLAGS it has (Linux)."""
+    present = [flag for flag in CPU_FLAGS if flag in cpu_flags()]
+    return cpu_model(), ", ".join(present) or "none of " + ", ".join(CPU_FLAGS)
 
 
 def git_commit() -> str:

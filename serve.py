@@ -5,7 +5,9 @@
        -d '{"texts": ["I am cold."], "n_best": 2, "alignment": true}'
 
 Needs the serve extra: pip install -e ".[serve]". The model loads before the server listens: a run
-that cannot be loaded stops here with one error line.
+that cannot be loaded stops here with one error line. Engines as in translate.py: plain requests run
+on CTranslate2 where it imports (--engine auto, exported into the run on first use), requests with
+"alignment" on the torch engine, which alone returns the attention the page draws.
 """
 
 from __future__ import annotations
@@ -28,7 +30,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default: auto)")
     parser.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: one per core)")
+    parser.add_argument("--engine", choices=["auto", "ctranslate2", "torch"], default="auto",
+                        help="the engine of plain requests: auto (default) is CTranslate2 where it is installed, "
+                             "else torch; alignment requests always run on torch")
     return parser.parse_args(argv)
+
+
+def plain_engine(args: argparse.Namespace, checkpoint: Path):
+    """The CTranslate2 translator of `checkpoint` for plain requests, or None for the torch engine (with
+    a log line saying why, when --engine auto had to fall back)."""
+    if args.engine == "torch":
+        return None
+    from transformer.errors import ExportCacheError
+    from transformer.translation.ct2_format import INSTALL_HINT
+
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        if args.engine == "ctranslate2":
+            raise UserError(f"--engine ctranslate2: CTranslate2 is not installed; install it with {INSTALL_HINT}") \
+                from None
+        logging.info("engine: torch (CTranslate2 is not installed; install it with %s)", INSTALL_HINT)
+        return None
+    from transformer.export.run_cache import cached_run_export
+    from transformer.translation.ct2_engine import load_ct2_translator
+
+    try:
+        model_dir = cached_run_export(checkpoint)  # exported on first use, as translate.py does
+    except ExportCacheError as error:
+        if args.engine == "ctranslate2":
+            raise
+        logging.info("engine: torch (%s)", error)
+        return None
+    logging.info("engine: CTranslate2 for plain requests, torch for alignment requests")
+    return load_ct2_translator(model_dir, checkpoint, device=args.device, threads=args.threads, device_key="--device")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--threads must be 0 (the default) or more, got {args.threads}")
         set_threads(args.threads)
         translator = load_translator(args.run, args.checkpoint, select_device(args.device, key="--device"))
-        app = create_app(translator, attention=translator)  # the torch engine also gives the attention
+        engine = plain_engine(args, translator.checkpoint)
+        app = create_app(engine or translator, attention=translator)  # only the torch engine gives attention
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
+import importlib.util
 import json
+import logging
 import os
 import shutil
 import socket
@@ -25,6 +27,7 @@ fastapi = pytest.importorskip("fastapi", reason="the serve extra is not installe
 from fastapi.testclient import TestClient  # noqa: E402
 
 from conftest import train_tiny_run  # noqa: E402
+from transformer.checkpoints.rundir import find_checkpoint  # noqa: E402
 from transformer.config import Config  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
 from transformer.serving.batcher import BatchRecord  # noqa: E402
@@ -66,6 +69,7 @@ def translate(client: TestClient, **body) -> dict:
 def test_health(client: TestClient, trained_run: Path):
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["beam"] == 2 and health["alignment"] is True
+    assert health["engine"] == "torch"
     assert health["checkpoint"].startswith(str(trained_run))
     assert (health["max_texts"], health["max_chars"]) == (MAX_TEXTS, MAX_CHARS)
     assert set(health["batches"]) == {"calls", "requests", "texts"}
@@ -315,7 +319,7 @@ def test_serve_py_listens_and_answers(trained_run: Path):
     process = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--run", str(trained_run), "--device", "cpu",
                                 "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 45
+        deadline = time.monotonic() + 120  # loads torch, then exports the run for CTranslate2
         while True:
             assert process.poll() is None, process.stderr.read().decode()
             try:
@@ -329,9 +333,29 @@ def test_serve_py_listens_and_answers(trained_run: Path):
                                          headers={"content-type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as response:
             assert json.load(response)["translations"][0]["source"] == "Go."
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            expected = "ctranslate2" if importlib.util.find_spec("ctranslate2") else "torch"
+            assert json.load(response)["engine"] == expected  # the default engine, as translate.py's
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/translate",
+                                         data=b'{"texts": ["Go."], "alignment": true}',
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:  # alignment: the torch engine beside it
+            assert json.load(response)["translations"][0]["alignment"]["weights"]
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+def test_serve_without_ctranslate2_falls_back_to_torch_with_one_line(trained_run: Path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 now raises ImportError
+    args = serve_cli.parse_args(["--run", str(trained_run)])
+    with caplog.at_level(logging.INFO):
+        assert serve_cli.plain_engine(args, find_checkpoint(trained_run)) is None
+    assert [r.getMessage() for r in caplog.records if "engine" in r.getMessage()] == [
+        "engine: torch (CTranslate2 is not installed; install it with pip install ctranslate2)"]
+    args = serve_cli.parse_args(["--run", str(trained_run), "--engine", "ctranslate2"])
+    with pytest.raises(UserError, match="--engine ctranslate2: CTranslate2 is not installed"):
+        serve_cli.plain_engine(args, find_checkpoint(trained_run))
 
 
 # --------------------------------------------------------------------------- the page in a real browser

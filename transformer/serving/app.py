@@ -217,6 +217,7 @@ def create_app(engine: Engine, attention: Translator | None = None, batch_texts:
     def health(http: Request) -> dict:
         served = http.app.state.batcher.served
         return {"status": "ok", "checkpoint": str(getattr(engine, "checkpoint", None)),
+                "engine": "torch" if isinstance(engine, Translator) else "ctranslate2",
                 "beam": engine.decode.beam_size, "alignment": attention is not None,
                 "max_beam": MAX_BEAM, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS,
                 # translation calls since the start, and the requests and texts they served

@@ -108,6 +108,7 @@ def start_server(args: argparse.Namespace, port: int, log_file) -> tuple[subproc
     """serve.py as a child process, and the seconds until /health answered."""
     command = [sys.executable, str(ROOT / "serve.py"), "--run", str(args.run), "--port", str(port),
                "--device", args.device, "--threads", str(args.threads)]
+    command += [] if args.engine is None else ["--engine", args.engine]
     start = time.perf_counter()
     process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
     while True:
@@ -228,7 +229,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, metavar="N",
                         help="CPU threads of serve.py and translate.py (default: one per core)")
     parser.add_argument("--engine", choices=["torch", "ctranslate2"],
-                        help="translate.py's --engine (default: translate.py's default)")
+                        help="the engine of serve.py's plain requests and of translate.py (default: theirs, "
+                             "CTranslate2 where it imports)")
     args = parser.parse_args()
     if any(n < 1 for n in args.clients) or any(not 1 <= k <= 64 for k in args.per_request):
         parser.error("--clients must be 1 or more, --per-request between 1 and 64")
@@ -257,7 +259,7 @@ def main() -> None:
     print(f"CPU: {cpu} ({os.cpu_count()} logical cores; flags: {flags})  ")
     print(f"commit {git_commit()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  ")
     print(f"`{shlex.join(['python', *sys.argv])}`  ")
-    print(f"{len(sentences)} test sentences of {args.run}, beam {health['beam']} (served: {health['checkpoint']}); "
+    print(f"{len(sentences)} test sentences of {args.run}, beam {health['beam']} (served by {health['engine']}: {health['checkpoint']}); "
           f"serve.py answered /health {startup:.1f} s after its start\n")
     print("| | clients | sentences / request | sentences/s | p50 latency (ms) | p99 latency (ms) | requests per call |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -31,14 +31,14 @@ sys.path.insert(0, str(ROOT))
 from transformer.checkpoints.files import read_meta  # noqa: E402
 from transformer.translation.torch_engine import load_translator, translate  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
-from transformer.checkpoints.rundir import find_checkpoint, read_run_state  # noqa: E402
-from transformer.data.text import read_lines  # noqa: E402
+from transformer.checkpoints.rundir import RunDirectory, find_checkpoint, read_run_state  # noqa: E402
 
 
 def heldout(run: Path, split: str) -> tuple[list[str], list[list[str]]]:
-    sources = read_lines(run / "heldout" / f"{split}.en", "held-out file")
-    streams = [read_lines(path, "held-out file") for path in sorted((run / "heldout").glob(f"{split}.fr.*"))]
-    return sources, [[stream[i] for stream in streams if stream[i]] for i in range(len(sources))]
+    found = RunDirectory(run).read_heldout(split)
+    if found is None:
+        sys.exit(f"error: {run}: no held-out {split} files")
+    return found
 
 
 def scores(translator, sources, references, beam: int, alpha: float | None = None) -> str:

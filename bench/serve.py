@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
 from transformer.hardware import cpu_flags, cpu_model  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -65,15 +66,12 @@ class Pass:
 
 
 def read_sources(run: Path, limit: int) -> list[str]:
-    """The run's held-out test sources (the suffix is the source language code); the first `limit`."""
-    sources = [path for path in (run / "heldout").glob("test.*") if path.name.count(".") == 1]  # not test.fr.N
-    if len(sources) != 1:
-        sys.exit(f"error: expected one held-out source file {run}/heldout/test.<language>, found "
-                 f"{sorted(p.name for p in sources) or 'none'}")
-    lines = [line for line in sources[0].read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The run's held-out test sources, blank lines left out; the first `limit`."""
+    found = RunDirectory(run).read_heldout("test")
+    lines = [line for line in (found[0] if found else []) if line.strip()]
     lines = lines[:limit] if limit else lines
     if not lines:
-        sys.exit(f"error: {sources[0]} holds no sentence")
+        sys.exit(f"error: {run}: no held-out test sentences (heldout/test.*)")
     return lines
 
 

@@ -7,7 +7,8 @@
 Needs the serve extra: pip install -e ".[serve]". The model loads before the server listens: a run
 that cannot be loaded stops here with one error line. Engines as in translate.py: plain requests run
 on CTranslate2 where it imports (--engine auto, exported into the run on first use), requests with
-"alignment" on the torch engine, which alone returns the attention the page draws.
+"alignment" or "sampling" on the torch engine, which alone returns the attention the page draws and
+draws the same samples for the same seed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: one per core)")
     parser.add_argument("--engine", choices=["auto", "ctranslate2", "torch"], default="auto",
                         help="the engine of plain requests: auto (default) is CTranslate2 where it is installed, "
-                             "else torch; alignment requests always run on torch")
+                             "else torch; alignment and sampling requests always run on torch")
     return parser.parse_args(argv)
 
 
@@ -62,13 +63,28 @@ def plain_engine(args: argparse.Namespace, checkpoint: Path):
             raise
         logging.info("engine: torch (%s)", error)
         return None
-    logging.info("engine: CTranslate2 for plain requests, torch for alignment requests")
+    logging.info("engine: CTranslate2 for plain requests, torch for alignment and sampling requests")
     return load_ct2_translator(model_dir, checkpoint, device=args.device, threads=args.threads, device_key="--device")
+
+
+def import_ctranslate2_before_torch() -> None:
+    """Import CTranslate2 before anything imports torch. Both wheels bundle an OpenMP runtime (libgomp);
+    imported after torch, CTranslate2's library binds to torch's copy, and with both engines' thread
+    pools counted by one runtime there are more OpenMP threads than cores, so libgomp stops spinning and
+    sleeps at every barrier: CTranslate2 then runs several times slower whenever the torch engine
+    has run once (`python bench/one_process.py` measures both orders). Imported first, each engine
+    keeps its own runtime."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        pass  # plain_engine() says what that means
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.INFO)
+    if args.engine != "torch":
+        import_ctranslate2_before_torch()
     try:
         try:
             import uvicorn
@@ -85,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         set_threads(args.threads)
         translator = load_translator(args.run, args.checkpoint, select_device(args.device, key="--device"))
         engine = plain_engine(args, translator.checkpoint)
-        app = create_app(engine or translator, attention=translator)  # only the torch engine gives attention
+        app = create_app(engine or translator, torch_engine=translator)  # attention and seeded samples: torch
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ from transformer.errors import UserError  # noqa: E402
 from transformer.serving.batcher import BatchRecord  # noqa: E402
 from transformer.serving.app import MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, create_app  # noqa: E402
 from transformer.translation.attention import translate_with_attention  # noqa: E402
-from transformer.translation.texts import translate_scored  # noqa: E402
+from transformer.translation.texts import Sampling, translate_scored  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def translator(trained_run: Path) -> Translator:
 
 @pytest.fixture(scope="module")
 def client(translator: Translator) -> TestClient:
-    with TestClient(create_app(translator, attention=translator)) as client:
+    with TestClient(create_app(translator, torch_engine=translator)) as client:
         yield client
 
 
@@ -130,6 +130,11 @@ BAD_REQUESTS = {
     "a chunked body over the limit": dict(content=iter([b" " * 2**16] * (MAX_BODY_BYTES // 2**16 + 1)),
                                           headers={"content-type": "application/json"}),
     "an unknown path": dict(url="/translations", json={"texts": ["Hi."]}),
+    "prefixes not one per text": dict(json={"texts": ["Hi.", "Go."], "prefixes": ["Sal"]}),
+    "sampling with a beam": dict(json={"texts": ["Hi."], "beam": 2, "sampling": {}}),
+    "sampling top_p 0": dict(json={"texts": ["Hi."], "sampling": {"top_p": 0}}),
+    "an unknown sampling option": dict(json={"texts": ["Hi."], "sampling": {"top_q": 0.5}}),
+    "a negative seed": dict(json={"texts": ["Hi."], "sampling": {"seed": -1}}),
 }
 
 
@@ -138,7 +143,7 @@ def test_a_bad_request_is_a_4xx_json_message_and_the_server_goes_on(client: Test
     response = client.post(**{"url": "/translate", **BAD_REQUESTS[name]})
     assert 400 <= response.status_code < 500
     assert response.status_code == (413 if "limit" in name else 404 if "path" in name
-                                    else 400 if name == "n_best above the beam" else 422)
+                                    else 400 if name in ("n_best above the beam", "sampling with a beam") else 422)
     assert response.headers["content-type"] == "application/json"
     message = response.json()["error"]
     assert message and "Traceback" not in response.text
@@ -160,6 +165,56 @@ def test_concurrent_requests_all_get_their_answers(client: TestClient, translato
     for thread in threads:
         thread.join()
     assert answers == [expected] * 4
+
+
+def test_prefixes_start_the_translations_as_the_text_path_does(client: TestClient, translator: Translator):
+    texts, prefixes = [SENTENCE, "Go.", "Where is the station?"], ["Je", "", "Où"]
+    result = translate(client, texts=texts, prefixes=prefixes, n_best=2)["translations"]
+    expected = translate_scored(translator, texts, 2, prefixes)
+    assert [[c["text"] for c in t["n_best"]] for t in result] == [[text for text, _ in row] for row in expected]
+    assert result[0]["translation"].startswith("Je") and result[2]["translation"].startswith("Où")
+    assert result[1]["translation"] == translate(client, texts=["Go."])["translations"][0]["translation"]
+    aligned = translate(client, texts=texts[:1], prefixes=prefixes[:1], alignment=True)["translations"][0]
+    assert aligned["translation"] == result[0]["translation"] and aligned["alignment"]["weights"]
+
+
+def sampled(client: TestClient, **sampling) -> list[str]:
+    result = translate(client, texts=[SENTENCE], n_best=3, sampling=sampling)["translations"][0]
+    return [c["text"] for c in result["n_best"]]
+
+
+def test_sampling_draws_n_best_samples_and_a_seed_reproduces_them(client: TestClient, translator: Translator):
+    first = sampled(client, seed=3, temperature=1.5)
+    assert len(first) == 3  # n_best samples, above the served beam of 2
+    assert sampled(client, seed=3, temperature=1.5) == first
+    alone_ = dataclasses.replace(translator, sampling=Sampling(seed=3, temperature=1.5))
+    assert alone_.translate([SENTENCE], n_best=3)[0] == first  # what translate.py --sample --seed 3 draws
+    greedy = dataclasses.replace(translator, decode=dataclasses.replace(translator.decode, beam_size=1))
+    assert sampled(client, top_k=1, seed=5) == greedy.translate([SENTENCE])[0] * 3
+
+
+def test_concurrent_sampling_requests_each_draw_what_they_would_alone(trained_run: Path, translator: Translator):
+    pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
+    from transformer.export.run_cache import ctranslate2_model
+    from transformer.translation.ct2_engine import load_ct2_translator
+
+    engine = load_ct2_translator(*ctranslate2_model(trained_run, None), device="cpu")  # as serve.py's default
+    answers: dict[int, list[str]] = {}
+    with TestClient(create_app(engine, torch_engine=translator, batch_window=0.5)) as client:
+        alone_ = {seed: sampled(client, seed=seed, temperature=1.5) for seed in (1, 2)}
+
+        def send(i: int) -> None:
+            answers[i] = sampled(client, seed=1 + i % 2, temperature=1.5)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert all(batch.requests == 1 for batch in client.app.state.batcher.batches)
+    assert answers == {i: alone_[1 + i % 2] for i in range(4)}
+    torch_samples = dataclasses.replace(translator, sampling=Sampling(seed=1, temperature=1.5))
+    assert alone_[1] == torch_samples.translate([SENTENCE], n_best=3)[0]  # drawn by the torch engine
 
 
 TOGETHER = ["I'm cold.", "Where is the station?", "Go.", "", "The heart has its reasons.", "Tom is here."]
@@ -202,7 +257,7 @@ def test_concurrent_requests_are_batched_and_each_gets_what_it_gets_alone(transl
                 for text in TOGETHER for beam, n_best in ((1, 1), (2, 2)) for alignment in (False, True)]
     requests.append(dict(texts=TOGETHER, beam=2, n_best=2, alignment=False))  # several texts in one request
     answers: dict[int, dict] = {}
-    with TestClient(create_app(translator, attention=translator, batch_window=1.0)) as client:
+    with TestClient(create_app(translator, torch_engine=translator, batch_window=1.0)) as client:
         def send(i: int) -> None:
             answers[i] = translate(client, **requests[i])
 
@@ -235,7 +290,7 @@ def test_an_error_in_one_batched_request_reaches_only_that_request(translator: T
                                      for f in dataclasses.fields(Translator) if f.init})
     long = "The heart has its reasons that reason does not know, and the station is far away."
     responses: dict[str, object] = {}
-    with TestClient(create_app(refusing, attention=translator, batch_window=1.0)) as client:
+    with TestClient(create_app(refusing, torch_engine=translator, batch_window=1.0)) as client:
         def send(text: str) -> None:
             responses[text] = client.post("/translate", json={"texts": [text]})
 
@@ -253,7 +308,7 @@ def test_an_error_in_one_batched_request_reaches_only_that_request(translator: T
 
 
 def test_shutdown_stops_the_worker(translator: Translator):
-    app = create_app(translator, attention=translator)
+    app = create_app(translator, torch_engine=translator)
     with TestClient(app) as client:
         translate(client, texts=[SENTENCE])
         worker = app.state.batcher._thread
@@ -271,7 +326,7 @@ def test_a_ctranslate2_engine_serves_batched_requests_and_the_torch_one_the_atte
     requests = [dict(texts=[text], beam=beam) for text in TOGETHER for beam in (1, 2)]
     requests.append(dict(texts=[SENTENCE], alignment=True))
     answers: dict[int, dict] = {}
-    with TestClient(create_app(engine, attention=translator, batch_window=1.0)) as client:
+    with TestClient(create_app(engine, torch_engine=translator, batch_window=1.0)) as client:
         def send(i: int) -> None:
             answers[i] = translate(client, **requests[i])["translations"][0]
 
@@ -346,6 +401,24 @@ def test_serve_py_listens_and_answers(trained_run: Path):
         process.wait(timeout=15)
 
 
+def test_serve_py_keeps_ctranslate2_on_its_own_openmp_runtime(trained_run: Path):
+    """Imported after torch, CTranslate2's library binds to torch's libgomp and runs several times slower
+    once the torch engine has run (serve.import_ctranslate2_before_torch). The dynamic linker reports
+    where each symbol went (glibc's LD_DEBUG); LD_BIND_NOW binds them all while serve.py loads."""
+    pytest.importorskip("ctranslate2", reason="CTranslate2 is not installed")
+    code = ("import sys, uvicorn, serve\n"
+            "uvicorn.run = lambda app, **kwargs: None\n"
+            f"sys.exit(serve.main(['--run', {str(trained_run)!r}, '--device', 'cpu']))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "LD_DEBUG": "bindings", "LD_BIND_NOW": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    bindings = [line for line in result.stderr.splitlines()
+                if "libctranslate2" in line.split(" to ")[0] and "`GOMP_parallel'" in line]
+    if not bindings:
+        pytest.skip("no libgomp binding of CTranslate2 reported here (not glibc, or a wheel without OpenMP)")
+    assert all("/torch/" not in line.split(" to ")[1] for line in bindings), bindings
+
+
 def test_serve_without_ctranslate2_falls_back_to_torch_with_one_line(trained_run: Path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 now raises ImportError
     args = serve_cli.parse_args(["--run", str(trained_run)])
@@ -365,7 +438,7 @@ def test_serve_without_ctranslate2_falls_back_to_torch_with_one_line(trained_run
 def server(translator: Translator):
     uvicorn = pytest.importorskip("uvicorn", reason="the serve extra is not installed")
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(translator, attention=translator), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(create_app(translator, torch_engine=translator), host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

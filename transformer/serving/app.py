@@ -1,6 +1,6 @@
 """The HTTP face of a translation engine: `POST /translate` (texts in, translations with their n-best
-scores and, when asked, the cross-attention of the best one out), `GET /health`, and the web page at
-`/`. Requests are strict pydantic models that refuse unknown fields and wrong types; every refusal is
+scores out; beam, target prefixes and seeded sampling as translate.py's, and, when asked, the
+cross-attention of the best one), `GET /health`, and the web page at `/`. Requests are strict pydantic models that refuse unknown fields and wrong types; every refusal is
 a 4xx JSON `{"error": ...}`, a body above MAX_BODY_BYTES a 413 before it is read. Translation runs on
 one worker thread that batches concurrent requests (batcher.py). No model loading here (serve.py).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,14 +20,14 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformer.errors import UserError
 from transformer.serving.batcher import Batcher
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
-from transformer.translation.texts import Engine, translate_scored
+from transformer.translation.texts import Engine, Sampling, translate_scored
 from transformer.translation.torch_engine import Translator
 
 log = logging.getLogger(__name__)
@@ -34,21 +35,49 @@ log = logging.getLogger(__name__)
 MAX_TEXTS = 64  # texts in one request
 MAX_CHARS = 1000  # characters in one text
 MAX_BEAM = 16  # the largest beam a request may ask for; n_best is at most the beam
-# The largest valid request is 64 x 1,000 characters, each at most 12 bytes of JSON (an escaped
-# surrogate pair): about 770 KB. A larger body is refused with 413 before it is read.
-MAX_BODY_BYTES = 1 << 20
+# The largest valid request is 64 texts and 64 prefixes of 1,000 characters, each character at most
+# 12 bytes of JSON (an escaped surrogate pair): about 1.5 MB. A larger body is refused with 413
+# before it is read.
+MAX_BODY_BYTES = 2 << 20
 BATCH_TEXTS = 256  # the most texts the worker translates in one call (4 full requests)
 BATCH_WINDOW = 0.005  # seconds the worker waits for more requests after the first arrived
 PAGE = Path(__file__).parent / "static" / "index.html"
 
 
+Text = Annotated[str, StringConstraints(max_length=MAX_CHARS)]
+
+
+class SamplingRequest(BaseModel):
+    """translate.py's --sample, --top-k, --top-p, --temperature and --seed."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    top_k: int = Field(default=0, ge=0, description="sample among the k most probable tokens (0: all)")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="nucleus: the fewest most probable tokens "
+                                                               "whose probabilities sum to p")
+    temperature: float = Field(default=1.0, gt=0)
+    seed: int = Field(default=0, ge=0, lt=2**63, description="the same request with the same seed draws "
+                                                              "the same samples")
+
+
 class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # strict: "2" is not a beam, "yes" not a bool
 
-    texts: list[Annotated[str, StringConstraints(max_length=MAX_CHARS)]] = Field(min_length=1, max_length=MAX_TEXTS)
+    texts: list[Text] = Field(min_length=1, max_length=MAX_TEXTS)
     beam: int | None = Field(default=None, ge=1, le=MAX_BEAM, description="beam size (default: the run's)")
-    n_best: int = Field(default=1, ge=1, le=MAX_BEAM, description="candidates per text, at most the beam")
+    n_best: int = Field(default=1, ge=1, le=MAX_BEAM,
+                        description="candidates per text: at most the beam, or that many samples")
+    prefixes: list[Text] | None = Field(default=None, description="one per text: its translations start "
+                                                                  "with it (\"\" for none)")
+    sampling: SamplingRequest | None = Field(default=None, description="draw each token at random instead "
+                                                                       "of searching")
     alignment: bool = Field(default=False, description="the best translation's cross-attention")
+
+    @model_validator(mode="after")
+    def _one_prefix_per_text(self) -> "TranslateRequest":
+        if self.prefixes is not None and len(self.prefixes) != len(self.texts):
+            raise ValueError(f"prefixes: one per text, got {len(self.prefixes)} for {len(self.texts)} texts")
+        return self
 
 
 class Candidate(BaseModel):
@@ -76,11 +105,15 @@ class TranslateResponse(BaseModel):
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """What makes two requests' texts translatable in one call: the batcher groups by it."""
+    """What makes two requests' texts translatable in one call: the batcher groups by it. `alone`
+    differs between requests that must not share a call: a seeded sampling request draws what it
+    would alone only when its texts are the whole call."""
 
     beam: int
     n_best: int
     alignment: bool
+    sampling: Sampling | None = None
+    alone: int = 0
 
 
 def alignment_of(attended: AttendedTranslation) -> Alignment:
@@ -94,31 +127,39 @@ def alignment_of(attended: AttendedTranslation) -> Alignment:
 
 
 class Translations:
-    """The batcher's work function: the texts of one group of requests through the text path, with the
-    engine for plain requests and the torch Translator for alignment requests, each at the group's
-    beam (engines at other beams than the run's are made once and kept). Runs on the worker thread only."""
+    """The batcher's work function: the (text, prefix) pairs of one group of requests through the text
+    path. Plain requests run on `engine`; those with alignment or sampling on the torch Translator,
+    which alone gives attention and reseeds exactly per call (CTranslate2's random generator, once
+    used, ignores a new seed). Engines at other beams than the run's are made once and kept. Runs on
+    the worker thread only."""
 
-    def __init__(self, engine: Engine, attention: Translator | None) -> None:
-        self.engine, self.attention = engine, attention
+    def __init__(self, engine: Engine, torch_engine: Translator | None) -> None:
+        self.engine, self.torch_engine = engine, torch_engine
         self._engines: dict[tuple[bool, int], Any] = {}
 
-    def _at_beam(self, alignment: bool, beam: int) -> Any:
-        engine = self.attention if alignment else self.engine
-        if beam == engine.decode.beam_size:
+    def _engine_for(self, options: DecodeOptions) -> Any:
+        on_torch = options.alignment or options.sampling is not None
+        engine = self.torch_engine if on_torch else self.engine
+        if options.sampling is not None:  # a new Translator: a new generator, seeded with the request's seed
+            return dataclasses.replace(engine, sampling=options.sampling)
+        if options.beam == engine.decode.beam_size:
             return engine
-        key = (alignment, beam)
+        key = (on_torch, options.beam)
         if key not in self._engines:
-            self._engines[key] = dataclasses.replace(engine, decode=dataclasses.replace(engine.decode, beam_size=beam))
+            self._engines[key] = dataclasses.replace(engine, decode=dataclasses.replace(engine.decode,
+                                                                                        beam_size=options.beam))
         return self._engines[key]
 
-    def __call__(self, options: DecodeOptions, texts: list[str]) -> list[Translation]:
-        engine = self._at_beam(options.alignment, options.beam)
+    def __call__(self, options: DecodeOptions, items: list[tuple[str, str]]) -> list[Translation]:
+        engine = self._engine_for(options)
+        texts = [text for text, _ in items]
+        prefixes = [prefix for _, prefix in items] if any(prefix for _, prefix in items) else None
         if options.alignment:
-            attended = translate_with_attention(engine, texts, options.n_best, with_scores=True)
+            attended = translate_with_attention(engine, texts, options.n_best, prefixes=prefixes, with_scores=True)
             candidates = [[(a.text, a.log_prob) for a in row] for row in attended]
             alignments = [alignment_of(row[0]) for row in attended]
         else:
-            candidates = translate_scored(engine, texts, options.n_best)
+            candidates = translate_scored(engine, texts, options.n_best, prefixes)
             alignments = [None] * len(texts)
         return [Translation(source=text, translation=row[0][0], alignment=alignment,
                             n_best=[Candidate(text=t, score=s) for t, s in row])
@@ -166,16 +207,17 @@ def _message(errors: list[dict]) -> str:
     return f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
 
 
-def create_app(engine: Engine, attention: Translator | None = None, batch_texts: int = BATCH_TEXTS,
+def create_app(engine: Engine, torch_engine: Translator | None = None, batch_texts: int = BATCH_TEXTS,
                batch_window: float = BATCH_WINDOW) -> FastAPI:
     """The app around `engine` (any texts.Engine: torch or CTranslate2) for plain requests, and the
-    torch `attention` Translator for requests with `alignment` (a single model: attention is one
-    model's; without it such requests are refused). `batch_texts` and `batch_window` are the batcher's
-    max_texts and window. The batcher's worker runs from the app's startup to its shutdown; while it
-    runs, `app.state.batcher` is it."""
-    if attention is not None and attention.others:
+    `torch_engine` Translator for requests with `alignment` or `sampling` (a single model: attention
+    is one model's; without it such requests are refused). `batch_texts` and `batch_window` are the
+    batcher's max_texts and window. The batcher's worker runs from the app's startup to its shutdown;
+    while it runs, `app.state.batcher` is it."""
+    if torch_engine is not None and torch_engine.others:
         raise UserError("serving shows one model's attention: not an ensemble")
-    work = Translations(engine, attention)
+    work = Translations(engine, torch_engine)
+    requests = itertools.count(1)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -218,7 +260,7 @@ def create_app(engine: Engine, attention: Translator | None = None, batch_texts:
         served = http.app.state.batcher.served
         return {"status": "ok", "checkpoint": str(getattr(engine, "checkpoint", None)),
                 "engine": "torch" if isinstance(engine, Translator) else "ctranslate2",
-                "beam": engine.decode.beam_size, "alignment": attention is not None,
+                "beam": engine.decode.beam_size, "alignment": torch_engine is not None,
                 "max_beam": MAX_BEAM, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS,
                 # translation calls since the start, and the requests and texts they served
                 "batches": dataclasses.asdict(served)}
@@ -226,13 +268,20 @@ def create_app(engine: Engine, attention: Translator | None = None, batch_texts:
     @app.post("/translate", response_model=TranslateResponse)
     async def translate(request: TranslateRequest, http: Request) -> TranslateResponse:
         beam = engine.decode.beam_size if request.beam is None else request.beam
-        if request.n_best > beam:
+        sampling = None
+        if request.sampling is not None:
+            if request.beam is not None:
+                raise UserError("sampling draws each token at random instead of searching: leave out beam")
+            sampling = Sampling(**request.sampling.model_dump())
+        elif request.n_best > beam:
             raise UserError(f"n_best {request.n_best} needs a beam of at least {request.n_best} (beam is {beam})")
-        if request.alignment and attention is None:
+        if (request.alignment or sampling) and torch_engine is None:
             raise UserError("this server translates without the torch engine, which alone gives the "
-                            "cross-attention: ask without alignment")
-        future = http.app.state.batcher.submit(DecodeOptions(beam, request.n_best, request.alignment),
-                                               request.texts)
+                            "cross-attention and seeded samples: ask without alignment and sampling")
+        options = DecodeOptions(beam, request.n_best, request.alignment, sampling,
+                                alone=next(requests) if sampling else 0)
+        prefixes = request.prefixes or [""] * len(request.texts)
+        future = http.app.state.batcher.submit(options, list(zip(request.texts, prefixes)))
         return TranslateResponse(translations=await asyncio.wrap_future(future))
 
     return app

@@ -49,7 +49,9 @@ class _Request(Generic[Options, Result]):
 
 
 class Batcher(Generic[Options, Result]):
-    """Runs `work(options, texts) -> one result per text` on one worker thread, for many callers.
+    """Runs `work(options, texts) -> one result per text` on one worker thread, for many callers. A
+    "text" is whatever the work function takes (app.py: a text and its target prefix); the batcher
+    only counts them.
 
     Why one thread: a model and its caches are not thread-safe, and a batch of sentences costs far
     less than the same sentences one at a time. `window` (seconds): how long after the oldest waiting

@@ -33,6 +33,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+try:  # before torch, so that CTranslate2 keeps its own OpenMP runtime (bench/one_process.py)
+    import ctranslate2  # noqa: E402, F401
+except ImportError:
+    pass
 import torch  # noqa: E402
 
 from transformer.translation.torch_engine import load_translator, translate  # noqa: E402

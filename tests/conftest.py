@@ -71,6 +71,14 @@ TINY_PAIRS: list[tuple[str, str]] = [
 SOURCE_COLUMN, TARGET_COLUMN = "English words/sentences", "French words/sentences"
 
 
+def ctranslate2_openmp_targets(ld_debug: str) -> list[str]:
+    """From glibc's LD_DEBUG=bindings report (stderr of a process run with it and LD_BIND_NOW=1): the
+    library each of CTranslate2's GOMP_parallel references was bound to. Empty where nothing is
+    reported (not glibc, or a CTranslate2 build without OpenMP)."""
+    return [line.split(" to ", 1)[1].split(" [", 1)[0] for line in ld_debug.splitlines()
+            if " to " in line and "libctranslate2" in line.split(" to ", 1)[0] and "`GOMP_parallel'" in line]
+
+
 def write_csv(path: Path, rows: list[tuple[str, str]], header: tuple[str, str] = (SOURCE_COLUMN, TARGET_COLUMN)) -> Path:
     """Write an RFC 4180 CSV (quotes where needed) in UTF-8, like data/eng_-french.csv."""
     with path.open("w", encoding="utf-8", newline="") as handle:

@@ -6,14 +6,16 @@ Greedy output is the torch engine's, so the default changes no greedy translatio
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import train_tiny_run
+from conftest import ctranslate2_openmp_targets, train_tiny_run
 from test_cli import user_error
 from test_ct2_engine import EXTRA
 from transformer.config import Config
@@ -132,6 +134,23 @@ def test_a_run_whose_export_cannot_be_written_falls_back_to_torch(trained_run: P
     assert translate_cli.main(["--run", str(run_dir), "--engine", "ctranslate2", "I'm cold."]) == 2  # as asked
     assert user_error(capsys).startswith(f"cannot write the CTranslate2 export {run_dir / EXPORTS_DIR}/")
     assert not (run_dir / EXPORTS_DIR).exists()  # nothing left behind
+
+
+def test_the_first_translation_of_a_run_keeps_ctranslate2_on_its_own_openmp_runtime(trained_run: Path,
+                                                                                     tmp_path: Path):
+    """The first call exports the run, which needs torch; CTranslate2 is imported before it, else it
+    binds to torch's libgomp and runs several times slower (bench/one_process.py)."""
+    run_dir = Path(shutil.copytree(trained_run, tmp_path / "run", symlinks=True,
+                                   ignore=shutil.ignore_patterns(EXPORTS_DIR)))
+    result = subprocess.run([sys.executable, str(ROOT / "translate.py"), "--run", str(run_dir), "I'm cold."],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "LD_DEBUG": "bindings", "LD_BIND_NOW": "1"})
+    assert result.returncode == 0 and result.stdout.strip(), result.stderr[-2000:]
+    assert (run_dir / EXPORTS_DIR).is_dir()  # this call exported the run
+    targets = ctranslate2_openmp_targets(result.stderr)
+    if not targets:
+        pytest.skip("no libgomp binding of CTranslate2 reported here (not glibc, or a wheel without OpenMP)")
+    assert not any("/torch/" in target for target in targets), targets
 
 
 def test_an_export_given_as_checkpoint_runs_on_ctranslate2(trained_run: Path, tmp_path: Path, capsys, engines):

@@ -26,7 +26,7 @@ import pytest
 fastapi = pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e \".[serve]\"")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from conftest import train_tiny_run  # noqa: E402
+from conftest import ctranslate2_openmp_targets, train_tiny_run  # noqa: E402
 from transformer.checkpoints.rundir import find_checkpoint  # noqa: E402
 from transformer.config import Config  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
@@ -412,11 +412,10 @@ def test_serve_py_keeps_ctranslate2_on_its_own_openmp_runtime(trained_run: Path)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "LD_DEBUG": "bindings", "LD_BIND_NOW": "1"})
     assert result.returncode == 0, result.stderr[-2000:]
-    bindings = [line for line in result.stderr.splitlines()
-                if "libctranslate2" in line.split(" to ")[0] and "`GOMP_parallel'" in line]
-    if not bindings:
+    targets = ctranslate2_openmp_targets(result.stderr)
+    if not targets:
         pytest.skip("no libgomp binding of CTranslate2 reported here (not glibc, or a wheel without OpenMP)")
-    assert all("/torch/" not in line.split(" to ")[1] for line in bindings), bindings
+    assert not any("/torch/" in target for target in targets), targets
 
 
 def test_serve_without_ctranslate2_falls_back_to_torch_with_one_line(trained_run: Path, monkeypatch, caplog):

@@ -9,7 +9,8 @@ import logging
 from pathlib import Path
 
 from transformer.checkpoints.rundir import RunDirectory, find_checkpoint, run_dir_of
-from transformer.translation.ct2_format import cached_export_dir, is_current_export, read_export_info
+from transformer.translation.ct2_format import (cached_export_dir, import_ctranslate2, is_current_export,
+                                                read_export_info)
 
 log = logging.getLogger(__name__)
 
@@ -19,9 +20,11 @@ def cached_run_export(checkpoint: Path) -> Path:
     missing or of other weights. Written beside and renamed into place, so a reader sees all of it."""
     directory, digest = cached_export_dir(checkpoint)
     if not is_current_export(directory, digest):
-        from transformer.export.ctranslate2 import import_ctranslate2, write_export_files  # torch: only to write it
+        # The clearest error first, and before torch: imported after it, CTranslate2 would run on torch's
+        # OpenMP runtime, several times slower (bench/one_process.py).
+        import_ctranslate2()
+        from transformer.export.ctranslate2 import write_export_files  # torch: only to write it
 
-        import_ctranslate2()  # the clearest error first
         log.info("exporting %s for CTranslate2 into %s (once: later calls reuse it)", checkpoint, directory)
         RunDirectory(run_dir_of(checkpoint)).publish_export(directory.name,
                                                             lambda tmp: write_export_files(checkpoint, tmp))

@@ -1,8 +1,9 @@
 """The HTTP face of a translation engine: `POST /translate` (texts in, translations with their n-best
 scores out; beam, target prefixes and seeded sampling as translate.py's, and, when asked, the
-cross-attention of the best one), `GET /health`, and the web page at `/`. Requests are strict pydantic models that refuse unknown fields and wrong types; every refusal is
-a 4xx JSON `{"error": ...}`, a body above MAX_BODY_BYTES a 413 before it is read. Translation runs on
-one worker thread that batches concurrent requests (batcher.py). No model loading here (serve.py).
+cross-attention of the best one), `GET /health`, and the web page at `/`. Requests are strict
+pydantic models that refuse unknown fields and wrong types; every refusal is a 4xx JSON
+`{"error": ...}`, a body above MAX_BODY_BYTES a 413 before it is read. Translation runs on one worker
+thread that batches concurrent requests (batcher.py). No model loading here (serve.py).
 """
 
 from __future__ import annotations

@@ -205,7 +205,8 @@ def _message(errors: list[dict]) -> str:
     """The first validation error in one line, e.g. "texts: List should have at most 64 items"."""
     first = errors[0]
     where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-    return f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+    message = str(first.get("msg")).removeprefix("Value error, ")  # pydantic's wording of our own checks
+    return f"{where}: {message}" if where else message
 
 
 def create_app(engine: Engine, torch_engine: Translator | None = None, batch_texts: int = BATCH_TEXTS,

@@ -25,10 +25,12 @@ from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
 from transformer.config import Config  # noqa: E402
 from transformer.data.batching import pad_rows, source_tensor  # noqa: E402
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
-from transformer.export.huggingface import max_logit_difference  # noqa: E402
+from transformer.checkpoints.rundir import find_checkpoint, load_decode_config  # noqa: E402
+from transformer.export.huggingface import max_logit_difference, scores_on_test_split  # noqa: E402
+from transformer.translation.metrics import score  # noqa: E402
 from transformer.translation.ct2_format import EXPORT_INFO  # noqa: E402
 from transformer.translation.texts import max_output_length, search_texts  # noqa: E402
-from transformer.translation.torch_engine import load_translator  # noqa: E402
+from transformer.translation.torch_engine import load_checkpoint_and_tokenizers, load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -138,11 +140,26 @@ def test_the_translation_pipeline_returns_our_text(exported):
 def test_the_model_card_and_description(exported):
     run_dir, out, hf_class = exported
     card = (out / "README.md").read_text(encoding="utf-8")
-    assert "CC-BY 2.0" in card and "Tatoeba" in card and "10 steps" in card
-    assert "Test: none" in card and "AutoModelForSeq2SeqLM" in card
+    assert "CC-BY 2.0" in card and "Tatoeba" in card and "10 steps" in card and "AutoModelForSeq2SeqLM" in card
+    sources, references = RunDirectory(run_dir).read_heldout("test")
+    for beam, label in ((1, "greedy"), (2, "beam 2 (translate.py's search)")):  # the tiny runs' beam is 2
+        hypotheses = [best[0] for best in load_translator(run_dir, beam_size=beam).translate(sources)]
+        scores = score(hypotheses, references)
+        assert f"{label} BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f}" in card
+    assert f"Test split of the run ({len(sources)} sentences never trained on" in card
     info = json.loads((out / EXPORT_INFO).read_text(encoding="utf-8"))
     assert info["format"] == "transformer-enfr/huggingface" and info["class"] == hf_class
     assert set(info["files"]) == {p.name for p in out.iterdir()} - {EXPORT_INFO}
+
+
+def test_a_run_without_test_pairs_gets_a_card_that_says_so(exported, tmp_path: Path):
+    run_dir, _, _ = exported
+    copy = Path(shutil.copytree(run_dir, tmp_path / "run", symlinks=True))
+    for path in (copy / "heldout").glob("test.*"):
+        path.unlink()
+    found = find_checkpoint(copy)
+    model, _, tokenizers = load_checkpoint_and_tokenizers(found, "cpu")
+    assert scores_on_test_split(found, model, tokenizers, load_decode_config(copy)) == "Test: none; the run held out no test pairs."
 
 
 @pytest.mark.parametrize(("settings", "message"), [

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer.checkpoints.rundir import (MODEL_FILE, RUN_CONFIG, find_checkpoint, load_decode_config, load_run_config,
-                                            run_dir_of)
+from transformer.checkpoints.rundir import (MODEL_FILE, RUN_CONFIG, RunDirectory, find_checkpoint, load_decode_config,
+                                            load_run_config, run_dir_of)
 from transformer.config import DataConfig, DecodeConfig
 from transformer.data.tokenizer import (BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, Tokenizers,
                                         clean_text_normalizer)
@@ -33,7 +34,10 @@ from transformer.export import destination
 from transformer.files import write_json_atomic, write_text_atomic
 from transformer.model import Transformer
 from transformer.translation.ct2_format import EXPORT_INFO
-from transformer.translation.torch_engine import load_checkpoint_and_tokenizers
+from transformer.translation.metrics import score
+from transformer.translation.torch_engine import load_checkpoint_and_tokenizers, translate
+
+log = logging.getLogger(__name__)
 
 HF_FORMAT = "transformer-enfr/huggingface"  # in EXPORT_INFO: marks the directory as an export of ours
 HF_VERSION = 1
@@ -267,8 +271,29 @@ def _data_description(data: DataConfig) -> tuple[str, list[str]]:
             languages if None not in languages else [])
 
 
-def model_card(found: Path, meta: dict[str, Any], model: Transformer, hf_class: str, decode: DecodeConfig) -> str:
-    """README.md of the export: what it is, the data and its licence, config, training, scores, loading."""
+def scores_on_test_split(found: Path, model: Transformer, tokenizers: Tokenizers, decode: DecodeConfig) -> str:
+    """The model card's test line: BLEU and chrF of `model` on its run's held-out test split, greedy
+    (what `generate(num_beams=1)` gives) and with the run's beam search (translate.py's default)."""
+    heldout = RunDirectory(run_dir_of(found)).read_heldout("test")
+    if not heldout or not heldout[0]:
+        return "Test: none; the run held out no test pairs."
+    sources, references = heldout
+    log.info("scoring the run's %d test sentences for the model card", len(sources))
+    greedy = score(translate(sources, model, tokenizers, dataclasses.replace(decode, beam_size=1), "cpu"), references)
+    line = (f"Test split of the run ({len(sources)} sentences never trained on, all their references; "
+            f"sacreBLEU defaults): greedy BLEU {greedy.bleu:.2f}, chrF {greedy.chrf:.2f} (what "
+            "`generate(num_beams=1)` gives)")
+    if decode.beam_size > 1:
+        beam = score(translate(sources, model, tokenizers, decode, "cpu"), references)
+        line += (f"; beam {decode.beam_size} (translate.py's search) BLEU {beam.bleu:.2f}, "
+                 f"chrF {beam.chrf:.2f}")
+    return line + "."
+
+
+def model_card(found: Path, meta: dict[str, Any], model: Transformer, hf_class: str, decode: DecodeConfig,
+               test_line: str) -> str:
+    """README.md of the export: what it is, the data and its licence, config, training, scores
+    (validation from the checkpoint, `test_line` from `scores_on_test_split`), loading."""
     run_dir = run_dir_of(found)
     try:
         data_line, languages = _data_description(load_run_config(run_dir).data)
@@ -316,8 +341,7 @@ Tatoeba's contributors. A model trained on other data inherits that data's licen
 ## Scores
 
 Validation (the checkpoint's own, at export): {scores}.
-Test: none; the run directory holds no test scores (score its `heldout/test.*` with
-`translate.py --reference`).
+{test_line}
 
 ## Use
 
@@ -400,7 +424,8 @@ def write_export_files(found: Path, directory: Path) -> None:
         hf_model.save_pretrained(directory)
     build_hf_tokenizer(tokenizers, model.config.max_len).save_pretrained(directory)
     _name_tokenizer_class(directory / "tokenizer_config.json")
-    write_text_atomic(directory / MODEL_CARD, model_card(found, meta, model, type(hf_model).__name__, decode))
+    card = model_card(found, meta, model, type(hf_model).__name__, decode, scores_on_test_split(found, model, tokenizers, decode))
+    write_text_atomic(directory / MODEL_CARD, card)
     files = sorted(entry.name for entry in directory.iterdir())
     write_json_atomic(directory / EXPORT_INFO, {
         "format": HF_FORMAT, "version": HF_VERSION,
@@ -426,5 +451,5 @@ def export_run(run: Path | None, checkpoint_dir: Path | None, out_dir: Path, run
 
 
 __all__ = ["HF_FORMAT", "HF_VERSION", "import_transformers", "residual_permutation", "check_expressible",
-           "hf_state_dict", "build_hf_model", "max_logit_difference", "build_hf_tokenizer", "model_card",
+           "hf_state_dict", "build_hf_model", "max_logit_difference", "build_hf_tokenizer", "scores_on_test_split", "model_card",
            "check_destination", "write_export_files", "export_checkpoint", "export_run"]

@@ -424,7 +424,8 @@ def write_export_files(found: Path, directory: Path) -> None:
         hf_model.save_pretrained(directory)
     build_hf_tokenizer(tokenizers, model.config.max_len).save_pretrained(directory)
     _name_tokenizer_class(directory / "tokenizer_config.json")
-    card = model_card(found, meta, model, type(hf_model).__name__, decode, scores_on_test_split(found, model, tokenizers, decode))
+    card = model_card(found, meta, model, type(hf_model).__name__, decode,
+                      scores_on_test_split(found, model, tokenizers, decode))
     write_text_atomic(directory / MODEL_CARD, card)
     files = sorted(entry.name for entry in directory.iterdir())
     write_json_atomic(directory / EXPORT_INFO, {
@@ -451,5 +452,6 @@ def export_run(run: Path | None, checkpoint_dir: Path | None, out_dir: Path, run
 
 
 __all__ = ["HF_FORMAT", "HF_VERSION", "import_transformers", "residual_permutation", "check_expressible",
-           "hf_state_dict", "build_hf_model", "max_logit_difference", "build_hf_tokenizer", "scores_on_test_split", "model_card",
+           "hf_state_dict", "build_hf_model", "max_logit_difference", "build_hf_tokenizer", "scores_on_test_split",
+           "model_card",
            "check_destination", "write_export_files", "export_checkpoint", "export_run"]

@@ -20,7 +20,7 @@ import logging
 import sys
 from pathlib import Path
 
-from transformer.checkpoints.rundir import STATE_FILE
+from transformer.checkpoints.layout import STATE_FILE
 from transformer.errors import UserError
 from transformer.export import ctranslate2, huggingface
 from transformer.training.logs import setup_logging

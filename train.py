@@ -27,7 +27,8 @@ import datasets
 
 from transformer.training import distributed
 from transformer.training.allocator import reuse_freed_memory
-from transformer.checkpoints.rundir import CHECKPOINTS, MissingRunState, RunDirectory, step_dir_name
+from transformer.checkpoints.layout import CHECKPOINTS, step_dir_name
+from transformer.checkpoints.rundir import MissingRunState, RunDirectory
 from transformer.config import load_config
 from transformer.errors import CheckpointError, UserError
 from transformer.runtime import select_device, set_threads

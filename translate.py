@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Iterable, TextIO
 
 # No module that imports torch here: the torch engine's modules are imported in `load_engine`, so that
 # `--engine ctranslate2` starts without torch (and matplotlib only loads for --attention).
-from transformer.checkpoints.rundir import STATE_FILE
+from transformer.checkpoints.layout import STATE_FILE
 from transformer.data.text import iter_lines, read_lines
 from transformer.errors import ExportCacheError, UserError
 from transformer.files import same_file

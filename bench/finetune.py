@@ -28,7 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from transformer.checkpoints.rundir import RunDirectory, load_run_config, read_run_state  # noqa: E402
+from transformer.checkpoints.layout import read_run_state  # noqa: E402
+from transformer.checkpoints.lookup import load_run_config  # noqa: E402
+from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
 from transformer.data.text import clean_text  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
 from transformer.translation.torch_engine import load_translator, translate  # noqa: E402

@@ -31,7 +31,9 @@ sys.path.insert(0, str(ROOT))
 from transformer.checkpoints.files import read_meta  # noqa: E402
 from transformer.translation.torch_engine import load_translator, translate  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
-from transformer.checkpoints.rundir import RunDirectory, find_checkpoint, read_run_state  # noqa: E402
+from transformer.checkpoints.layout import read_run_state  # noqa: E402
+from transformer.checkpoints.lookup import find_checkpoint  # noqa: E402
+from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
 
 
 def heldout(run: Path, split: str) -> tuple[list[str], list[list[str]]]:

@@ -17,7 +17,7 @@ from transformer.translation.attention import AttendedTranslation, SentenceAtten
 from transformer.translation.attention_plots import (attention_figure, figure_pixels, log_attention_images,
                                          save_cross_attention_png, subword_label)
 from transformer.config import DecodeConfig, ModelConfig
-from transformer.checkpoints.rundir import TENSORBOARD_DIR
+from transformer.checkpoints.layout import TENSORBOARD_DIR
 from transformer.training.logs import TensorBoard
 from transformer.model import Transformer
 from transformer.data.tokenizer import Tokenizers

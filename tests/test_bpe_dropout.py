@@ -22,7 +22,7 @@ import yaml
 
 from conftest import tiny_settings
 from test_resume import assert_same_training
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout
 from transformer.config import load_config
 from transformer.data.batching import PairCorpus
 from transformer.data.dropout import BpeDropout, DropoutBatches
@@ -103,16 +103,16 @@ def test_a_stopped_and_resumed_run_with_dropout_trains_bit_for_bit_as_one_left_a
     assert first.state.step == 5 and first.state.epoch >= 1  # stopped in the middle of a later epoch
     second = run.train(config, run_dir, show_progress=False)
     assert second.resumed_from.name == "step_00000005" and second.state.step == 16
-    last = rundir.step_dir_name(16)
-    assert_same_training(expected / rundir.CHECKPOINTS / last, run_dir / rundir.CHECKPOINTS / last)
+    last = layout.step_dir_name(16)
+    assert_same_training(expected / layout.CHECKPOINTS / last, run_dir / layout.CHECKPOINTS / last)
 
 
 def test_dropout_changes_what_is_trained_on(left_alone, tmp_path: Path, tiny_csv: Path):
     _, with_dropout = left_alone
     without = tmp_path / "run"
     run.train(load_config(write_config(tmp_path / "c.yaml", tiny_csv, 0.0)), without, show_progress=False)
-    name = rundir.step_dir_name(16)
-    a, b = (torch.load(run_dir / rundir.CHECKPOINTS / name / "training.pt", weights_only=True)["optimizer"]
+    name = layout.step_dir_name(16)
+    a, b = (torch.load(run_dir / layout.CHECKPOINTS / name / "training.pt", weights_only=True)["optimizer"]
             for run_dir in (with_dropout, without))
     assert not torch.equal(a["state"][0]["exp_avg"], b["state"][0]["exp_avg"])
     assert (with_dropout / "tokenizer" / "joint.json").read_bytes() == (without / "tokenizer" / "joint.json").read_bytes()

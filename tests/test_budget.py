@@ -13,9 +13,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout
 from transformer.training.budget import MEASURE_UNTIL_STEP, Plan, reconcile, steps_for_epochs, steps_for_minutes
-from transformer.checkpoints.rundir import STATE_FILE, read_run_state
+from transformer.checkpoints.layout import STATE_FILE, read_run_state
 from transformer.config import Config, TrainConfig
 from transformer.errors import ConfigError
 from transformer.training.run import train
@@ -64,7 +64,7 @@ def test_a_time_budget_is_measured_once_and_recorded(tiny_config, tmp_path, data
     assert f"time budget: 0.03 minutes of training at {state.budget.seconds_per_step:.3f} s a step" in caplog.text
     assert state.budget.settings == {"max_steps": 0, "max_epochs": 0, "max_minutes": 0.03}
     # The measurement travels with the checkpoint: a rerun finds the run finished, whatever the clock says.
-    meta = checkpoint.read_meta(run_dir / "checkpoints" / rundir.step_dir_name(state.step))
+    meta = checkpoint.read_meta(run_dir / "checkpoints" / layout.step_dir_name(state.step))
     assert meta["state"]["budget"]["plan"]["end_step"] == state.end_step
     assert meta["state"]["budget"]["seconds_per_step"] == state.budget.seconds_per_step
     again = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)

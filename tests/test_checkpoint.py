@@ -15,11 +15,14 @@ import torch
 from safetensors import SafetensorError
 
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout
+from transformer.checkpoints.format import file_sha256
 
 from transformer.training import run
 from transformer.checkpoints.manager import CheckpointManager
-from transformer.checkpoints.rundir import RunDirectory, find_checkpoint, read_run_state
+from transformer.checkpoints.layout import read_run_state
+from transformer.checkpoints.lookup import find_checkpoint
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config, ModelConfig, TokenizerConfig, config_from_dict, config_to_dict
 from transformer.errors import CheckpointError
 from transformer.translation.torch_engine import load_translator
@@ -62,14 +65,14 @@ def save_checkpoint(run_dir: Path, model: Transformer, optimizer: torch.optim.Op
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(step)
+    return run_dir / layout.CHECKPOINTS / layout.step_dir_name(step)
 
 
 def rerecord(ckpt: Path, name: str) -> None:
     """Update meta.json's size and SHA-256 of `name`, as an attacker who rewrites files would."""
     meta_path = ckpt / checkpoint.META_FILE
     meta = json.loads(meta_path.read_text())
-    meta["files"][name] = {"bytes": (ckpt / name).stat().st_size, "sha256": checkpoint._sha256(ckpt / name)}
+    meta["files"][name] = {"bytes": (ckpt / name).stat().st_size, "sha256": file_sha256(ckpt / name)}
     meta_path.write_text(json.dumps(meta))
 
 
@@ -77,13 +80,13 @@ def rerecord(ckpt: Path, name: str) -> None:
 
 
 def test_checkpoint_layout_and_integrity_record(trained: Path):
-    names = sorted(p.name for p in (trained / rundir.CHECKPOINTS).iterdir())
+    names = sorted(p.name for p in (trained / layout.CHECKPOINTS).iterdir())
     assert names == ["best", "step_00000005", "step_00000010"]  # no temporary left behind
     ckpt = step_dir(trained, 10)
     meta = checkpoint.read_meta(ckpt, verify=True, need_training_state=True)
     for name in (checkpoint.MODEL_FILE, checkpoint.TRAINING_FILE):
         assert meta["files"][name] == {"bytes": (ckpt / name).stat().st_size,
-                                       "sha256": checkpoint._sha256(ckpt / name)}
+                                       "sha256": file_sha256(ckpt / name)}
     assert meta["step"] == 10 and meta["state"]["step"] == 10 and meta["model_config"]["d_model"] == 32
     assert read_run_state(trained).latest == ckpt.name
 
@@ -98,10 +101,10 @@ def test_an_interrupted_save_is_invisible_and_cleaned_up(run_dir: Path, monkeypa
     monkeypatch.setattr(checkpoint.torch, "save", interrupted)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(run_dir, model, optimizer, 11)
-    assert rundir.list_checkpoints(run_dir)[-1] == step_dir(run_dir, 10)  # readers never see step 11
-    assert not list((run_dir / rundir.CHECKPOINTS).glob(".tmp-*"))
+    assert layout.list_checkpoints(run_dir)[-1] == step_dir(run_dir, 10)  # readers never see step 11
+    assert not list((run_dir / layout.CHECKPOINTS).glob(".tmp-*"))
     # SIGKILL cleans nothing up: what it leaves is the temporary directory of the save.
-    leftover = run_dir / rundir.CHECKPOINTS / ".tmp-step_00000011-12345"
+    leftover = run_dir / layout.CHECKPOINTS / ".tmp-step_00000011-12345"
     shutil.copytree(step_dir(run_dir, 10), leftover)
     assert CheckpointManager(RunDirectory(run_dir), keep=5).resume_point() == step_dir(run_dir, 10)
     assert not leftover.exists()  # cleaned up by the resume
@@ -165,7 +168,7 @@ def test_a_failed_write_names_the_checkpoint_and_leaves_nothing_half_written(
     assert str(error.value) == (
         f"cannot write checkpoint {step_dir(run_dir, 11)}: {reason}. Training stopped so that no work goes "
         "unsaved; free space or fix permissions, then rerun to resume.")
-    assert sorted(p.name for p in (run_dir / rundir.CHECKPOINTS).iterdir()) == [
+    assert sorted(p.name for p in (run_dir / layout.CHECKPOINTS).iterdir()) == [
         "best", "step_00000005", "step_00000010"]
 
 
@@ -178,7 +181,7 @@ def test_a_failure_that_is_not_about_the_disk_keeps_its_traceback(run_dir: Path,
     monkeypatch.setattr(checkpoint.torch, "save", buggy)
     with pytest.raises(RuntimeError, match="a bug"):
         save_checkpoint(run_dir, model, torch.optim.Adam(model.parameters()), 11)
-    assert not list((run_dir / rundir.CHECKPOINTS).glob(".tmp-*"))
+    assert not list((run_dir / layout.CHECKPOINTS).glob(".tmp-*"))
 
 
 # --------------------------------------------------------------------------- integrity on load
@@ -195,7 +198,7 @@ def test_a_truncated_checkpoint_is_detected_and_the_previous_one_used(run_dir: P
     assert CheckpointManager(RunDirectory(run_dir), keep=5).resume_point() == step_dir(run_dir, 5)
     assert f"skipping checkpoint: {weights}: truncated" in caplog.text
     assert read_run_state(run_dir).latest == "step_00000005"  # the damaged one is out of the run state
-    assert [p.name for p in (run_dir / rundir.CHECKPOINTS).glob("corrupt-step_00000010-*")]
+    assert [p.name for p in (run_dir / layout.CHECKPOINTS).glob("corrupt-step_00000010-*")]
 
 
 def test_flipped_bytes_are_detected_by_the_checksum(run_dir: Path):
@@ -314,7 +317,7 @@ def test_a_checkpoint_names_config_keys_and_vocabulary_sizes_that_differ(trained
 
 
 def test_a_tokenizer_of_another_vocabulary_is_refused_naming_the_sizes(run_dir: Path, tiny_splits):
-    tokenizer_dir = run_dir / rundir.TOKENIZER_DIR
+    tokenizer_dir = run_dir / layout.TOKENIZER_DIR
     shutil.rmtree(tokenizer_dir)
     smaller = train_tokenizers((s for s in tiny_splits.train["source"]), (t for t in tiny_splits.train["target"]),
                                TokenizerConfig(vocab_size=150, min_frequency=1))
@@ -324,11 +327,11 @@ def test_a_tokenizer_of_another_vocabulary_is_refused_naming_the_sizes(run_dir: 
         load_translator(run_dir)
     assert str(error.value) == (
         f"{best}: its vocabulary sizes (source, target) are (200, 200) but the tokenizers in "
-        f"{run_dir.resolve() / rundir.TOKENIZER_DIR} have (150, 150); they belong to another run")
+        f"{run_dir.resolve() / layout.TOKENIZER_DIR} have (150, 150); they belong to another run")
 
 
 def test_a_tokenizer_with_the_same_size_but_other_files_is_refused(run_dir: Path):
-    joint = run_dir / rundir.TOKENIZER_DIR / "joint.json"
+    joint = run_dir / layout.TOKENIZER_DIR / "joint.json"
     joint.write_text(json.dumps(json.loads(joint.read_text()), indent=1))  # same tokenizer, other bytes
     with pytest.raises(CheckpointError, match="was trained with other tokenizer files than those in"):
         load_translator(run_dir)

@@ -19,12 +19,15 @@ import pytest
 import yaml
 
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout
+from transformer.checkpoints.format import read_meta
 
 from transformer.training import trainer
 from transformer.checkpoints.manager import CheckpointManager
 from transformer.errors import CheckpointError
-from transformer.checkpoints.rundir import STATE_FILE, RunDirectory, find_checkpoint, read_run_state
+from transformer.checkpoints.layout import STATE_FILE, read_run_state
+from transformer.checkpoints.lookup import find_checkpoint
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.training.validation import EvaluationResult
 from transformer.translation.metrics import Scores
 
@@ -81,7 +84,7 @@ def train_run(config: Path, run_dir: Path, *overrides: str) -> int:
 
 def best_files(run_dir: Path) -> dict[str, bytes]:
     """What a reader of checkpoints/best sees: the link's target and every file's bytes."""
-    best = run_dir / rundir.CHECKPOINTS / rundir.BEST
+    best = run_dir / layout.CHECKPOINTS / layout.BEST
     return {"->": os.readlink(best).encode(), **{p.name: p.read_bytes() for p in sorted(best.iterdir())}}
 
 
@@ -98,7 +101,7 @@ def test_a_run_ending_off_the_validation_cycle_validates_and_records_its_last_st
     last = checkpoint.read_meta(run_dir / "checkpoints" / "step_00000045")
     assert last["metrics"] == state.best.metrics == {"valid_nll": 1.0, "valid_perplexity": math.e,
                                                      "valid_bleu": 20.0, "valid_chrf": 10.0}
-    assert checkpoint.read_meta(run_dir / "checkpoints" / rundir.BEST)["step"] == 45
+    assert checkpoint.read_meta(run_dir / "checkpoints" / layout.BEST)["step"] == 45
     assert "best valid BLEU 20.00 at step 45" in capsys.readouterr().err
 
 
@@ -130,7 +133,7 @@ def test_rerunning_a_finished_run_changes_nothing_and_raising_its_budget_keeps_b
     assert train_run(config, run_dir, "train.max_steps=75") == 0
     state = read_run_state(run_dir)
     assert (state.best.step, state.best.score) == (75, 40.0) and state.kept == ["step_00000075"]
-    assert os.readlink(run_dir / "checkpoints" / rundir.BEST) == "step_00000075"
+    assert os.readlink(run_dir / "checkpoints" / layout.BEST) == "step_00000075"
     assert find_checkpoint(run_dir) == run_dir / "checkpoints" / "step_00000075"
     assert scripted.validated == [30, 45, 60, 75]
 
@@ -156,11 +159,27 @@ def test_a_damaged_best_checkpoint_is_dropped_and_the_next_validation_sets_a_new
     config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv, keep_checkpoints=2), tmp_path / "run"
     assert train_run(config, run_dir) == 0
     newest = run_dir / "checkpoints" / "step_00000045"  # the best and the newest
-    (newest / checkpoint.TRAINING_FILE).write_bytes(b"torn")
+    (newest / checkpoint.MODEL_FILE).write_bytes(b"torn")
     assert train_run(config, run_dir, "train.max_steps=60") == 0
     assert "the best checkpoint step_00000045 is damaged or gone" in caplog.text
     state = read_run_state(run_dir)
     assert state.best.step == 60 and state.best.score == 1.0  # redone from step 30: 45 was not validated again
+    assert list((run_dir / "checkpoints").glob("corrupt-step_00000045-*"))  # moved aside, not deleted
+
+
+def test_a_best_checkpoint_whose_training_state_is_torn_stays_best_for_its_weights(
+        tmp_path: Path, tiny_csv: Path, scripted, caplog):
+    scripted.scores.update({30: 5.0, 45: 9.0, 60: 1.0})
+    config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv, keep_checkpoints=2), tmp_path / "run"
+    assert train_run(config, run_dir) == 0
+    newest = run_dir / "checkpoints" / "step_00000045"  # the best and the newest
+    weights = (newest / checkpoint.MODEL_FILE).read_bytes()
+    (newest / checkpoint.TRAINING_FILE).write_bytes(b"torn")
+    assert train_run(config, run_dir, "train.max_steps=60") == 0
+    assert "keeping step_00000045 for its weights" in caplog.text
+    state = read_run_state(run_dir)
+    assert (state.best.step, state.latest) == (45, "step_00000060")  # resumed from 30; 45 is still the best
+    assert (newest / checkpoint.MODEL_FILE).read_bytes() == weights and find_checkpoint(run_dir) == newest
 
 
 def test_a_run_of_an_earlier_version_is_refused_with_one_line(tmp_path: Path, tiny_csv: Path, scripted, capsys):
@@ -178,7 +197,7 @@ def test_a_run_of_an_earlier_version_is_refused_with_one_line(tmp_path: Path, ti
     meta_path = run_dir / "checkpoints" / "step_00000045" / "meta.json"
     meta_path.write_text(json.dumps({k: v for k, v in json.loads(meta_path.read_text()).items() if k != "format"}))
     with pytest.raises(CheckpointError, match=f"^{meta_path}: checkpoint format None, but this version reads format 2"):
-        rundir.read_meta(meta_path.parent)
+        read_meta(meta_path.parent)
 
 
 def test_the_run_state_is_replaced_in_one_rename(tmp_path: Path, tiny_csv: Path, scripted, monkeypatch):

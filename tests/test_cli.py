@@ -24,7 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, train_tiny_run, write_csv
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout, lookup
 from transformer.checkpoints.rundir import RunDirectory
 from transformer.training import trainer
 from transformer.config import Config
@@ -151,8 +151,8 @@ def test_text_files_train_end_to_end(tmp_path: Path, caplog):
     assert run_train(tmp_path, source, data={"format": "text", "target_path": str(target)}) == 0
     assert (f"{source} and {target}: dropped 1 of {len(TINY_PAIRS) + 1} rows with an empty source or target "
             f"side (line {len(TINY_PAIRS) + 1})") in caplog.text
-    assert rundir.list_checkpoints(tmp_path / "run")
-    assert rundir.load_run_config(tmp_path / "run").data.target_path == str(target)
+    assert layout.list_checkpoints(tmp_path / "run")
+    assert lookup.load_run_config(tmp_path / "run").data.target_path == str(target)
 
 
 def test_text_files_of_different_lengths(tmp_path: Path, capsys):
@@ -223,17 +223,17 @@ def test_training_stops_when_a_checkpoint_cannot_be_written(tmp_path: Path, caps
     monkeypatch.setattr(trainer.Trainer, "train_step", counting_train_step)
     monkeypatch.setattr(checkpoint, "save_safetensors_file", refuse)
     assert run_train(tmp_path, tiny_csv, max_steps=10, checkpoint_every=3, valid_every=5) == 2
-    target = tmp_path / "run" / rundir.CHECKPOINTS / rundir.step_dir_name(3)
+    target = tmp_path / "run" / layout.CHECKPOINTS / layout.step_dir_name(3)
     assert user_error(capsys) == (f"cannot write checkpoint {target}: {os.strerror(code)}. Training stopped so that "
                                   "no work goes unsaved; free space or fix permissions, then rerun to resume.")
     assert steps == [1, 2, 3]  # not one step past the failed save
-    assert not list((tmp_path / "run" / rundir.CHECKPOINTS).iterdir())  # no half-written checkpoint
+    assert not list((tmp_path / "run" / layout.CHECKPOINTS).iterdir())  # no half-written checkpoint
 
 
 def test_a_run_directory_in_use_by_another_process_is_refused(tmp_path: Path, capsys, tiny_csv: Path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    with open(run_dir / rundir.LOCK_FILE, "a") as handle:
+    with open(run_dir / layout.LOCK_FILE, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a training process holds
         assert run_train(tmp_path, tiny_csv) == 2
     assert user_error(capsys) == (f"{run_dir} is being trained by another process; wait for it to stop, "
@@ -349,8 +349,8 @@ def test_translate_a_run_directory_with_no_checkpoint(tmp_path: Path, capsys):
 
 
 def test_translate_a_checkpoint_whose_tokenizer_is_missing(trained_run: Path, tmp_path: Path, capsys):
-    copy = tmp_path / "copy" / rundir.CHECKPOINTS / rundir.BEST
-    shutil.copytree(trained_run / rundir.CHECKPOINTS / rundir.BEST, copy)  # the checkpoint alone
+    copy = tmp_path / "copy" / layout.CHECKPOINTS / layout.BEST
+    shutil.copytree(trained_run / layout.CHECKPOINTS / layout.BEST, copy)  # the checkpoint alone
     assert translate_cli.main(["--checkpoint", str(copy), "Hi."]) == 2
     assert user_error(capsys) == (f"{copy}: its tokenizer directory {(tmp_path / 'copy').resolve() / 'tokenizer'} "
                                   "is missing; copy the whole run directory, not only the checkpoint")
@@ -359,13 +359,13 @@ def test_translate_a_checkpoint_whose_tokenizer_is_missing(trained_run: Path, tm
 def test_translate_a_corrupt_checkpoint(trained_run: Path, tmp_path: Path, capsys):
     copy = tmp_path / "run"
     # Without its CTranslate2 export, which the default engine would translate with, weights unread.
-    shutil.copytree(trained_run, copy, symlinks=True, ignore=shutil.ignore_patterns(rundir.EXPORTS_DIR))
-    weights = (copy / rundir.CHECKPOINTS / rundir.BEST).resolve() / checkpoint.MODEL_FILE
+    shutil.copytree(trained_run, copy, symlinks=True, ignore=shutil.ignore_patterns(layout.EXPORTS_DIR))
+    weights = (copy / layout.CHECKPOINTS / layout.BEST).resolve() / checkpoint.MODEL_FILE
     weights.write_bytes(weights.read_bytes()[:1000])
     for engine in ("auto", "torch"):  # CTranslate2's export reads the weights first
         assert translate(copy, "--engine", engine, "Hi.") == 2
         assert user_error(capsys).startswith(f"{weights}: truncated or corrupt (1000 bytes, expected ")
-    assert not (copy / rundir.EXPORTS_DIR).exists()
+    assert not (copy / layout.EXPORTS_DIR).exists()
 
 
 def test_translate_a_run_directory_given_as_checkpoint(trained_run: Path, capsys):

@@ -19,7 +19,7 @@ import torch
 from conftest import TINY_PAIRS, train_tiny_run
 from test_cli import stdin_of, user_error
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout
 from transformer.checkpoints.manager import CheckpointManager
 from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config
@@ -228,7 +228,7 @@ def test_the_run_is_exported_once_per_weights(trained_run: Path, tmp_path: Path,
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run, run_dir, ignore=shutil.ignore_patterns(EXPORTS_DIR))
     first = load_ct2_translator(run_dir, device="cpu").model_dir
-    best = run_dir / rundir.CHECKPOINTS / rundir.BEST
+    best = run_dir / layout.CHECKPOINTS / layout.BEST
     assert first.parent == run_dir / EXPORTS_DIR
     assert checkpoint.read_meta(best)["files"][checkpoint.MODEL_FILE]["sha256"].startswith(first.name)
 

@@ -423,7 +423,8 @@ def test_a_run_without_test_pairs_trains_and_writes_no_test_files(tmp_path: Path
     """data.test_pairs: 0 is allowed (e.g. a fine-tuning run scored elsewhere): an empty test split
     encodes to an empty dataset with the encoded columns, and training goes on."""
     from conftest import train_tiny_run
-    from transformer.checkpoints.rundir import RunDirectory, read_run_state
+    from transformer.checkpoints.layout import read_run_state
+    from transformer.checkpoints.rundir import RunDirectory
 
     config = dataclasses.replace(tiny_config, data=dataclasses.replace(tiny_config.data, test_pairs=0))
     run_dir = train_tiny_run(tmp_path / "run", config, datasets_cache)

@@ -27,11 +27,11 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout
 
 from transformer.training import distributed
 from transformer.data.batching import PairCorpus, shard_batch
-from transformer.checkpoints.rundir import TENSORBOARD_DIR
+from transformer.checkpoints.layout import TENSORBOARD_DIR
 from transformer.training.logs import LOG_FILE, TensorBoard, setup_logging
 from transformer.training.budget import BudgetState, Plan
 from transformer.training.trainer import TrainingData, Trainer, TrainState
@@ -94,7 +94,7 @@ def run_2_ranks(config: Path, run_dir: Path, *extra: str) -> subprocess.Complete
 
 
 def step_checkpoint(run_dir: Path, step: int) -> Path:
-    return run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(step)
+    return run_dir / layout.CHECKPOINTS / layout.step_dir_name(step)
 
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -200,7 +200,7 @@ def test_sigterm_to_torchrun_stops_both_ranks_with_a_checkpoint_then_resume_matc
     process.wait(timeout=60)
     err = log.read_text(encoding="utf-8")
     assert err.count("SIGTERM received: finishing this step and saving a checkpoint") == 2, err  # both ranks
-    stopped = rundir.list_checkpoints(run_dir)[-1]
+    stopped = layout.list_checkpoints(run_dir)[-1]
     stop_step = checkpoint.read_meta(stopped, verify=True, need_training_state=True)["step"]
     assert STOP_AFTER <= stop_step < MAX_STEPS, err
     assert f"stopped at step {stop_step}; saved {stopped}. Resume with: torchrun --nproc_per_node=2 " in err

@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 from test_checkpoint_manager import best_files, scripted, train_run, write_config  # noqa: F401 (a fixture)
-from transformer.checkpoints import rundir
-from transformer.checkpoints.rundir import STATE_FILE, read_run_state
+from transformer.checkpoints import layout
+from transformer.checkpoints.format import META_FILE
+from transformer.checkpoints.layout import STATE_FILE, read_run_state
 from transformer.config import load_config
 from transformer.training import run
 
@@ -20,7 +21,7 @@ PLATEAU = {5: 10.0, 10: 20.0, 15: 15.0, 20: 20.0, 25: 19.0, 30: 30.0, 35: 1.0, 4
 
 
 def meta_state(run_dir: Path, step: int) -> dict:
-    path = run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(step) / rundir.META_FILE
+    path = run_dir / layout.CHECKPOINTS / layout.step_dir_name(step) / META_FILE
     return json.loads(path.read_text(encoding="utf-8"))["state"]
 
 

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from conftest import train_tiny_run
 from test_cli import user_error
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout
 from transformer.config import Config
 from transformer.translation.ct2_format import EXPORT_INFO
 from transformer.translation.torch_engine import load_translator
@@ -48,7 +48,7 @@ def test_the_export_is_self_contained_and_follows_its_own_description(trained_ru
     deployed = tmp_path / "elsewhere"
     shutil.move(tmp_path / "export", deployed)  # nothing in it points back to the run
     info = json.loads((deployed / EXPORT_INFO).read_text(encoding="utf-8"))
-    best = trained_run / rundir.CHECKPOINTS / rundir.BEST
+    best = trained_run / layout.CHECKPOINTS / layout.BEST
     assert info["checkpoint"]["model_sha256"] == checkpoint.read_meta(best)["files"][checkpoint.MODEL_FILE]["sha256"]
     torch_translator = load_translator(trained_run, beam_size=1)
     assert info["decode"]["beam_size"] == 2 and info["special_tokens"] == {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3}
@@ -93,11 +93,11 @@ def check_destination_rules(export, run_dir: Path, tmp_path: Path, capsys) -> Pa
     (tmp_path / "file").write_text("")
     assert export(run_dir, tmp_path / "file") == 2
     assert user_error(capsys) == f"{tmp_path / 'file'} exists and is not a directory"
-    best = run_dir / rundir.CHECKPOINTS / rundir.BEST
+    best = run_dir / layout.CHECKPOINTS / layout.BEST
     for precious in (run_dir, best):
         assert export(run_dir, precious) == 2
         assert user_error(capsys) == f"{precious} is a run or a checkpoint; export into a directory of its own"
-    inside = run_dir / rundir.CHECKPOINTS
+    inside = run_dir / layout.CHECKPOINTS
     assert export(run_dir, inside) == 2
     assert user_error(capsys) == (f"{inside} lies inside {run_dir.resolve()}, which is a run or a checkpoint; "
                                   "export into a directory of its own")

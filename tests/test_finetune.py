@@ -22,8 +22,9 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import tiny_settings, write_csv
-from transformer.checkpoints import files, rundir
-from transformer.checkpoints.rundir import read_run_state
+from transformer.checkpoints import files, layout, lookup
+from transformer.checkpoints.format import META_FILE, MODEL_FILE, read_meta
+from transformer.checkpoints.layout import read_run_state
 from transformer.config import load_config
 from transformer.data.batching import PairCorpus
 from transformer.data.tokenizer import load_tokenizers
@@ -108,13 +109,13 @@ def test_the_child_scores_better_on_its_own_domain_than_its_parent(parent: Path,
     """The held-out meals pairs (the child's test split, trained on by neither) are scored by the
     parent's best weights and by the child's: fine-tuning lowered their loss."""
     run_dir, _ = child
-    tokenizers = load_tokenizers(run_dir / rundir.TOKENIZER_DIR)
-    sources = (run_dir / rundir.HELDOUT_DIR / "test.en").read_text(encoding="utf-8").splitlines()
-    targets = (run_dir / rundir.HELDOUT_DIR / "test.fr.1").read_text(encoding="utf-8").splitlines()
+    tokenizers = load_tokenizers(run_dir / layout.TOKENIZER_DIR)
+    sources = (run_dir / layout.HELDOUT_DIR / "test.en").read_text(encoding="utf-8").splitlines()
+    targets = (run_dir / layout.HELDOUT_DIR / "test.fr.1").read_text(encoding="utf-8").splitlines()
     corpus = PairCorpus.from_lists(tokenizers.encode_source(sources), tokenizers.encode_target(targets))
 
     def loss(run: Path) -> float:
-        model, _ = files.load_model(rundir.find_checkpoint(run))
+        model, _ = files.load_model(lookup.find_checkpoint(run))
         return evaluation_loss(model, corpus, 1000, torch.device("cpu"))
 
     before, after = loss(parent), loss(run_dir)
@@ -123,27 +124,27 @@ def test_the_child_scores_better_on_its_own_domain_than_its_parent(parent: Path,
 
 def test_the_child_starts_from_the_parent_s_weights_and_tokenizer_and_records_them(parent: Path, child):
     run_dir, _ = child
-    parent_best = rundir.find_checkpoint(parent)
+    parent_best = lookup.find_checkpoint(parent)
     assert parent_best.name == read_run_state(parent).best.checkpoint
-    assert tree(run_dir / rundir.TOKENIZER_DIR) == tree(parent / rundir.TOKENIZER_DIR)  # copied byte for byte
-    weights_sha = hashlib.sha256((parent_best / rundir.MODEL_FILE).read_bytes()).hexdigest()
-    for checkpoint in rundir.list_checkpoints(run_dir):
-        assert rundir.read_meta(checkpoint)["state"]["parent"] == {
+    assert tree(run_dir / layout.TOKENIZER_DIR) == tree(parent / layout.TOKENIZER_DIR)  # copied byte for byte
+    weights_sha = hashlib.sha256((parent_best / MODEL_FILE).read_bytes()).hexdigest()
+    for checkpoint in layout.list_checkpoints(run_dir):
+        assert read_meta(checkpoint)["state"]["parent"] == {
             "run": str(parent), "checkpoint": parent_best.name, "weights_sha256": weights_sha}
-    assert rundir.load_run_config(run_dir).train.init_from == str(parent)
+    assert lookup.load_run_config(run_dir).train.init_from == str(parent)
 
 
 def test_the_child_s_first_step_takes_the_first_warm_up_rate_and_a_fresh_optimiser(parent: Path, meals: Path,
                                                                                     child):
     run_dir, _ = child
     config = load_config(meals)
-    events = EventAccumulator(str(run_dir / rundir.TENSORBOARD_DIR))
+    events = EventAccumulator(str(run_dir / layout.TENSORBOARD_DIR))
     events.Reload()
     rates = {event.step: event.value for event in events.Scalars("train/lr")}
     assert rates[1] == pytest.approx(learning_rate(1, config.train, config.model), rel=1e-6)
     assert rates[1] < rates[10] / 5  # warming up, not the parent's rate at its step 61
     # Adam's step counts start at the child's step 1, not at the parent's 60
-    optimizer = files.load_training_state(run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(30))["optimizer"]
+    optimizer = files.load_training_state(run_dir / layout.CHECKPOINTS / layout.step_dir_name(30))["optimizer"]
     assert {float(state["step"]) for state in optimizer["state"].values()} == {30.0}
     assert optimizer["param_groups"][0]["lr"] == pytest.approx(learning_rate(30, config.train, config.model))
 
@@ -166,7 +167,7 @@ def test_the_child_resumes_from_its_own_checkpoints_with_the_parent_gone(parent:
         os.rename(moved, parent)
     err = capsys.readouterr().err
     assert "resuming from" in err and "step_00000060" in err and "done: 90 steps" in err
-    assert rundir.read_meta(copy / rundir.CHECKPOINTS / rundir.step_dir_name(90))["state"]["parent"]["run"] == \
+    assert read_meta(copy / layout.CHECKPOINTS / layout.step_dir_name(90))["state"]["parent"]["run"] == \
         str(parent)
 
 
@@ -195,7 +196,7 @@ def test_a_tokenizer_or_model_unlike_the_parent_s_is_one_error_line(parent: Path
     last = err.rstrip("\n").split("\n")[-1]
     assert last.startswith("error: train.init_from: ") and named in last, last
     assert tree(parent) == before
-    assert not (tmp_path / "run" / rundir.TOKENIZER_DIR).exists()
+    assert not (tmp_path / "run" / layout.TOKENIZER_DIR).exists()
 
 
 def test_a_parent_that_is_not_a_run_is_one_error_line(meals: Path, tmp_path: Path, capsys):
@@ -208,5 +209,5 @@ def test_a_parent_that_is_not_a_run_is_one_error_line(meals: Path, tmp_path: Pat
 def test_model_dropout_may_differ_from_the_parent_s(parent: Path, meals: Path, tmp_path: Path):
     assert train(meals, tmp_path / "run", "--init-from", str(parent), "--set", "model.dropout=0.2",
                  "--set", "train.max_steps=2") == 0
-    assert json.loads((rundir.list_checkpoints(tmp_path / "run")[-1] / rundir.META_FILE).read_text())[
+    assert json.loads((layout.list_checkpoints(tmp_path / "run")[-1] / META_FILE).read_text())[
         "model_config"]["dropout"] == 0.2

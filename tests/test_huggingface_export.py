@@ -25,7 +25,7 @@ from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
 from transformer.config import Config  # noqa: E402
 from transformer.data.batching import pad_rows, source_tensor  # noqa: E402
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
-from transformer.checkpoints.rundir import find_checkpoint, load_decode_config  # noqa: E402
+from transformer.checkpoints.lookup import find_checkpoint, load_decode_config  # noqa: E402
 from transformer.export.huggingface import max_logit_difference, scores_on_test_split  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
 from transformer.translation.ct2_format import EXPORT_INFO  # noqa: E402

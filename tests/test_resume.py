@@ -25,12 +25,12 @@ import yaml
 from safetensors.torch import load_file
 
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout
 
 from transformer.training import trainer
 from transformer.training.budget import MEASURE_UNTIL_STEP
 from transformer.training import loss as loss_module
-from transformer.checkpoints.rundir import read_run_state
+from transformer.checkpoints.layout import read_run_state
 from transformer.errors import CheckpointError
 from transformer.training.trainer import MAX_NONFINITE_IN_A_ROW
 
@@ -86,7 +86,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory, config_file: Path) -
     """The final checkpoint of the run left alone for MAX_STEPS steps."""
     run_dir = tmp_path_factory.mktemp("uninterrupted")
     assert train_cli.main(cli_args(config_file, run_dir)) == 0
-    return run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(MAX_STEPS)
+    return run_dir / layout.CHECKPOINTS / layout.step_dir_name(MAX_STEPS)
 
 
 def _flat_tensors(value, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -151,7 +151,7 @@ def test_sigkill_at_an_arbitrary_step_then_resume_gives_identical_weights(
     wait_for_checkpoint(process, run_dir, 2 * CHECKPOINT_EVERY, log)
     os.kill(process.pid, signal.SIGKILL)  # no chance to save anything: mid-step, maybe mid-write
     assert process.wait(timeout=30) == -signal.SIGKILL
-    latest = run_dir / rundir.CHECKPOINTS / read_run_state(run_dir).latest
+    latest = run_dir / layout.CHECKPOINTS / read_run_state(run_dir).latest
     assert recorded_step(run_dir) >= 2 * CHECKPOINT_EVERY
     resumed_state = checkpoint.read_meta(latest)["state"]
     assert resumed_state["epoch"] >= 1 and resumed_state["batch_in_epoch"] % 5 != 0  # mid-epoch, not at a boundary
@@ -160,7 +160,7 @@ def test_sigkill_at_an_arbitrary_step_then_resume_gives_identical_weights(
     err = capsys.readouterr().err
     assert f"resuming from {latest}" in err
     assert f"done: {MAX_STEPS} steps" in err
-    assert_same_training(uninterrupted, run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(MAX_STEPS))
+    assert_same_training(uninterrupted, run_dir / layout.CHECKPOINTS / layout.step_dir_name(MAX_STEPS))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -174,7 +174,7 @@ def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_
     err = log.read_text()
     assert "Traceback" not in err
     assert f"{signum.name} received: finishing this step and saving a checkpoint" in err
-    newest = rundir.list_checkpoints(run_dir)[-1]
+    newest = layout.list_checkpoints(run_dir)[-1]
     stop_step = checkpoint.read_meta(newest)["step"]
     assert CHECKPOINT_EVERY < stop_step < MAX_STEPS  # saved at the stop, not only at the regular steps
     resume_hint = [line for line in err.splitlines() if line.startswith(f"stopped at step {stop_step};")]
@@ -184,7 +184,7 @@ def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_
 
     assert train_cli.main(cli_args(config_file, run_dir)) == 0
     assert f"resuming from {newest} (step {stop_step}," in capsys.readouterr().err
-    assert_same_training(uninterrupted, run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(MAX_STEPS))
+    assert_same_training(uninterrupted, run_dir / layout.CHECKPOINTS / layout.step_dir_name(MAX_STEPS))
 
 
 def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_step_budget(
@@ -199,7 +199,7 @@ def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_s
     wait_for_checkpoint(process, run_dir, MEASURE_UNTIL_STEP + 1, log)
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait(timeout=30) == -signal.SIGKILL
-    latest = run_dir / rundir.CHECKPOINTS / read_run_state(run_dir).latest
+    latest = run_dir / layout.CHECKPOINTS / read_run_state(run_dir).latest
     recorded = checkpoint.read_meta(latest)["state"]
     end_step = recorded["budget"]["plan"]["end_step"]
     assert recorded["budget"]["measured_at_step"] == MEASURE_UNTIL_STEP and end_step > recorded["step"]
@@ -208,7 +208,7 @@ def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_s
     assert f"done: {end_step} steps" in capsys.readouterr().err
     steps = write_config(tmp_path / "steps.yaml", tiny_csv, max_steps=end_step, **linear)
     assert train_cli.main(cli_args(steps, tmp_path / "steps")) == 0
-    final = rundir.CHECKPOINTS + "/" + rundir.step_dir_name(end_step)
+    final = layout.CHECKPOINTS + "/" + layout.step_dir_name(end_step)
     assert_same_training(tmp_path / "steps" / final, run_dir / final)
 
 
@@ -216,8 +216,8 @@ def test_resume_skips_a_truncated_newest_checkpoint_and_still_matches(
         tmp_path: Path, config_file: Path, uninterrupted: Path, capsys):
     run_dir = tmp_path / "truncated"
     assert train_cli.main(cli_args(config_file, run_dir) + ["--set", "train.max_steps=21"]) == 0
-    *_, previous, newest = rundir.list_checkpoints(run_dir)
-    assert newest.name == rundir.step_dir_name(21)
+    *_, previous, newest = layout.list_checkpoints(run_dir)
+    assert newest.name == layout.step_dir_name(21)
     previous_step = checkpoint.read_meta(previous)["step"]
     weights = newest / checkpoint.MODEL_FILE
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a torn write
@@ -227,18 +227,18 @@ def test_resume_skips_a_truncated_newest_checkpoint_and_still_matches(
     assert f"skipping checkpoint: {weights}: truncated or corrupt" in err
     assert f"resuming from {previous} (step {previous_step}," in err
     assert f"moving the damaged {newest} aside" in err
-    assert_same_training(uninterrupted, run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(MAX_STEPS))
+    assert_same_training(uninterrupted, run_dir / layout.CHECKPOINTS / layout.step_dir_name(MAX_STEPS))
 
 
 def test_a_run_with_only_damaged_checkpoints_is_not_silently_restarted(tmp_path: Path, config_file: Path, capsys):
     run_dir = tmp_path / "damaged"
     assert train_cli.main(cli_args(config_file, run_dir) + ["--set", "train.max_steps=7"]) == 0
-    only = rundir.list_checkpoints(run_dir)[0]
+    only = layout.list_checkpoints(run_dir)[0]
     (only / checkpoint.TRAINING_FILE).write_bytes(b"garbage")
     assert train_cli.main(cli_args(config_file, run_dir)) == 2
     err = capsys.readouterr().err
     assert f"{run_dir}: none of its 1 checkpoints is intact" in err and "Traceback" not in err
-    assert rundir.list_checkpoints(run_dir) == [only]  # nothing overwritten
+    assert layout.list_checkpoints(run_dir) == [only]  # nothing overwritten
 
 
 def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
@@ -270,7 +270,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
     run_dir = tmp_path / "nan"
     assert train_cli.main(cli_args(config_file, run_dir)) == 2
     last_bad = max(nan_loss_steps)
-    saved = run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(14)
+    saved = run_dir / layout.CHECKPOINTS / layout.step_dir_name(14)
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"error: step {last_bad}: the loss or gradient was not finite for {MAX_NONFINITE_IN_A_ROW} steps in a row "
         f"({MAX_NONFINITE_IN_A_ROW + 1} skipped in all), so training stopped; the last checkpoint, {saved}, is "
@@ -284,7 +284,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
     assert same(2, 3) and not same(3, 4)  # skipped, then training went on
     assert all(same(11, step) for step in nan_loss_steps)  # no skipped step moved a weight
     assert max(params_after) == last_bad  # stopped right there
-    assert rundir.list_checkpoints(run_dir)[-1] == saved
+    assert layout.list_checkpoints(run_dir)[-1] == saved
     meta = checkpoint.read_meta(saved, verify=True, need_training_state=True)
     assert meta["state"]["nonfinite_steps"] == 4 and meta["state"]["nonfinite_in_a_row"] == 3  # 3; 12, 13, 14
     model, _ = checkpoint.load_model(saved)
@@ -302,8 +302,8 @@ def test_sigkill_in_the_middle_of_a_patience_count_then_resume_stops_where_the_r
     assert "stopped early at step" in capsys.readouterr().err
     stop = read_run_state(alone).latest
     counts = {path.name: checkpoint.read_meta(path)["state"]["validations_without_improvement"]
-              for path in rundir.list_checkpoints(alone)}
-    assert counts[stop] == 3 and stop != rundir.step_dir_name(MAX_STEPS)
+              for path in layout.list_checkpoints(alone)}
+    assert counts[stop] == 3 and stop != layout.step_dir_name(MAX_STEPS)
     # The first checkpoint whose count is under way: the kill lands after it, well before the stop.
     counting = min(name for name, count in counts.items() if 0 < count < 3)
     run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
@@ -316,4 +316,4 @@ def test_sigkill_in_the_middle_of_a_patience_count_then_resume_stops_where_the_r
     assert train_cli.main(cli_args(config, run_dir)) == 0
     assert f"stopped early at step {int(stop.split('_')[1])}" in capsys.readouterr().err
     assert read_run_state(run_dir).latest == stop
-    assert_same_training(alone / rundir.CHECKPOINTS / stop, run_dir / rundir.CHECKPOINTS / stop)
+    assert_same_training(alone / layout.CHECKPOINTS / stop, run_dir / layout.CHECKPOINTS / stop)

@@ -13,6 +13,7 @@ import csv
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -149,6 +150,56 @@ def test_rebuild_state_resumes_from_the_checkpoints_on_disk_to_the_same_weights(
     for step, (contents, identity) in old_checkpoints.items():  # resumed from them, not retrained over them
         assert snapshot(step_dir(run_dir, step)) == contents
         assert file_identity(step_dir(run_dir, step)) == identity
+
+
+def rebuild_as_the_error_says(config: Path, run_dir: Path, capsys) -> int:
+    """Train without state.json, which is refused with the command that rebuilds it; run that command."""
+    assert train(config, run_dir) == 2
+    command = shlex.split(error_line(capsys).split("train on with: ", 1)[1])
+    assert command[:2] == ["python", "train.py"] and "--rebuild-state" in command
+    return call(train_cli.main, command[2:])
+
+
+def test_rebuild_state_keeps_a_checkpoint_whose_training_state_is_torn(finished, tmp_path: Path, capsys,
+                                                                     caplog):
+    config, original = finished
+    run_dir = copy_of(original, tmp_path / "run", without=(STATE,))
+    (step_dir(run_dir, 2) / "training.pt").write_bytes(b"torn")  # its weights are intact
+    weights = file_identity(step_dir(run_dir, 2))["model.safetensors"]
+    assert rebuild_as_the_error_says(config, run_dir, capsys) == 0
+    assert file_identity(step_dir(run_dir, 2))["model.safetensors"] == weights  # kept, not rewritten
+    assert json.loads((run_dir / STATE).read_text())["kept"] == ["step_00000002", "step_00000004"]
+    assert not list((run_dir / "checkpoints").glob("corrupt-*"))
+    # It still translates; a resume reads the newest checkpoint whose training state is intact.
+    assert call(translate_cli.main, ["--checkpoint", str(step_dir(run_dir, 2)), "--quiet", "I am cold."]) == 0
+    assert capsys.readouterr().out.count("\n") == 1  # one line translated
+    assert "already reached its budget at step 4" in caplog.text
+
+
+def test_rebuild_state_where_no_training_state_is_intact_refuses_to_resume_and_keeps_the_weights(
+        finished, tmp_path: Path, capsys):
+    config, original = finished
+    run_dir = copy_of(original, tmp_path / "run", without=(STATE,))
+    for step in (2, STEPS):
+        (step_dir(run_dir, step) / "training.pt").write_bytes(b"torn")
+    checkpoints = snapshot(run_dir / "checkpoints", ignore=lambda relative: relative == "best")
+    assert rebuild_as_the_error_says(config, run_dir, capsys) == 2
+    message = error_line(capsys)
+    assert "none of its 2 checkpoints holds an intact training state" in message
+    assert "the weights of step_00000004, step_00000002 are intact" in message
+    assert snapshot(run_dir / "checkpoints", ignore=lambda relative: relative == "best") == checkpoints
+    assert call(translate_cli.main, ["--run", str(run_dir), "--quiet", "I am cold."]) == 0
+
+
+def test_rebuild_state_renames_a_checkpoint_whose_weights_are_damaged(finished, tmp_path: Path, capsys):
+    config, original = finished
+    run_dir = copy_of(original, tmp_path / "run", without=(STATE,))
+    torn = (step_dir(run_dir, 2) / "model.safetensors").read_bytes()[:100]
+    (step_dir(run_dir, 2) / "model.safetensors").write_bytes(torn)
+    assert rebuild_as_the_error_says(config, run_dir, capsys) == 0
+    aside, = (run_dir / "checkpoints").glob("corrupt-step_00000002-*")
+    assert (aside / "model.safetensors").read_bytes() == torn and (aside / "training.pt").is_file()
+    assert json.loads((run_dir / STATE).read_text())["kept"] == ["step_00000004"]
 
 
 def test_a_state_json_that_is_not_json_is_refused_and_nothing_changes(finished, tmp_path: Path, capsys):

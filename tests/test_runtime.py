@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout
 
 from transformer.training import run
 from transformer.data.batching import PairCorpus
@@ -55,7 +55,7 @@ def test_fp16_on_cpu_stops_the_cli_before_writing_anything(tmp_path: Path, tiny_
     assert train_cli.main(["--config", str(config), "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "error: train.precision: fp16 needs a CUDA GPU, but this run trains on cpu" in err
-    assert "Traceback" not in err and not (tmp_path / "run" / rundir.RUN_CONFIG).exists()
+    assert "Traceback" not in err and not (tmp_path / "run" / layout.RUN_CONFIG).exists()
 
 
 def test_autocast_and_the_scaler_follow_the_precision():
@@ -114,9 +114,9 @@ def test_the_grad_scaler_state_is_saved_and_restored_on_resume(tiny_config, tmp_
     config = short_config(tiny_config, max_steps=2, checkpoint_every=1)
     run_dir = tmp_path / "run"
     run.train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
-    saved = checkpoint.load_training_state(run_dir / "checkpoints" / rundir.step_dir_name(2))["grad_scaler"]
+    saved = checkpoint.load_training_state(run_dir / "checkpoints" / layout.step_dir_name(2))["grad_scaler"]
     assert saved["scale"] == 4096.0  # doubled after each of 2 good steps (weights_only load: plain numbers)
     run.train(dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=3)), run_dir,
               show_progress=False, data_cache_dir=datasets_cache)
-    resumed = checkpoint.load_training_state(run_dir / "checkpoints" / rundir.step_dir_name(3))["grad_scaler"]
+    resumed = checkpoint.load_training_state(run_dir / "checkpoints" / layout.step_dir_name(3))["grad_scaler"]
     assert resumed["scale"] == 8192.0  # went on from 4096: a fresh scaler would be at 2048

@@ -27,7 +27,7 @@ fastapi = pytest.importorskip("fastapi", reason="the serve extra is not installe
 from fastapi.testclient import TestClient  # noqa: E402
 
 from conftest import ctranslate2_openmp_targets, train_tiny_run  # noqa: E402
-from transformer.checkpoints.rundir import find_checkpoint  # noqa: E402
+from transformer.checkpoints.lookup import find_checkpoint  # noqa: E402
 from transformer.config import Config  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
 from transformer.serving.batcher import BatchRecord  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer.checkpoints import rundir
+from transformer.checkpoints import layout, lookup
 from transformer.training import trainer as trainer_module
 from transformer.training.validation import sample_over_lengths, spread_indices
 from transformer.data.batching import make_batch
@@ -96,9 +96,9 @@ def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, 
     assert outcome.state.target_tokens > 0 and outcome.state.nonfinite_steps == 0
 
     # The run directory is a self-contained artifact.
-    assert rundir.load_run_config(run_dir) == tiny_config
+    assert lookup.load_run_config(run_dir) == tiny_config
     assert (run_dir / "tokenizer" / "joint.json").is_file()
-    steps = rundir.list_checkpoints(run_dir)
+    steps = layout.list_checkpoints(run_dir)
     assert [path.name for path in steps] == ["step_00000010", "step_00000020", "step_00000030"]
     for path in steps:
         for name in ("model.safetensors", "meta.json", "training.pt"):
@@ -142,7 +142,7 @@ def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, 
     again = train(tiny_config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
     assert again.already_finished and again.state.step == again.state.end_step == 30
     assert again.resumed_from == steps[-1] and again.best == outcome.best
-    after = {path.name: (path / "meta.json").stat().st_mtime_ns for path in rundir.list_checkpoints(run_dir)}
+    after = {path.name: (path / "meta.json").stat().st_mtime_ns for path in layout.list_checkpoints(run_dir)}
     assert after == before
 
 

@@ -1,5 +1,5 @@
-"""What a checkpoint directory holds, written into a directory the run directory hands over
-(checkpoints/rundir.py publishes it), and read back:
+"""Writing and loading a checkpoint's files (format.py names them and verifies them), written into a
+directory the run directory's writer hands over (checkpoints/rundir.py publishes it):
   model.safetensors   weights (no pickle),
   training.pt         the trainer's state apart from weights: optimizer moments, RNG states (every
                       rank's in a data-parallel run), the gradient scaler; tensors and numbers
@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as load_safetensors_model
 from safetensors.torch import save_file as save_safetensors_file
 
-from transformer.checkpoints.rundir import (CHECKPOINT_FORMAT, META_FILE, MODEL_FILE, TRAINING_FILE, _sha256,
+from transformer.checkpoints.format import (CHECKPOINT_FORMAT, META_FILE, MODEL_FILE, TRAINING_FILE, file_sha256,
                                             read_meta)
 from transformer.config import ModelConfig
 from transformer.errors import CheckpointError, ConfigError
@@ -59,6 +59,16 @@ def _same_content(meta: dict[str, Any], existing_meta: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return comparable(existing) == comparable(json.loads(json.dumps(meta)))
+
+
+def _intact(checkpoint: Path, need_training_state: bool) -> bool:
+    """Whether `checkpoint`'s files are those its meta.json records: one kept for its weights alone
+    (its training state torn) is replaced, not taken for the same checkpoint."""
+    try:
+        read_meta(checkpoint, verify=True, need_training_state=need_training_state)
+    except CheckpointError:
+        return False
+    return True
 
 
 def _os_reason(error: BaseException) -> str | None:
@@ -109,10 +119,11 @@ def write_checkpoint(directory: Path, model: Transformer, training_state: dict[s
         files = {}
         for name in names:
             _fsync_file(directory / name)
-            files[name] = {"bytes": (directory / name).stat().st_size, "sha256": _sha256(directory / name)}
+            files[name] = {"bytes": (directory / name).stat().st_size, "sha256": file_sha256(directory / name)}
         full_meta = dict(meta, format=CHECKPOINT_FORMAT, model_config=asdict(model.config),
                          src_vocab_size=model.src_vocab_size, tgt_vocab_size=model.tgt_vocab_size, files=files)
-        if replaces is not None and _same_content(full_meta, replaces / META_FILE):
+        if replaces is not None and _same_content(full_meta, replaces / META_FILE) and \
+                _intact(replaces, need_training_state=training_state is not None):
             return False
         _write_json(directory / META_FILE, full_meta)
         _fsync_file(directory / META_FILE)

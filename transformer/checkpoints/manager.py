@@ -1,7 +1,8 @@
 """Checkpoints of a training run: saving, resuming, pruning, and which one is best (one decision,
 `CheckpointManager.improves`). Saving and resuming take the same road: the trainer's
 `state_dict()` goes into a checkpoint, and `load_state_dict()` gets it back. Which files a
-checkpoint holds is files.py's business; every write into the run goes through rundir.py.
+checkpoint holds is format.py's and files.py's business; every write into the run goes through
+rundir.py.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from transformer.checkpoints import files
-from transformer.checkpoints.rundir import (BEST_METRIC, STATE_FILE, Best, RunDirectory, RunState, read_meta,
-                                            step_dir_name)
+from transformer.checkpoints.format import read_meta
+from transformer.checkpoints.layout import BEST_METRIC, STATE_FILE, Best, RunState, step_dir_name
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.errors import CheckpointError
 from transformer.model import Transformer
 
@@ -53,6 +55,7 @@ class CheckpointManager:
         """`state`: the run state to start from (default: the run's state.json)."""
         self.run, self.keep = run, keep
         self.state = state if state is not None else run.state()
+        self._unremoved: list[str] = []  # pruned from the run state while a reader had them: removed later
 
     @property
     def best(self) -> Best | None:
@@ -68,47 +71,67 @@ class CheckpointManager:
         """The checkpoint to resume from, or None for a new run. Call while holding the run's lock.
 
         A step directory the state does not name was being saved when a process was killed, before
-        the state recorded it: it is removed, and training redoes those steps exactly. A named
-        checkpoint that fails verification is moved aside (kept for inspection) and the newest intact
-        one before it is used; the best pointer is dropped if it pointed at a damaged one.
+        the state recorded it: it is removed, and training redoes those steps exactly. The newest
+        checkpoint whose weights and training state both verify is the resume point. A newer one
+        whose weights verify stays (translation can use it; the redone steps replace it); one whose
+        weights do not is moved aside (kept for inspection), and the best pointer is dropped if it
+        pointed there. Where no checkpoint can be resumed, this is refused and nothing changes.
         """
         self.run.remove_temporaries()
         for path in self.run.step_checkpoints():
-            if path.name not in self.state.kept:
-                self.run.remove_checkpoint(path.name, "its save was interrupted before the run state recorded it")
-        intact = None
+            if path.name not in self.state.kept and not self.run.remove_checkpoint(
+                    path.name, "its save was interrupted before the run state recorded it"):
+                self._unremoved.append(path.name)
+        resumable, newer = None, []
         for name in reversed(self.state.kept):
             try:
                 read_meta(self.run.checkpoint(name), verify=True, need_training_state=True)
-                intact = name
+                resumable = name
                 break
             except CheckpointError as error:
                 log.warning("skipping checkpoint: %s", error)
-        if intact is None and self.state.kept:
+                newer.append(name)
+        weights_only = [name for name in newer if self._weights_intact(name)]
+        if resumable is None and self.state.kept:
             # Starting over would bury the run's history under new checkpoints: the user decides.
-            raise CheckpointError(f"{self.run.path}: none of its {len(self.state.kept)} checkpoints is intact (see "
-                                  f"the warnings above), so it cannot be resumed; move {self.run.checkpoints} and "
-                                  f"{self.run.state_file} away to start over, or train in another run directory")
-        if intact is None:
+            usable = (f"; the weights of {', '.join(weights_only)} are intact: translate with them, or fine-tune a "
+                      "new run from this one (train.init_from)") if weights_only else ""
+            raise CheckpointError(f"{self.run.path}: none of its {len(self.state.kept)} checkpoints holds an intact "
+                                  f"training state (see the warnings above), so it cannot be resumed{usable}. To "
+                                  f"start over, move {self.run.checkpoints} and {self.run.state_file} away, or "
+                                  "train in another run directory")
+        if resumable is None:
             return None
-        kept = self.state.kept[: self.state.kept.index(intact) + 1]
-        damaged = self.state.kept[len(kept):]
+        damaged = [name for name in newer if name not in weights_only]
         for name in damaged:
             self.run.move_aside(name)
+        for name in weights_only:
+            log.warning("keeping %s for its weights (translation can use them); training redoes its steps from "
+                        "%s and replaces it", name, resumable)
+        kept = [name for name in self.state.kept if name not in damaged]
         best = self.state.best
         if best is not None and best.checkpoint not in kept:
             log.warning("the best checkpoint %s is damaged or gone; the next validation sets a new best",
                         best.checkpoint)
             best = None
-        if damaged or best is not self.state.best:
-            self._commit(RunState(latest=intact, kept=kept, best=best))
-        return self.run.checkpoint(intact)
+        state = RunState(latest=resumable, kept=kept, best=best)
+        if state != self.state:
+            self._commit(state)
+        return self.run.checkpoint(resumable)
+
+    def _weights_intact(self, name: str) -> bool:
+        try:
+            read_meta(self.run.checkpoint(name), verify=True)
+        except CheckpointError:
+            return False
+        return True
 
     @classmethod
     def rebuild(cls, run: RunDirectory, keep: int) -> "CheckpointManager":
         """The manager of a run whose state.json is written anew from the step checkpoints on disk: every
-        intact one is kept, the newest is where training resumes, the best validated one is best.
-        Damaged ones are left alone."""
+        one whose weights verify is kept (whether its training state can be resumed is `resume_point`'s
+        to find), the newest is the latest, the best validated one is best. One whose weights do not
+        verify is moved aside, as a resume does: a rebuild deletes no checkpoint."""
         manager = cls(run, keep, RunState())
         manager._rebuild_state()
         return manager
@@ -118,16 +141,17 @@ class CheckpointManager:
         kept, best = [], None
         for path in self.run.step_checkpoints():
             try:
-                meta = read_meta(path, verify=True, need_training_state=True)
+                meta = read_meta(path, verify=True)
             except CheckpointError as error:
                 log.warning("not keeping %s in the rebuilt run state: %s", path.name, error)
+                self.run.move_aside(path.name)
                 continue
             kept.append(path.name)
             metrics = meta.get("metrics") or {}
             if BEST_METRIC in metrics and (best is None or metrics[BEST_METRIC] > best.score):
                 best = Best(path.name, int(meta["step"]), dict(metrics))
         state = RunState(latest=kept[-1] if kept else None, kept=kept, best=best)
-        log.info("rebuilt %s from %d checkpoint(s): resuming from %s, best %s", self.run.state_file, len(kept),
+        log.info("rebuilt %s from %d checkpoint(s): newest %s, best %s", self.run.state_file, len(kept),
                  state.latest, f"{best.checkpoint} (valid BLEU {best.score:.2f})" if best else "none yet")
         self._commit(state)
 
@@ -145,12 +169,15 @@ class CheckpointManager:
         best = self.state.best
         if metrics and self.improves(metrics):
             best = Best(name, step, dict(metrics))
-        kept = [old for old in self.state.kept if old != name] + [name]
-        protected = {best.checkpoint} if best else set()
+        # By step: after a resume from an older checkpoint, newer ones kept for their weights come last.
+        kept = sorted(set(self.state.kept) | {name})
+        protected = {name} | ({best.checkpoint} if best else set())
         excess = [old for old in kept[:-self.keep] if old not in protected]
         self._commit(RunState(latest=name, kept=[old for old in kept if old not in excess], best=best))
-        for old in excess:
-            self.run.remove_checkpoint(old, f"only the newest {self.keep} are kept", announce=False)
+        pending, self._unremoved = self._unremoved + excess, []
+        for old in pending:
+            if not self.run.remove_checkpoint(old, f"only the newest {self.keep} are kept", announce=False):
+                self._unremoved.append(old)
         return path
 
     def _commit(self, state: RunState) -> None:

@@ -10,8 +10,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from transformer.checkpoints import files
-from transformer.checkpoints.rundir import (MODEL_FILE, STATE_FILE, RunDirectory, find_checkpoint, load_run_config,
-                                            read_meta)
+from transformer.checkpoints.format import MODEL_FILE, read_meta
+from transformer.checkpoints.layout import STATE_FILE
+from transformer.checkpoints.lookup import find_checkpoint, load_run_config
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config
 from transformer.data.tokenizer import tokenizer_fingerprint
 from transformer.errors import CheckpointError, ConfigError

@@ -1,128 +1,43 @@
-"""The run directory: its layout, and the only code that creates, replaces or deletes anything in it.
-
-    config.yaml  state.json  tokenizer/  heldout/  checkpoints/step_*/  checkpoints/best -> step_*/
-    tensorboard/  train.log  .lock  ctranslate2/<weights hash>/ (translate.py's cached export)
+"""The writer of a run directory: the only code that creates, replaces or deletes anything in one
+(layout.py names what it holds; lookup.py finds and reads a run for inference without writing).
 
 A folder becomes a run when `RunDirectory.create` writes its state.json; a non-empty folder
 without one is refused, never written into. state.json is the commit point: it names the step
 checkpoints kept, the newest and the best. A missing or damaged one is refused with the command
 that rebuilds it, never read as permission to delete. Only names this module could have written
 are accepted, and it deletes only what it wrote: temporaries of its own saves, and checkpoints it
-published. The readers at the bottom need no torch, so the CTranslate2 engine finds its model
-without loading it.
+published, never one a reader has pinned (pins.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
-from transformer.config import Config, DecodeConfig, load_config
+from transformer.checkpoints.format import CHECKPOINT_FILES
+from transformer.checkpoints.layout import (BEST, CHECKPOINTS, CORRUPT_PREFIX, EXPORTS_DIR, HELDOUT_DIR, LOCK_FILE,
+                                            LOG_FILE, RUN_CONFIG, STATE_FILE, TENSORBOARD_DIR, TOKENIZER_DIR,
+                                            RunState, is_step_dir_name, list_checkpoints, read_run_state,
+                                            step_dir_name)
+from transformer.checkpoints.pins import claim_for_removal
 from transformer.errors import CheckpointError, ExportCacheError
 from transformer.files import (TEMPORARY_PREFIX, publish_directory, temporary_path, write_directory_atomic,
                                write_json_atomic, write_text_atomic)
 
 log = logging.getLogger(__name__)
 
-RUN_CONFIG = "config.yaml"  # the resolved config the run was started with
-STATE_FILE = "state.json"  # which checkpoints exist, which is newest, which is best
-STATE_FORMAT = 2
-TOKENIZER_DIR = "tokenizer"
-HELDOUT_DIR = "heldout"  # <name>.en and <name>.fr.1..K: distinct sources and their references
-CHECKPOINTS = "checkpoints"
-BEST = "best"  # checkpoints/best: a link to the best checkpoint, for people and tools that look there
-TENSORBOARD_DIR = "tensorboard"
-LOG_FILE = "train.log"
-LOCK_FILE = ".lock"
-EXPORTS_DIR = "ctranslate2"
-MODEL_FILE, TRAINING_FILE, META_FILE = "model.safetensors", "training.pt", "meta.json"
-CHECKPOINT_FILES = {MODEL_FILE, TRAINING_FILE, META_FILE}
-CHECKPOINT_FORMAT = 2  # in meta.json: what this version writes and reads
-BEST_METRIC = "valid_bleu"  # higher is better
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
 # What a failed first start may leave in a folder that is not a run yet (train.py opens its log first).
 _BEFORE_A_RUN = {LOG_FILE, LOCK_FILE}
 
 
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------- state
-
-
 class MissingRunState(CheckpointError):
     """A run whose state.json is gone: it can be rebuilt from the checkpoints on disk."""
-
-
-@dataclass(frozen=True)
-class Best:
-    """The best checkpoint so far: its directory name under checkpoints/, step and metrics."""
-
-    checkpoint: str
-    step: int
-    metrics: dict[str, float]
-
-    @property
-    def score(self) -> float:
-        return self.metrics[BEST_METRIC]
-
-
-@dataclass
-class RunState:
-    """What state.json holds."""
-
-    latest: str | None = None  # the newest step checkpoint: a resume starts there
-    kept: list[str] = field(default_factory=list)  # step checkpoints on disk, oldest first
-    best: Best | None = None
-    format: int = STATE_FORMAT
-
-    @classmethod
-    def from_json(cls, data: Any, path: Path) -> "RunState":
-        try:
-            if data.get("format") != STATE_FORMAT:
-                raise CheckpointError(f"{path}: run state format {data.get('format')}, but this version reads format "
-                                      f"{STATE_FORMAT}: the run was trained by another version of this project")
-            best = Best(**data["best"]) if data.get("best") else None
-            state = cls(latest=data.get("latest"), kept=list(data.get("kept", [])), best=best)
-        except (TypeError, ValueError, KeyError, AttributeError) as error:
-            raise CheckpointError(f"{path}: not a run state of this project ({error})") from None
-        names = state.kept + [name for name in (state.latest, best and best.checkpoint) if name is not None]
-        for name in names:
-            if not isinstance(name, str) or not _STEP_DIR.match(name):
-                raise CheckpointError(f"{path}: names the checkpoint {name!r}, which this project never writes; "
-                                      "the file was edited or damaged")
-        if state.latest is not None and state.latest not in state.kept or best and best.checkpoint not in state.kept:
-            raise CheckpointError(f"{path}: names checkpoints it does not keep; the file was edited or damaged")
-        return state
-
-
-def read_run_state(run_dir: Path) -> RunState | None:
-    """The run state of `run_dir`, or None where it has no state.json."""
-    path = Path(run_dir) / STATE_FILE
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({getattr(error, 'strerror', None) or error})") from None
-    return RunState.from_json(data, path)
 
 
 # ---------------------------------------------------------------------------------------------- the owner
@@ -265,7 +180,7 @@ class RunDirectory:
 
     def checkpoint(self, name: str) -> Path:
         """The path of step checkpoint `name`, which must be a name this module writes."""
-        if not _STEP_DIR.match(name):
+        if not is_step_dir_name(name):
             raise CheckpointError(f"{self.checkpoints}: {name!r} is not a checkpoint name this project writes")
         return self.checkpoints / name
 
@@ -295,22 +210,28 @@ class RunDirectory:
             raise
         return final
 
-    def remove_checkpoint(self, name: str, why: str, announce: bool = True) -> None:
-        """Delete a step checkpoint this project wrote (only our files in it); anything else stays."""
+    def remove_checkpoint(self, name: str, why: str, announce: bool = True) -> bool:
+        """Delete a step checkpoint this project wrote (only our files in it); anything else stays, and
+        so does a checkpoint a reader has pinned: then this returns False, and the caller tries later."""
         path = self.checkpoint(name)
         if not path.is_dir() or path.is_symlink():
-            return
+            return True
         foreign = [p.name for p in path.iterdir() if p.name not in CHECKPOINT_FILES]
         if foreign:
             log.warning("not removing %s (%s): it holds files this project did not write: %s", path, why,
                         ", ".join(sorted(foreign)[:3]))
-            return
-        log.log(logging.INFO if announce else logging.DEBUG, "removing %s: %s", path, why)
-        shutil.rmtree(path)
+            return True
+        with claim_for_removal(path) as free:
+            if not free:
+                log.info("not removing %s yet (%s): a reader has it open", path, why)
+                return False
+            log.log(logging.INFO if announce else logging.DEBUG, "removing %s: %s", path, why)
+            shutil.rmtree(path)
+        return True
 
     def move_aside(self, name: str) -> Path:
         """Keep a damaged checkpoint for inspection, out of the way of the names training writes."""
-        aside = self.checkpoints / f"corrupt-{name}-{os.getpid()}"
+        aside = self.checkpoints / f"{CORRUPT_PREFIX}{name}-{os.getpid()}"
         log.warning("moving the damaged %s aside to %s", self.checkpoint(name), aside)
         os.replace(self.checkpoint(name), aside)
         return aside
@@ -325,12 +246,12 @@ class RunDirectory:
         for path in self.checkpoints.iterdir():
             if path.name.startswith(prefix_old):
                 name = path.name[len(prefix_old):].rsplit("-", 1)[0]
-                if _STEP_DIR.match(name) and not (self.checkpoints / name).exists():
+                if is_step_dir_name(name) and not (self.checkpoints / name).exists():
                     log.warning("restoring %s from %s, left by an interrupted save", self.checkpoints / name, path)
                     os.replace(path, self.checkpoints / name)
-                elif _STEP_DIR.match(name):
+                elif is_step_dir_name(name):
                     shutil.rmtree(path)
-            elif path.name.startswith(TEMPORARY_PREFIX) and _STEP_DIR.match(path.name[len(TEMPORARY_PREFIX):]
+            elif path.name.startswith(TEMPORARY_PREFIX) and is_step_dir_name(path.name[len(TEMPORARY_PREFIX):]
                                                                              .rsplit("-", 1)[0]):
                 log.info("removing %s, left by an interrupted save", path)
                 shutil.rmtree(path)
@@ -377,93 +298,4 @@ class RunDirectory:
                         link, target, error.strerror or error, STATE_FILE)
 
 
-# ---------------------------------------------------------------------------------------------- readers
-
-
-def read_meta(checkpoint: Path, verify: bool = True, need_training_state: bool = False) -> dict[str, Any]:
-    """Read meta.json of `checkpoint` and (with `verify`) check the size and SHA-256 of its files."""
-    checkpoint = Path(checkpoint)
-    meta_path = checkpoint / META_FILE
-    if not meta_path.is_file():
-        raise CheckpointError(f"{checkpoint}: not a checkpoint ({META_FILE} is missing)")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{meta_path}: unreadable ({error})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict) or "model_config" not in meta:
-        raise CheckpointError(f"{meta_path}: not a checkpoint description of this project")
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{meta_path}: checkpoint format {meta.get('format')}, but this version reads format "
-                              f"{CHECKPOINT_FORMAT}: it was written by another version of this project")
-    if verify:
-        for name in [MODEL_FILE] + ([TRAINING_FILE] if need_training_state else []):
-            expected, path = meta["files"].get(name), checkpoint / name
-            if not isinstance(expected, dict) or not path.is_file():
-                raise CheckpointError(f"{path}: missing from the checkpoint")
-            size = path.stat().st_size
-            if size != expected.get("bytes"):
-                raise CheckpointError(f"{path}: truncated or corrupt ({size} bytes, expected {expected.get('bytes')})")
-            if _sha256(path) != expected.get("sha256"):
-                raise CheckpointError(f"{path}: corrupt (SHA-256 differs from the one recorded at save time)")
-    return meta
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Step checkpoints of a run on disk, oldest first (temporaries and the best link excluded)."""
-    directory = Path(run_dir) / CHECKPOINTS
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir()
-             if (m := _STEP_DIR.match(p.name)) and p.is_dir() and not p.is_symlink()]
-    return [p for _, p in sorted(found)]
-
-
-def find_checkpoint(run: Path | None = None, checkpoint_dir: Path | None = None,
-                    runs_root: Path = Path("runs")) -> Path:
-    """The checkpoint translation should use: `checkpoint_dir` if given; else the best (or newest) one
-    of `run`; else of the run under `runs_root` whose run state changed last."""
-    if checkpoint_dir is not None:
-        checkpoint_dir = Path(checkpoint_dir)
-        if not (checkpoint_dir / META_FILE).is_file():
-            looks_like_run = (checkpoint_dir / STATE_FILE).is_file()
-            hint = "; it looks like a run directory: pass it as the run instead" if looks_like_run else ""
-            raise CheckpointError(f"{checkpoint_dir}: not a checkpoint directory (no {META_FILE}){hint}")
-        return checkpoint_dir
-    if run is None:
-        root = Path(runs_root)
-        candidates = sorted((path.stat().st_mtime, run_dir) for run_dir in (root.iterdir() if root.is_dir() else [])
-                            if (path := run_dir / STATE_FILE).is_file() and list_checkpoints(run_dir))
-        if not candidates:
-            raise CheckpointError(f"no trained run found under {root}/: train one first "
-                                  "(python train.py --config configs/base.yaml) or name a run or checkpoint")
-        run = candidates[-1][1]
-    run = Path(run)
-    if not run.is_dir():
-        raise CheckpointError(f"run directory not found: {run}")
-    state = read_run_state(run)
-    if state is None:
-        raise CheckpointError(f"{run}: not a run of this project ({STATE_FILE} is missing)")
-    name = state.best.checkpoint if state.best else state.latest
-    if name is None:
-        raise CheckpointError(f"{run}: has no checkpoint yet (train it first, or wait for its first save)")
-    return run / CHECKPOINTS / name
-
-
-def load_run_config(run_dir: Path) -> Config:
-    """The resolved config a run was started with (`config.yaml` in its directory)."""
-    path = Path(run_dir) / RUN_CONFIG
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (is {run_dir} a run directory?)")
-    return load_config(path)
-
-
-def run_dir_of(checkpoint_dir: Path) -> Path:
-    """runs/<name>/checkpoints/<step or best>  ->  runs/<name>"""
-    return Path(checkpoint_dir).resolve().parent.parent
-
-
-def load_decode_config(run_dir: Path) -> DecodeConfig:
-    """The run's decode section (config.yaml), or the defaults where the run directory has no config."""
-    if (Path(run_dir) / RUN_CONFIG).is_file():
-        return load_run_config(run_dir).decode
-    return DecodeConfig()
+__all__ = ["MissingRunState", "RunDirectory"]

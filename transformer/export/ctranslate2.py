@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from transformer.checkpoints.rundir import MODEL_FILE, find_checkpoint, load_decode_config, run_dir_of
+from transformer.checkpoints.format import MODEL_FILE
+from transformer.checkpoints.lookup import find_checkpoint, load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
 from transformer.data.tokenizer import (BOS, EOS, JOINT_FILE, PAD, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK,
                                         Tokenizers, save_tokenizers)

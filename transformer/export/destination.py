@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from transformer.checkpoints.rundir import CHECKPOINTS, META_FILE, RUN_CONFIG, STATE_FILE, TOKENIZER_DIR
+from transformer.checkpoints.format import META_FILE
+from transformer.checkpoints.layout import CHECKPOINTS, RUN_CONFIG, STATE_FILE, TOKENIZER_DIR
 from transformer.errors import UserError
 from transformer.files import write_directory_atomic
 

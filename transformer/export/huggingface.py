@@ -24,8 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer.checkpoints.rundir import (MODEL_FILE, RUN_CONFIG, RunDirectory, find_checkpoint, load_decode_config,
-                                            load_run_config, run_dir_of)
+from transformer.checkpoints.format import MODEL_FILE
+from transformer.checkpoints.layout import RUN_CONFIG
+from transformer.checkpoints.lookup import find_checkpoint, load_decode_config, load_run_config, run_dir_of
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import DataConfig, DecodeConfig
 from transformer.data.tokenizer import (BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, Tokenizers,
                                         clean_text_normalizer)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from transformer.checkpoints.rundir import RunDirectory, find_checkpoint, run_dir_of
+from transformer.checkpoints.lookup import pinned_checkpoint, run_dir_of
+from transformer.checkpoints.pins import pin
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.translation.ct2_format import (cached_export_dir, import_ctranslate2, is_current_export,
                                                 read_export_info)
 
@@ -18,16 +20,17 @@ log = logging.getLogger(__name__)
 def cached_run_export(checkpoint: Path) -> Path:
     """The run's export of `checkpoint` (RUN/ctranslate2/<weights hash>), exported there first if it is
     missing or of other weights. Written beside and renamed into place, so a reader sees all of it."""
-    directory, digest = cached_export_dir(checkpoint)
-    if not is_current_export(directory, digest):
-        # The clearest error first, and before torch: imported after it, CTranslate2 would run on torch's
-        # OpenMP runtime, several times slower (bench/one_process.py).
-        import_ctranslate2()
-        from transformer.export.ctranslate2 import write_export_files  # torch: only to write it
+    with pin(checkpoint) as checkpoint:  # a run still training may prune it meanwhile (pins.py)
+        directory, digest = cached_export_dir(checkpoint)
+        if not is_current_export(directory, digest):
+            # The clearest error first, and before torch: imported after it, CTranslate2 would run on torch's
+            # OpenMP runtime, several times slower (bench/one_process.py).
+            import_ctranslate2()
+            from transformer.export.ctranslate2 import write_export_files  # torch: only to write it
 
-        log.info("exporting %s for CTranslate2 into %s (once: later calls reuse it)", checkpoint, directory)
-        RunDirectory(run_dir_of(checkpoint)).publish_export(directory.name,
-                                                            lambda tmp: write_export_files(checkpoint, tmp))
+            log.info("exporting %s for CTranslate2 into %s (once: later calls reuse it)", checkpoint, directory)
+            RunDirectory(run_dir_of(checkpoint)).publish_export(directory.name,
+                                                                lambda tmp: write_export_files(checkpoint, tmp))
     return directory
 
 
@@ -38,8 +41,8 @@ def ctranslate2_model(run: Path | None, checkpoint_dir: Path | None, runs_root: 
     run under `runs_root`) or `checkpoint_dir`, through `cached_run_export`."""
     if checkpoint_dir is not None and read_export_info(checkpoint_dir) is not None:
         return Path(checkpoint_dir), None
-    found = find_checkpoint(run, checkpoint_dir, runs_root)
-    return cached_run_export(found), found
+    with pinned_checkpoint(run, checkpoint_dir, runs_root) as found:
+        return cached_run_export(found), found
 
 
 __all__ = ["cached_run_export", "ctranslate2_model"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from transformer.checkpoints.rundir import LOG_FILE
+from transformer.checkpoints.layout import LOG_FILE
 
 
 class _TqdmHandler(logging.StreamHandler):

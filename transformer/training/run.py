@@ -21,7 +21,9 @@ import torch
 
 from transformer.checkpoints.manager import CheckpointManager, load_checkpoint
 from transformer.checkpoints.parent import Parent, load_parent_weights, open_parent
-from transformer.checkpoints.rundir import Best, RunDirectory, load_run_config
+from transformer.checkpoints.layout import Best
+from transformer.checkpoints.lookup import load_run_config
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config, config_to_dict, config_to_yaml
 from transformer.data.batching import PairCorpus
 from transformer.data.dropout import DropoutBatches

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformer.checkpoints.rundir import load_decode_config, run_dir_of
+from transformer.checkpoints.lookup import load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
 from transformer.data.tokenizer import BOS, EOS, PAD, Tokenizers, load_tokenizers
 from transformer.errors import CheckpointError, ConfigError

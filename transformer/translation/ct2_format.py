@@ -9,7 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from transformer.checkpoints.rundir import EXPORTS_DIR, MODEL_FILE, read_meta, run_dir_of
+from transformer.checkpoints.format import MODEL_FILE, read_meta
+from transformer.checkpoints.layout import EXPORTS_DIR
+from transformer.checkpoints.lookup import run_dir_of
 from transformer.errors import CheckpointError, UserError
 
 

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints.rundir import TOKENIZER_DIR, find_checkpoint, load_decode_config, run_dir_of
+from transformer.checkpoints.layout import TOKENIZER_DIR
+from transformer.checkpoints.lookup import load_decode_config, pinned_checkpoint, run_dir_of
 from transformer.config import DecodeConfig
 from transformer.data.batching import make_batch, source_tensor
 from transformer.data.tokenizer import PAD_ID, Tokenizers, load_tokenizers, tokenizer_fingerprint
@@ -144,12 +145,14 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     if bf16 and not fast_bf16(torch.device(device)):
         raise UserError(f"bf16 translation: this {torch.device(device).type} has no fast bf16 units (a CPU "
                         "needs AVX-512-BF16 or AMX) and would emulate them, far slower than fp32; leave out bf16")
-    found = find_checkpoint(run, checkpoint_dir, runs_root)
-    model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
+    # Pinned while read: a run still training may prune its checkpoints meanwhile (pins.py).
+    with contextlib.ExitStack() as pins:
+        found = pins.enter_context(pinned_checkpoint(run, checkpoint_dir, runs_root))
+        model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
+        others = [_ensemble_member(found, tokenizers, pins.enter_context(pinned_checkpoint(member, None, runs_root)),
+                                   device) for member in ensemble]
     decode = dataclasses.replace(load_decode_config(run_dir_of(found)),
                                  **{k: v for k, v in decode_overrides.items() if v is not None})
-    others = [_ensemble_member(found, tokenizers, find_checkpoint(member, None, runs_root), device)
-              for member in ensemble]
     if int8:
         model, others = quantize_int8(model), [quantize_int8(other) for other in others]
     if bf16:

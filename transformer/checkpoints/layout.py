@@ -1,0 +1,109 @@
+"""What a run directory holds and what its names are, and state.json, the run state that names its
+checkpoints: shared by the run's writer (rundir.py) and its readers (lookup.py). No torch, no writes.
+
+    config.yaml  state.json  tokenizer/  heldout/  checkpoints/step_*/  checkpoints/best -> step_*/
+    tensorboard/  train.log  .lock  ctranslate2/<weights hash>/ (translate.py's cached export)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformer.errors import CheckpointError
+
+RUN_CONFIG = "config.yaml"  # the resolved config the run was started with
+STATE_FILE = "state.json"  # which checkpoints exist, which is newest, which is best
+STATE_FORMAT = 2
+TOKENIZER_DIR = "tokenizer"
+HELDOUT_DIR = "heldout"  # <name>.en and <name>.fr.1..K: distinct sources and their references
+CHECKPOINTS = "checkpoints"
+BEST = "best"  # checkpoints/best: a link to the best checkpoint, for people and tools that look there
+TENSORBOARD_DIR = "tensorboard"
+LOG_FILE = "train.log"
+LOCK_FILE = ".lock"
+EXPORTS_DIR = "ctranslate2"
+BEST_METRIC = "valid_bleu"  # higher is better
+CORRUPT_PREFIX = "corrupt-"  # a damaged checkpoint moved aside: corrupt-<its name>-<pid>
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def is_step_dir_name(name: object) -> bool:
+    """Whether `name` is a step checkpoint's name as this project writes it (step_ and eight digits)."""
+    return isinstance(name, str) and _STEP_DIR.match(name) is not None
+
+
+@dataclass(frozen=True)
+class Best:
+    """The best checkpoint so far: its directory name under checkpoints/, step and metrics."""
+
+    checkpoint: str
+    step: int
+    metrics: dict[str, float]
+
+    @property
+    def score(self) -> float:
+        return self.metrics[BEST_METRIC]
+
+
+@dataclass
+class RunState:
+    """What state.json holds."""
+
+    latest: str | None = None  # the checkpoint a resume starts from (the newest one it can)
+    kept: list[str] = field(default_factory=list)  # step checkpoints on disk, oldest first
+    best: Best | None = None
+    format: int = STATE_FORMAT
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path) -> "RunState":
+        try:
+            if data.get("format") != STATE_FORMAT:
+                raise CheckpointError(f"{path}: run state format {data.get('format')}, but this version reads format "
+                                      f"{STATE_FORMAT}: the run was trained by another version of this project")
+            best = Best(**data["best"]) if data.get("best") else None
+            state = cls(latest=data.get("latest"), kept=list(data.get("kept", [])), best=best)
+        except (TypeError, ValueError, KeyError, AttributeError) as error:
+            raise CheckpointError(f"{path}: not a run state of this project ({error})") from None
+        names = state.kept + [name for name in (state.latest, best and best.checkpoint) if name is not None]
+        for name in names:
+            if not is_step_dir_name(name):
+                raise CheckpointError(f"{path}: names the checkpoint {name!r}, which this project never writes; "
+                                      "the file was edited or damaged")
+        if state.latest is not None and state.latest not in state.kept or best and best.checkpoint not in state.kept:
+            raise CheckpointError(f"{path}: names checkpoints it does not keep; the file was edited or damaged")
+        return state
+
+
+def read_run_state(run_dir: Path) -> RunState | None:
+    """The run state of `run_dir`, or None where it has no state.json."""
+    path = Path(run_dir) / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable ({getattr(error, 'strerror', None) or error})") from None
+    return RunState.from_json(data, path)
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Step checkpoints of a run on disk, oldest first (temporaries and the best link excluded)."""
+    directory = Path(run_dir) / CHECKPOINTS
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir()
+             if (m := _STEP_DIR.match(p.name)) and p.is_dir() and not p.is_symlink()]
+    return [p for _, p in sorted(found)]
+
+
+__all__ = ["RUN_CONFIG", "STATE_FILE", "STATE_FORMAT", "TOKENIZER_DIR", "HELDOUT_DIR", "CHECKPOINTS", "BEST",
+           "TENSORBOARD_DIR", "LOG_FILE", "LOCK_FILE", "EXPORTS_DIR", "BEST_METRIC", "CORRUPT_PREFIX",
+           "step_dir_name", "is_step_dir_name", "Best", "RunState", "read_run_state", "list_checkpoints"]

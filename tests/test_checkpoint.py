@@ -3,6 +3,7 @@ clean-up after an interrupted save, and disk errors that stop training with the 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -15,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 
 from transformer.checkpoints import files as checkpoint
-from transformer.checkpoints import layout
+from transformer.checkpoints import layout, lookup
 from transformer.checkpoints.format import file_sha256
 
 from transformer.training import run
@@ -352,3 +353,57 @@ def test_training_state_holds_every_ranks_rng_and_the_grad_scaler_without_pickle
     assert [torch.equal(a["torch"], b["torch"]) for a, b in zip(loaded["rank_rng"], ranks)] == [True, True]
     plain = save_checkpoint(tmp_path, model, optimizer, 4, ranks[0])
     assert set(checkpoint.load_training_state(plain)) == {"optimizer", "rng"}  # one process, no scaler
+
+
+# --------------------------------------------------------------------------- readers pin what they read
+
+
+def newest_only(run_dir: Path) -> tuple[CheckpointManager, callable]:
+    """The run's manager keeping one checkpoint, as a training run would prune, and a function that
+    saves the next step (pruning the older ones)."""
+    run_state = read_run_state(run_dir)
+    RunDirectory(run_dir).commit_state(dataclasses.replace(run_state, best=None))  # the newest is what readers get
+    manager = CheckpointManager(RunDirectory(run_dir), keep=1)
+    model, meta = checkpoint.load_model(step_dir(run_dir, 10))
+    optimizer = torch.optim.Adam(model.parameters())
+    steps = iter(range(11, 100))
+
+    def save_next() -> Path:
+        step = next(steps)
+        return manager.save(step, model, {"training": {"optimizer": optimizer.state_dict(), "rng": {}},
+                                          "meta": dict(meta, state={"step": step})})
+
+    return manager, save_next
+
+
+def test_a_checkpoint_pruned_while_it_loads_stays_until_the_reader_is_done(run_dir: Path, monkeypatch):
+    _, save_next = newest_only(run_dir)
+    real_load = checkpoint.load_model
+
+    def pruned_meanwhile(path, device="cpu"):
+        save_next()  # step 11: steps 5 and 10 are beyond keep_checkpoints
+        return real_load(path, device)
+
+    monkeypatch.setattr(checkpoint, "load_model", pruned_meanwhile)
+    translator = load_translator(run_dir)
+    assert translator.checkpoint == step_dir(run_dir, 10)
+    assert step_dir(run_dir, 10).is_dir() and not step_dir(run_dir, 5).exists()
+    monkeypatch.setattr(checkpoint, "load_model", real_load)
+    save_next()  # the reader let go: the next save prunes it
+    assert not step_dir(run_dir, 10).exists() and read_run_state(run_dir).kept == ["step_00000012"]
+
+
+def test_a_checkpoint_pruned_between_lookup_and_pin_is_looked_up_again(run_dir: Path, monkeypatch):
+    _, save_next = newest_only(run_dir)
+    real_find = lookup.find_checkpoint
+
+    def pruned_after_lookup(*args, **kwargs):
+        found = real_find(*args, **kwargs)
+        if found == step_dir(run_dir, 10):
+            save_next()  # step 11; step 10, not pinned yet, is removed
+        return found
+
+    monkeypatch.setattr(lookup, "find_checkpoint", pruned_after_lookup)
+    assert load_translator(run_dir).checkpoint == step_dir(run_dir, 11)
+    with pytest.raises(CheckpointError, match="not a checkpoint directory"):  # a checkpoint named by the user
+        load_translator(checkpoint_dir=step_dir(run_dir, 10))

@@ -6,8 +6,8 @@ is self-contained. Translate with it: `python translate.py --checkpoint OUT_DIR 
 
 --to huggingface: OUT_DIR gets a directory that transformers loads with its own classes (MarianMT for
 a post-norm model, Pegasus for a pre-norm one): AutoModelForSeq2SeqLM, AutoTokenizer and, in
-transformers 4, pipeline("translation", model=OUT_DIR); and a model card README.md. Nothing is uploaded. Needs
-pip install -e ".[hf]".
+transformers 4, pipeline("translation", model=OUT_DIR); and a model card README.md, with the run's test
+scores under --score-test. Nothing is uploaded. Needs pip install -e ".[hf]".
 
 OUT_DIR must be new, empty, or an earlier export of the same kind (which is replaced), and lie outside
 every run directory and checkpoint: nothing else is ever deleted.
@@ -23,6 +23,7 @@ from pathlib import Path
 from transformer.checkpoints.layout import STATE_FILE
 from transformer.errors import UserError
 from transformer.export import ctranslate2, huggingface
+from transformer.runtime import select_device
 from transformer.training.logs import setup_logging
 
 
@@ -33,9 +34,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where.add_argument("--run", type=Path, help="run directory (default: the newest run under runs/)")
     where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
     parser.add_argument("--to", choices=["ctranslate2", "huggingface"], required=True, help="the format to export to")
-    # No longer changes anything (an export replaces only an earlier export, and nothing else ever),
-    # but still accepted, so that scripts written for it keep working where they were safe.
-    parser.add_argument("--force", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--score-test", action="store_true",
+                        help="--to huggingface: translate the run's test split and put its BLEU and chrF in the model "
+                             "card (default: the card says it was not scored)")
+    parser.add_argument("--device", default="cpu",
+                        help="where --score-test translates: cpu (default), cuda, cuda:N, mps or auto")
     parser.add_argument("--quiet", action="store_true", help="no log lines")
     return parser.parse_args(argv)
 
@@ -43,14 +46,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
-    if args.force:
-        print("note: --force changes nothing any more: OUT_DIR is replaced only when it holds an earlier export; "
-              "anything else in its way, move or delete it yourself", file=sys.stderr)
     try:
         if args.checkpoint is not None and (args.checkpoint / STATE_FILE).is_file():
             raise UserError(f"{args.checkpoint}: a run directory, not a checkpoint: use --run {args.checkpoint}")
-        export_run = ctranslate2.export_run if args.to == "ctranslate2" else huggingface.export_run
-        out_dir = export_run(args.run, args.checkpoint, args.out_dir)
+        if args.score_test and args.to != "huggingface":
+            raise UserError("--score-test: only --to huggingface writes a model card to score in")
+        if args.to == "ctranslate2":
+            exporter = ctranslate2.CTranslate2Exporter()
+        else:
+            exporter = huggingface.HuggingFaceExporter(args.score_test, select_device(args.device, key="--device")
+                                                       if args.score_test else "cpu")
+        out_dir = exporter.export_run(args.run, args.checkpoint, args.out_dir)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -6,7 +6,9 @@ a missing ctranslate2 is one line."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -116,3 +118,21 @@ def test_export_errors_are_one_line(trained_run: Path, tmp_path: Path, capsys, m
     assert export(trained_run, tmp_path / "out") == 2
     assert user_error(capsys) == "the ctranslate2 package is not installed; install it with pip install ctranslate2"
     assert not (tmp_path / "out").exists()
+
+
+def test_what_a_killed_export_left_is_reclaimed_by_the_next_one(trained_run: Path, tmp_path: Path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # a process id that has ended
+    out = tmp_path / "export"
+    # What `kill -9` leaves: the half-written temporary beside OUT_DIR; and an earlier export moved
+    # aside to be replaced, its replacement never renamed into place.
+    assert export(trained_run, tmp_path / "earlier", "--quiet") == 0
+    (tmp_path / "earlier").rename(tmp_path / f".tmp-old-export-{dead}")
+    half = tmp_path / f".tmp-export-{dead}"
+    half.mkdir()
+    (half / "model.bin").write_bytes(b"half")
+    running = tmp_path / f".tmp-export-{os.getpid()}-other"  # another name: not this export's to touch
+    running.mkdir()
+    assert export(trained_run, out, "--quiet") == 0
+    assert sorted(os.listdir(tmp_path)) == sorted(["export", running.name])
+    assert (out / EXPORT_INFO).is_file()

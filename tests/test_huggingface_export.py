@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it: a test never reaches the Hub
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e \".[hf]\"); "
@@ -26,7 +27,8 @@ from transformer.config import Config  # noqa: E402
 from transformer.data.batching import pad_rows, source_tensor  # noqa: E402
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from transformer.checkpoints.lookup import find_checkpoint, load_decode_config  # noqa: E402
-from transformer.export.huggingface import max_logit_difference, scores_on_test_split  # noqa: E402
+from transformer.export.huggingface import max_logit_difference  # noqa: E402
+from transformer.export.model_card import scores_on_test_split  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
 from transformer.translation.ct2_format import EXPORT_INFO  # noqa: E402
 from transformer.translation.texts import max_output_length, search_texts  # noqa: E402
@@ -58,7 +60,7 @@ def exported(request, tmp_path_factory: pytest.TempPathFactory, tiny_config: Con
     pre_norm, share, hf_class = KINDS[request.param]
     root = tmp_path_factory.mktemp(request.param)
     run_dir = train_tiny_run(root / "run", tiny_config, datasets_cache, pre_norm=pre_norm, share_embeddings=share)
-    assert export(run_dir, root / "hf", "--quiet") == 0
+    assert export(run_dir, root / "hf", "--quiet", "--score-test") == 0
     return run_dir, root / "hf", hf_class
 
 
@@ -140,7 +142,8 @@ def test_the_translation_pipeline_returns_our_text(exported):
 def test_the_model_card_and_description(exported):
     run_dir, out, hf_class = exported
     card = (out / "README.md").read_text(encoding="utf-8")
-    assert "CC-BY 2.0" in card and "Tatoeba" in card and "10 steps" in card and "AutoModelForSeq2SeqLM" in card
+    assert "10 steps" in card and "AutoModelForSeq2SeqLM" in card
+    assert "license: unknown" in card and "Tatoeba" not in card  # the tiny runs' data is not the shipped CSV
     sources, references = RunDirectory(run_dir).read_heldout("test")
     for beam, label in ((1, "greedy"), (2, "beam 2 (translate.py's search)")):  # the tiny runs' beam is 2
         hypotheses = [best[0] for best in load_translator(run_dir, beam_size=beam).translate(sources)]
@@ -199,6 +202,28 @@ def test_a_missing_transformers_is_one_line(post_norm_run: Path, tmp_path: Path,
     assert user_error(capsys) == ('the transformers package is not installed; install it with '
                                   'pip install -e ".[hf]"')
     assert not (tmp_path / "out").exists()
+
+
+def test_a_beam_1_run_exports_and_its_card_is_not_scored_unless_asked(post_norm_run: Path, tmp_path: Path):
+    run_dir = Path(shutil.copytree(post_norm_run, tmp_path / "run", symlinks=True))
+    config = run_dir / "config.yaml"
+    config.write_text(config.read_text(encoding="utf-8").replace("beam_size: 2", "beam_size: 1"), encoding="utf-8")
+    assert load_decode_config(run_dir).beam_size == 1  # as configs/tiny.yaml has it
+    assert export(run_dir, tmp_path / "hf", "--quiet") == 0
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "hf").num_beams == 1
+    card = (tmp_path / "hf" / "README.md").read_text(encoding="utf-8")
+    assert "Test: not scored at export." in card and "BLEU" not in card.split("## Scores")[1].split("## Use")[0]
+
+
+def test_the_card_names_the_tatoeba_licence_only_for_the_shipped_data(post_norm_run: Path, tmp_path: Path):
+    run_dir = Path(shutil.copytree(post_norm_run, tmp_path / "run", symlinks=True))
+    config = run_dir / "config.yaml"
+    settings = yaml.safe_load(config.read_text(encoding="utf-8"))
+    settings["data"]["path"] = str(ROOT / "data" / "eng_-french.csv")  # as if trained on it
+    config.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    assert export(run_dir, tmp_path / "hf", "--quiet") == 0
+    card = (tmp_path / "hf" / "README.md").read_text(encoding="utf-8")
+    assert "license: cc-by-2.0" in card and "Tatoeba" in card and "CC-BY 2.0" in card
 
 
 def test_an_export_moved_elsewhere_still_loads(exported, tmp_path: Path):

@@ -165,11 +165,10 @@ def run_translates(run_dir: Path, capsys) -> bool:
 def test_export_into_the_run_s_tokenizer_leaves_it_and_the_run_translates(own_run: Path, capsys):
     tokenizer = own_run / "tokenizer"
     before = {path.name: path.read_bytes() for path in tokenizer.iterdir()}
-    for force in ([], ["--force"]):
-        assert export(own_run, tokenizer, *force) == 2
-        assert str(tokenizer) in user_error(capsys)
-        assert {path.name: path.read_bytes() for path in tokenizer.iterdir()} == before
-        assert run_translates(own_run, capsys)
+    assert export(own_run, tokenizer) == 2
+    assert str(tokenizer) in user_error(capsys)
+    assert {path.name: path.read_bytes() for path in tokenizer.iterdir()} == before
+    assert run_translates(own_run, capsys)
 
 
 @pytest.mark.parametrize("where", ["exports", "checkpoints/best/export"])
@@ -181,13 +180,11 @@ def test_export_never_writes_into_a_run_or_a_checkpoint(own_run: Path, capsys, w
     assert run_translates(own_run, capsys)
 
 
-def test_export_never_replaces_a_directory_holding_anything_else_even_with_force(trained_run: Path,
-                                                                                tmp_path: Path, capsys):
+def test_export_never_replaces_a_directory_holding_anything_else(trained_run: Path, tmp_path: Path, capsys):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("mine", encoding="utf-8")
-    for force in ([], ["--force"]):
-        assert export(trained_run, out, *force) == 2
-        assert user_error(capsys)
-        assert sorted(os.listdir(out)) == ["notes.txt"] and (out / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert export(trained_run, out) == 2
+    assert user_error(capsys)
+    assert sorted(os.listdir(out)) == ["notes.txt"] and (out / "notes.txt").read_text(encoding="utf-8") == "mine"
     assert leftovers(tmp_path, "mine") == []

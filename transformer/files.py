@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
@@ -96,6 +97,36 @@ def write_directory_atomic(final: Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process: alive
+        return True
+    return True
+
+
+def remove_leftovers(final: Path) -> None:
+    """Reclaim what a `write_directory_atomic` of `final` killed midway (SIGKILL, a power cut) left
+    beside it: its temporary directory is removed, and an older `final` moved aside to be replaced is
+    put back where its replacement never appeared. A process still running keeps its temporaries."""
+    final = Path(final)
+    pattern = re.compile(re.escape(TEMPORARY_PREFIX) + r"(old-)?" + re.escape(final.name) + r"-(\d+)")
+    try:
+        entries = list(final.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if not match or not entry.is_dir() or entry.is_symlink() or _running(int(match.group(2))):
+            continue
+        if match.group(1) and not final.exists():
+            os.replace(entry, final)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -27,8 +27,8 @@ from transformer.checkpoints.layout import (BEST, CHECKPOINTS, CORRUPT_PREFIX, E
                                             step_dir_name)
 from transformer.checkpoints.pins import claim_for_removal
 from transformer.errors import CheckpointError, ExportCacheError
-from transformer.files import (TEMPORARY_PREFIX, publish_directory, temporary_path, write_directory_atomic,
-                               write_json_atomic, write_text_atomic)
+from transformer.files import (TEMPORARY_PREFIX, publish_directory, remove_leftovers, temporary_path,
+                               write_directory_atomic, write_json_atomic, write_text_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +264,7 @@ class RunDirectory:
         final = self.path / EXPORTS_DIR / name
         made_exports_dir = not final.parent.exists()
         try:
+            remove_leftovers(final)  # of an export killed midway
             write_directory_atomic(final, write)
         except BaseException as error:
             if made_exports_dir:  # a failed export leaves the directory as it found it

@@ -1,6 +1,6 @@
 """Export a checkpoint to CTranslate2 (the inference engine OpenNMT-py and fairseq models deploy with):
 a TransformerSpec filled from our weights, the tokenizer files, and a JSON saying how text becomes
-tokens (which directories it may be written to is destination.py's). translation/ct2_engine.py
+tokens (where and how it is written is destination.py's, shared by every format). translation/ct2_engine.py
 translates with the result; this module needs torch, that one does not.
 """
 
@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from transformer.checkpoints.format import MODEL_FILE
-from transformer.checkpoints.lookup import find_checkpoint, load_decode_config, run_dir_of
+from transformer.checkpoints.lookup import load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
 from transformer.data.tokenizer import (BOS, EOS, JOINT_FILE, PAD, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK,
                                         Tokenizers, save_tokenizers)
 from transformer.errors import UserError
-from transformer.export import destination
+from transformer.export.destination import Exporter
 from transformer.files import write_json_atomic
 from transformer.model import CrossAttention, FeedForward, SelfAttention, Transformer
 from transformer.translation.ct2_format import (EXPORT_FORMAT, EXPORT_INFO, EXPORT_MODEL_FILE, EXPORT_TOKENIZER_DIR,
@@ -162,12 +162,6 @@ def _holds_only_an_export(directory: Path) -> bool:
     return True
 
 
-def check_destination(out_dir: Path) -> None:
-    """Refuse an `out_dir` an export would destroy (destination.check_destination): in a run or a
-    checkpoint, or holding anything but an earlier CTranslate2 export."""
-    destination.check_destination(out_dir, _holds_only_an_export)
-
-
 def write_export_files(found: Path, directory: Path) -> None:
     """Write the CTranslate2 export of checkpoint `found` into the empty `directory`."""
     model, meta, tokenizers = load_checkpoint_and_tokenizers(found, "cpu")
@@ -178,26 +172,19 @@ def write_export_files(found: Path, directory: Path) -> None:
     write_json_atomic(directory / EXPORT_INFO, description)
 
 
-def write_export(found: Path, out_dir: Path) -> Path:
-    """Write the CTranslate2 export of checkpoint `found` to `out_dir`, replacing whatever is there
-    (`export_checkpoint` decides that it may be), and return it. The export is written beside
-    `out_dir` and renamed into place, so a reader sees all of it or none.
-    """
-    import_ctranslate2()  # the clearest error first
-    return destination.publish_export(Path(out_dir), lambda tmp: write_export_files(found, tmp),
-                                      "the CTranslate2 export")
+class CTranslate2Exporter(Exporter):
+    """A self-contained CTranslate2 directory (destination.Exporter owns where and how it is written)."""
+
+    what = "the CTranslate2 export"
+
+    def import_backend(self) -> Any:
+        return import_ctranslate2()
+
+    def holds_only_an_export(self, directory: Path) -> bool:
+        return _holds_only_an_export(directory)
+
+    def write_files(self, found: Path, directory: Path) -> None:
+        write_export_files(found, directory)
 
 
-def export_checkpoint(found: Path, out_dir: Path) -> Path:
-    """Export checkpoint `found` into `out_dir` (see `check_destination` for which are refused)."""
-    import_ctranslate2()  # the clearest error first
-    check_destination(Path(out_dir))
-    return write_export(found, out_dir)
-
-
-def export_run(run: Path | None, checkpoint_dir: Path | None, out_dir: Path, runs_root: Path = Path("runs")) -> Path:
-    """Export the best checkpoint of `run` (or `checkpoint_dir`; default: the newest run) to `out_dir`."""
-    return export_checkpoint(find_checkpoint(run, checkpoint_dir, runs_root), out_dir)
-
-
-__all__ = ["build_spec", "check_destination", "write_export_files", "write_export", "export_checkpoint", "export_run"]
+__all__ = ["build_spec", "write_export_files", "CTranslate2Exporter"]

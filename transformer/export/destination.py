@@ -1,17 +1,22 @@
-"""Where an export may be written, and how: every format's export refuses a destination that lies in
-a run or a checkpoint, or holds anything but an earlier export of that format (which format counts
-is the caller's `holds_only_an_export`), and appears there in one rename. No format knowledge here.
+"""What every export format shares, as CTranslate2's `Converter` base does: `Exporter` finds and pins
+the checkpoint, refuses a destination that lies in a run or a checkpoint or holds anything but an
+earlier export of that format, reclaims what a killed export left beside it, and publishes the new
+export in one rename. A format (ctranslate2.py, huggingface.py) only says what it needs installed,
+how to recognise its own exports, and which files it writes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from transformer.checkpoints.format import META_FILE
 from transformer.checkpoints.layout import CHECKPOINTS, RUN_CONFIG, STATE_FILE, TOKENIZER_DIR
+from transformer.checkpoints.lookup import pinned_checkpoint
+from transformer.checkpoints.pins import pin
 from transformer.errors import UserError
-from transformer.files import write_directory_atomic
+from transformer.files import remove_leftovers, write_directory_atomic
 
 
 def _run_or_checkpoint(directory: Path) -> bool:
@@ -44,13 +49,50 @@ def check_destination(out_dir: Path, holds_only_an_export: Callable[[Path], bool
 
 def publish_export(out_dir: Path, write: Callable[[Path], None], what: str) -> Path:
     """Call `write` on an empty directory beside `out_dir`, then rename it over `out_dir` (which
-    `check_destination` allowed), so a reader sees all of the new export or the old one. `what`
-    names the export in the error of a failed write ("the CTranslate2 export")."""
+    `check_destination` allowed), so a reader sees all of the new export or the old one. What an
+    earlier export killed midway left beside `out_dir` is reclaimed first. `what` names the export
+    in the error of a failed write ("the CTranslate2 export")."""
     try:
+        remove_leftovers(Path(out_dir))
         write_directory_atomic(Path(out_dir), write)
     except OSError as error:
         raise UserError(f"cannot write {what} {out_dir}: {error.strerror or error}") from None
     return out_dir
 
 
-__all__ = ["check_destination", "publish_export"]
+class Exporter:
+    """The scaffold of one export format; subclasses fill in the three methods below."""
+
+    what = "the export"  # names it in messages: "the CTranslate2 export"
+
+    def import_backend(self) -> Any:
+        """The package the format needs, or a UserError saying how to install it."""
+        raise NotImplementedError
+
+    def holds_only_an_export(self, directory: Path) -> bool:
+        """Whether `directory` holds an earlier export of this format and nothing else."""
+        raise NotImplementedError
+
+    def write_files(self, found: Path, directory: Path) -> None:
+        """Write the export of checkpoint `found` into the empty `directory`."""
+        raise NotImplementedError
+
+    def check_destination(self, out_dir: Path) -> None:
+        check_destination(out_dir, self.holds_only_an_export)
+
+    def export_checkpoint(self, found: Path, out_dir: Path) -> Path:
+        """Export checkpoint `found` into `out_dir` (see `check_destination` for which are refused),
+        holding the checkpoint while it is read: a run still training may prune it meanwhile."""
+        self.import_backend()  # the clearest error first
+        self.check_destination(Path(out_dir))
+        with pin(found) as real:
+            return publish_export(Path(out_dir), lambda tmp: self.write_files(real, tmp), self.what)
+
+    def export_run(self, run: Path | None, checkpoint_dir: Path | None, out_dir: Path,
+                   runs_root: Path = Path("runs")) -> Path:
+        """Export the best checkpoint of `run` (or `checkpoint_dir`; default: the newest run) to `out_dir`."""
+        with pinned_checkpoint(run, checkpoint_dir, runs_root) as found:
+            return self.export_checkpoint(found, out_dir)
+
+
+__all__ = ["check_destination", "publish_export", "Exporter"]

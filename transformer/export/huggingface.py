@@ -1,7 +1,7 @@
 """Export a checkpoint as a Hugging Face `transformers` directory that its own classes load, with no
-code of ours: MarianMT for a post-norm model, Pegasus for a pre-norm one; a fast tokenizer that
-cleans text as we do and appends EOS; a generation config; a model card. What those classes cannot
-express exactly is refused. Nothing is uploaded; which directories may be written is destination.py's.
+code of ours: MarianMT for a post-norm model, Pegasus for a pre-norm one, and a generation config;
+hf_tokenizer.py makes the tokenizer, model_card.py the README. What those classes cannot express
+exactly is refused. Nothing is uploaded; where and how it is written is destination.py's.
 
 How our weights become theirs (each point checked against transformers' modeling_marian.py and
 modeling_pegasus.py): both scale embeddings by sqrt(d_model), add static sinusoids from position 0,
@@ -14,7 +14,6 @@ maps one network onto the other exactly: LayerNorm and attention do not care abo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 from collections.abc import Iterator
@@ -25,37 +24,25 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checkpoints.format import MODEL_FILE
-from transformer.checkpoints.layout import RUN_CONFIG
-from transformer.checkpoints.lookup import find_checkpoint, load_decode_config, load_run_config, run_dir_of
-from transformer.checkpoints.rundir import RunDirectory
-from transformer.config import DataConfig, DecodeConfig
-from transformer.data.tokenizer import (BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, Tokenizers,
-                                        clean_text_normalizer)
+from transformer.checkpoints.lookup import load_decode_config, run_dir_of
+from transformer.config import DecodeConfig
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
 from transformer.errors import UserError
-from transformer.export import destination
+from transformer.export.destination import Exporter
+from transformer.export.hf_tokenizer import build_hf_tokenizer, import_transformers, name_tokenizer_class
+from transformer.export.model_card import NOT_SCORED, model_card, scores_on_test_split
 from transformer.files import write_json_atomic, write_text_atomic
 from transformer.model import Transformer
 from transformer.translation.ct2_format import EXPORT_INFO
-from transformer.translation.metrics import score
-from transformer.translation.torch_engine import load_checkpoint_and_tokenizers, translate
+from transformer.translation.torch_engine import load_checkpoint_and_tokenizers
 
 log = logging.getLogger(__name__)
 
 HF_FORMAT = "transformer-enfr/huggingface"  # in EXPORT_INFO: marks the directory as an export of ours
 HF_VERSION = 1
 MODEL_CARD = "README.md"
-INSTALL_HINT = 'pip install -e ".[hf]"'
 _LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which Marian and Pegasus build their LayerNorms with
 _SELF_CHECK_TOLERANCE = 1e-3  # largest logit difference the export accepts on its own check
-
-
-def import_transformers() -> Any:
-    """The transformers module, or a UserError saying how to install it (an optional dependency)."""
-    try:
-        import transformers
-    except ImportError:
-        raise UserError(f"the transformers package is not installed; install it with {INSTALL_HINT}") from None
-    return transformers
 
 
 def residual_permutation(d_model: int) -> Tensor:
@@ -173,10 +160,11 @@ def _generation_config(decode: DecodeConfig, max_len: int) -> Any:
         forced_eos_token_id=None,
         suppress_tokens=[PAD_ID, BOS_ID],  # as our searches: never emitted
         num_beams=decode.beam_size, do_sample=False,
+        max_new_tokens=max_len - 1,  # the start token and max_len - 1 more fill the position table
+        # Beam settings only with a beam: transformers refuses them with num_beams=1 when it saves.
         # Their length penalty divides by length ** alpha, ours by the GNMT ((5 + length) / 6) ** alpha: the
         # same alpha ranks alike, not identically. "never" is their exact stopping rule, as ours is.
-        length_penalty=decode.length_penalty, early_stopping="never",
-        max_new_tokens=max_len - 1,  # the start token and max_len - 1 more fill the position table
+        **(dict(length_penalty=decode.length_penalty, early_stopping="never") if decode.beam_size > 1 else {}),
     )
 
 
@@ -221,157 +209,6 @@ def _self_check(model: Transformer, hf_model: Any) -> None:
                         f"{difference:.3g}); this transformers version is not supported")
 
 
-# --------------------------------------------------------------------------- tokenizer
-
-
-def build_hf_tokenizer(tokenizers: Tokenizers, max_len: int) -> Any:
-    """A fast tokenizer that gives exactly our source ids for a raw text: clean_text as a normalizer
-    before our tokenizer's own, our BPE, and EOS appended (our sources have EOS and no BOS)."""
-    transformers = import_transformers()
-    from tokenizers import Tokenizer, normalizers, processors
-
-    tokenizer = Tokenizer.from_str(tokenizers.source.to_str())  # a copy: the run's object stays as it is
-    own = [tokenizer.normalizer] if tokenizer.normalizer is not None else []
-    tokenizer.normalizer = normalizers.Sequence([clean_text_normalizer(), *own])
-    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", pair=f"$A $B {EOS}",
-                                                             special_tokens=[(EOS, EOS_ID)])
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, unk_token=UNK, pad_token=PAD,
-        model_max_length=max_len,  # with truncation=True: max_len - 1 subwords and EOS, as we truncate
-        padding_side="right",
-        model_input_names=["input_ids", "attention_mask"],  # no token_type_ids, which generate() would refuse
-        clean_up_tokenization_spaces=False,  # it would glue French "! ? : ;" to the word before
-    )
-
-
-def _name_tokenizer_class(path: Path) -> None:
-    """Name the tokenizer class as transformers 4 and 5 both know it: 5 writes its new name for the
-    class (TokenizersBackend), which 4 cannot load, and reads the old one as that class."""
-    settings = json.loads(path.read_text(encoding="utf-8"))
-    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
-    write_json_atomic(path, settings)
-
-
-# --------------------------------------------------------------------------- model card
-
-
-def _minutes(seconds: float | None) -> str:
-    return "unknown" if seconds is None else f"{seconds / 60:.1f} min"
-
-
-_SHIPPED_COLUMNS = {DataConfig.source_column: "en", DataConfig.target_column: "fr"}
-
-
-def _data_description(data: DataConfig) -> tuple[str, list[str]]:
-    """What the run trained on, in words, and its languages (source first) where the config says them."""
-    if data.format == "text":
-        return f"`{Path(data.path).name}` → `{Path(data.target_path).name}` (line-aligned text files)", []
-    languages = [_SHIPPED_COLUMNS.get(data.source_column), _SHIPPED_COLUMNS.get(data.target_column)]
-    return (f"`{Path(data.path).name}`, column “{data.source_column}” → “{data.target_column}”",
-            languages if None not in languages else [])
-
-
-def scores_on_test_split(found: Path, model: Transformer, tokenizers: Tokenizers, decode: DecodeConfig) -> str:
-    """The model card's test line: BLEU and chrF of `model` on its run's held-out test split, greedy
-    (what `generate(num_beams=1)` gives) and with the run's beam search (translate.py's default)."""
-    heldout = RunDirectory(run_dir_of(found)).read_heldout("test")
-    if not heldout or not heldout[0]:
-        return "Test: none; the run held out no test pairs."
-    sources, references = heldout
-    log.info("scoring the run's %d test sentences for the model card", len(sources))
-    greedy = score(translate(sources, model, tokenizers, dataclasses.replace(decode, beam_size=1), "cpu"), references)
-    line = (f"Test split of the run ({len(sources)} sentences never trained on, all their references; "
-            f"sacreBLEU defaults): greedy BLEU {greedy.bleu:.2f}, chrF {greedy.chrf:.2f} (what "
-            "`generate(num_beams=1)` gives)")
-    if decode.beam_size > 1:
-        beam = score(translate(sources, model, tokenizers, decode, "cpu"), references)
-        line += (f"; beam {decode.beam_size} (translate.py's search) BLEU {beam.bleu:.2f}, "
-                 f"chrF {beam.chrf:.2f}")
-    return line + "."
-
-
-def model_card(found: Path, meta: dict[str, Any], model: Transformer, hf_class: str, decode: DecodeConfig,
-               test_line: str) -> str:
-    """README.md of the export: what it is, the data and its licence, config, training, scores
-    (validation from the checkpoint, `test_line` from `scores_on_test_split`), loading."""
-    run_dir = run_dir_of(found)
-    try:
-        data_line, languages = _data_description(load_run_config(run_dir).data)
-    except UserError:
-        data_line, languages = f"unknown data (the run's {RUN_CONFIG} is unreadable)", []
-    direction = "→".join(languages) if languages else "a translation"
-    state = meta.get("state", {})
-    metrics = meta.get("metrics") or {}
-    scores = ", ".join(f"{name} {value:.2f}" for name, value in metrics.items()) or "none recorded"
-    config = dataclasses.asdict(model.config)
-    config_rows = "\n".join(f"| `model.{key}` | `{value}` |" for key, value in config.items())
-    language_line = f"language: [{', '.join(languages)}]\n" if languages else ""
-    return f"""---
-license: cc-by-2.0
-{language_line}tags: [translation, transformer-enfr]
-pipeline_tag: translation
----
-
-# {run_dir.name}: {direction} Transformer
-
-A Transformer (Vaswani et al., 2017) trained with transformer-enfr and exported as a
-`transformers.{hf_class}` ({"pre-norm" if model.config.pre_norm else "post-norm"}); it loads with
-transformers' own classes, no custom code. Exported from `{found.resolve()}` (weights SHA-256
-`{meta["files"][MODEL_FILE]["sha256"][:16]}…`).
-
-## Data and licence
-
-Trained on {data_line}. The project's shipped data, `data/eng_-french.csv`, comes from the
-[Tatoeba Project](https://tatoeba.org) via [manythings.org/anki](https://www.manythings.org/anki),
-under Creative Commons Attribution 2.0 (CC-BY 2.0); sentences and translations are the work of
-Tatoeba's contributors. A model trained on other data inherits that data's licence instead.
-
-## Configuration
-
-| setting | value |
-|---|---|
-{config_rows}
-| vocabulary (joint BPE) | {model.src_vocab_size} |
-
-## Training
-
-{state.get("step", meta.get("step", "?"))} steps ({_minutes(state.get("train_seconds"))} in training steps,
-{_minutes(state.get("elapsed_seconds"))} in all); {state.get("target_tokens", "?")} target tokens.
-
-## Scores
-
-Validation (the checkpoint's own, at export): {scores}.
-{test_line}
-
-## Use
-
-```python
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
-
-tokenizer = AutoTokenizer.from_pretrained("DIR")
-model = AutoModelForSeq2SeqLM.from_pretrained("DIR")
-batch = tokenizer(["I am cold."], return_tensors="pt", padding=True, truncation=True)
-print(tokenizer.batch_decode(model.generate(**batch, max_new_tokens=32), skip_special_tokens=True))
-print(pipeline("translation", model="DIR")("I am cold."))  # transformers 4 only: 5 removed this pipeline
-```
-
-How it differs from `translate.py` on the same weights:
-- The tokenizer cleans text as training did (NFC, invisible characters removed, typographic
-  apostrophes to `'`, whitespace runs to one space) and appends `</s>`; pass `truncation=True` to
-  cut long sources to {model.config.max_len - 1} subwords as translate.py does.
-- translate.py caps an output at floor({decode.max_length_a} × source subwords) + {decode.max_length_b}
-  tokens; `generate` has one limit per call: pass `max_new_tokens` (the saved default only keeps
-  within the position table, {model.config.max_len - 1}).
-- Greedy search (`num_beams=1`) gives our greedy output. Beam search (saved default
-  `num_beams={decode.beam_size}`) divides scores by length ** {decode.length_penalty}, ours by the GNMT
-  ((5 + length) / 6) ** {decode.length_penalty}, so some beam outputs differ.
-- `skip_special_tokens=True` drops `<unk>` from an output, where translate.py shows it; a blank
-  input still runs the model, where translate.py returns a blank line.
-"""
-
-
 # --------------------------------------------------------------------------- files
 
 
@@ -408,52 +245,47 @@ def _no_progress_bars(transformers: Any) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def check_destination(out_dir: Path) -> None:
-    """Refuse an `out_dir` an export would destroy (destination.check_destination): in a run or a
-    checkpoint, or holding anything but an earlier Hugging Face export."""
-    destination.check_destination(out_dir, _holds_only_an_export)
+class HuggingFaceExporter(Exporter):
+    """A directory transformers loads with its own classes (destination.Exporter owns where and how it is
+    written). `score_test`: score the run's test split for the model card, on `device`."""
+
+    what = "the Hugging Face export"
+
+    def __init__(self, score_test: bool = False, device: torch.device | str = "cpu") -> None:
+        self.score_test, self.device = score_test, device
+
+    def import_backend(self) -> Any:
+        return import_transformers()
+
+    def holds_only_an_export(self, directory: Path) -> bool:
+        return _holds_only_an_export(directory)
+
+    def write_files(self, found: Path, directory: Path) -> None:
+        transformers = import_transformers()
+        model, meta, tokenizers = load_checkpoint_and_tokenizers(found, "cpu")
+        check_expressible(model, tokenizers)
+        decode = load_decode_config(run_dir_of(found))
+        hf_model = build_hf_model(model, decode)
+        _self_check(model, hf_model)
+        with _no_progress_bars(transformers):
+            hf_model.save_pretrained(directory)
+        build_hf_tokenizer(tokenizers, model.config.max_len).save_pretrained(directory)
+        name_tokenizer_class(directory / "tokenizer_config.json")
+        test_line = NOT_SCORED
+        if self.score_test:
+            test_line = scores_on_test_split(found, model.to(self.device), tokenizers, decode, self.device)
+        card = model_card(found, meta, model, type(hf_model).__name__, decode, test_line)
+        write_text_atomic(directory / MODEL_CARD, card)
+        files = sorted(entry.name for entry in directory.iterdir())
+        write_json_atomic(directory / EXPORT_INFO, {
+            "format": HF_FORMAT, "version": HF_VERSION,
+            "checkpoint": {"path": str(Path(found).resolve()), "step": meta.get("step"),
+                           "model_sha256": meta["files"][MODEL_FILE]["sha256"]},
+            "class": type(hf_model).__name__, "transformers_version": transformers.__version__,
+            "residual_permutation": "HF feature h = our feature perm[h], perm = even features then odd ones",
+            "files": files,
+        })
 
 
-def write_export_files(found: Path, directory: Path) -> None:
-    """Write the Hugging Face export of checkpoint `found` into the empty `directory`."""
-    transformers = import_transformers()
-    model, meta, tokenizers = load_checkpoint_and_tokenizers(found, "cpu")
-    check_expressible(model, tokenizers)
-    decode = load_decode_config(run_dir_of(found))
-    hf_model = build_hf_model(model, decode)
-    _self_check(model, hf_model)
-    with _no_progress_bars(transformers):
-        hf_model.save_pretrained(directory)
-    build_hf_tokenizer(tokenizers, model.config.max_len).save_pretrained(directory)
-    _name_tokenizer_class(directory / "tokenizer_config.json")
-    card = model_card(found, meta, model, type(hf_model).__name__, decode,
-                      scores_on_test_split(found, model, tokenizers, decode))
-    write_text_atomic(directory / MODEL_CARD, card)
-    files = sorted(entry.name for entry in directory.iterdir())
-    write_json_atomic(directory / EXPORT_INFO, {
-        "format": HF_FORMAT, "version": HF_VERSION,
-        "checkpoint": {"path": str(Path(found).resolve()), "step": meta.get("step"),
-                       "model_sha256": meta["files"][MODEL_FILE]["sha256"]},
-        "class": type(hf_model).__name__, "transformers_version": transformers.__version__,
-        "residual_permutation": "HF feature h = our feature perm[h], perm = even features then odd ones",
-        "files": files,
-    })
-
-
-def export_checkpoint(found: Path, out_dir: Path) -> Path:
-    """Export checkpoint `found` into `out_dir` (see `check_destination` for which are refused)."""
-    import_transformers()  # the clearest error first
-    check_destination(Path(out_dir))
-    return destination.publish_export(Path(out_dir), lambda tmp: write_export_files(found, tmp),
-                                      "the Hugging Face export")
-
-
-def export_run(run: Path | None, checkpoint_dir: Path | None, out_dir: Path, runs_root: Path = Path("runs")) -> Path:
-    """Export the best checkpoint of `run` (or `checkpoint_dir`; default: the newest run) to `out_dir`."""
-    return export_checkpoint(find_checkpoint(run, checkpoint_dir, runs_root), out_dir)
-
-
-__all__ = ["HF_FORMAT", "HF_VERSION", "import_transformers", "residual_permutation", "check_expressible",
-           "hf_state_dict", "build_hf_model", "max_logit_difference", "build_hf_tokenizer", "scores_on_test_split",
-           "model_card",
-           "check_destination", "write_export_files", "export_checkpoint", "export_run"]
+__all__ = ["HF_FORMAT", "HF_VERSION", "MODEL_CARD", "residual_permutation", "check_expressible", "hf_state_dict",
+           "build_hf_model", "max_logit_difference", "HuggingFaceExporter"]

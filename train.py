@@ -51,8 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "default on, see transformer/allocator.py); --no-reuse-freed-memory keeps glibc's "
                              "defaults")
     parser.add_argument("--rebuild-state", action="store_true",
-                        help="the run lost its state.json: write it anew from the checkpoints on disk (every intact "
-                             "one kept, the newest resumed, the best validated one best), then train on")
+                        help="the run lost its state.json: write it anew from the checkpoints on disk (every one "
+                             "whose weights verify kept, damaged ones renamed corrupt-..., none deleted; the best "
+                             "validated one best), then train on from the newest with an intact training state")
     return parser.parse_args(argv)
 
 

@@ -28,7 +28,8 @@ import torch  # noqa: E402
 from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
 from transformer.data.batching import pad_rows, source_tensor  # noqa: E402
 from transformer.data.tokenizer import BOS_ID, EOS_ID  # noqa: E402
-from transformer.export.huggingface import import_transformers, max_logit_difference  # noqa: E402
+from transformer.export.hf_tokenizer import import_transformers  # noqa: E402
+from transformer.export.huggingface import max_logit_difference  # noqa: E402
 from transformer.hardware import cpu_model  # noqa: E402
 from transformer.translation.texts import max_output_length, search_texts  # noqa: E402
 from transformer.translation.torch_engine import load_translator  # noqa: E402

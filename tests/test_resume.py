@@ -237,7 +237,8 @@ def test_a_run_with_only_damaged_checkpoints_is_not_silently_restarted(tmp_path:
     (only / checkpoint.TRAINING_FILE).write_bytes(b"garbage")
     assert train_cli.main(cli_args(config_file, run_dir)) == 2
     err = capsys.readouterr().err
-    assert f"{run_dir}: none of its 1 checkpoints is intact" in err and "Traceback" not in err
+    assert f"{run_dir}: none of its 1 checkpoints holds an intact training state" in err and "Traceback" not in err
+    assert f"the weights of {only.name} are intact: translate with them" in err
     assert layout.list_checkpoints(run_dir) == [only]  # nothing overwritten
 
 

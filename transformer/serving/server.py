@@ -19,6 +19,9 @@ from starlette.types import ASGIApp
 MAX_CONNECTIONS = 1000
 HEADER_TIMEOUT = 10.0  # seconds
 KEEP_ALIVE = 5  # seconds an idle keep-alive connection stays open (uvicorn's default)
+# The listen queue, and so the most connections asyncio accepts in one turn of its loop, before
+# GuardedH11Protocol can refuse any: the file descriptors above MAX_CONNECTIONS that a burst can take.
+BACKLOG = 128
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+def listen(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
     """A TCP socket listening on `host`:`port` (0: a free port), as uvicorn would open it; OSError when
     it cannot (e.g. EADDRINUSE). Opened before the model loads, so that a port in use costs no wait."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -119,7 +122,7 @@ def make_room_for_connections(connections: int) -> int:
         import resource
     except ImportError:  # Windows: no such limit
         return connections
-    spare = 64  # the model, its libraries, the log
+    spare = 64 + 2 * BACKLOG  # the model, its libraries and the log; a burst of connections being refused
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < connections + spare:
         wanted = connections + spare if hard == resource.RLIM_INFINITY else min(connections + spare, hard)
@@ -128,7 +131,9 @@ def make_room_for_connections(connections: int) -> int:
             soft = wanted
         except (ValueError, OSError):  # e.g. macOS refuses more than its kern.maxfilesperproc
             pass
-    return connections if soft == resource.RLIM_INFINITY else max(1, min(connections, soft - spare))
+    if soft == resource.RLIM_INFINITY:
+        return connections
+    return max(1, min(connections, max(soft - spare, soft // 4)))
 
 
 def build_server(app: ASGIApp, limits: ServerLimits = ServerLimits(), log_level: str | None = None) -> uvicorn.Server:
@@ -137,9 +142,10 @@ def build_server(app: ASGIApp, limits: ServerLimits = ServerLimits(), log_level:
     connections are open, the requesting one included, which GuardedH11Protocol's cap already keeps from
     happening, and it never stops a connection from being accepted."""
     protocol = type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits})
-    config = uvicorn.Config(app, http=protocol, timeout_keep_alive=limits.keep_alive, log_level=log_level)
+    config = uvicorn.Config(app, http=protocol, timeout_keep_alive=limits.keep_alive, backlog=BACKLOG,
+                            log_level=log_level)
     return uvicorn.Server(config)
 
 
-__all__ = ["MAX_CONNECTIONS", "HEADER_TIMEOUT", "KEEP_ALIVE", "ServerLimits", "GuardedH11Protocol", "listen",
+__all__ = ["MAX_CONNECTIONS", "HEADER_TIMEOUT", "KEEP_ALIVE", "BACKLOG", "ServerLimits", "GuardedH11Protocol", "listen",
            "make_room_for_connections", "build_server"]

@@ -4,16 +4,22 @@
   curl -s 127.0.0.1:8000/translate -H 'content-type: application/json' \\
        -d '{"texts": ["I am cold."], "n_best": 2, "alignment": true}'
 
-Needs the serve extra: pip install -e ".[serve]". The model loads before the server listens: a run
-that cannot be loaded stops here with one error line. Engines as in translate.py: plain requests run
-on CTranslate2 where it imports (--engine auto, exported into the run on first use), requests with
-"alignment" or "sampling" on the torch engine, which alone returns the attention the page draws and
-draws the same samples for the same seed.
+Needs the serve extra: pip install -e ".[serve]". The port is taken first, then the model loads, then
+the server answers: a port in use or a run that cannot be loaded stops here with one error line. Engines
+as in translate.py: plain requests run on CTranslate2 where it imports (--engine auto, exported into the
+run on first use), requests with "alignment" or "sampling" on the torch engine, which alone returns the
+attention the page draws and draws the same samples for the same seed.
+
+Requests whose Host is not 127.0.0.1, localhost, [::1], the --host address or an --allow-host name get
+400: a web page elsewhere cannot reach the server by pointing a name of its own at this machine (DNS
+rebinding). Clients that stall hold nothing for long: at most 1,000 connections, 10 s for a request's
+head and 30 s for its body.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 from pathlib import Path
@@ -28,13 +34,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where.add_argument("--run", type=Path, help="run directory (default: the newest run under runs/)")
     where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000; 0: a free one)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="a Host name to answer besides 127.0.0.1, localhost, [::1] and --host's address, "
+                             "e.g. the machine's name on your network (repeatable; *.example.org for its "
+                             "subdomains, * for any); requests naming others get 400")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default: auto)")
     parser.add_argument("--threads", type=int, default=0, metavar="N", help="CPU threads (default: one per core)")
     parser.add_argument("--engine", choices=["auto", "ctranslate2", "torch"], default="auto",
                         help="the engine of plain requests: auto (default) is CTranslate2 where it is installed, "
                              "else torch; alignment and sampling requests always run on torch")
     return parser.parse_args(argv)
+
+
+def answered_hosts(args: argparse.Namespace) -> list[str]:
+    """The Host names the server answers to: the local ones, the address it listens on (unless that is
+    every address), and --allow-host's."""
+    from transformer.serving.app import LOCAL_HOSTS, allowed_host
+
+    own = [] if args.host in ("", "0.0.0.0", "::") else [("--host", args.host)]
+    names = list(LOCAL_HOSTS)
+    for flag, name in [*own, *(("--allow-host", name) for name in args.allow_host)]:
+        try:
+            names.append(allowed_host(name))
+        except ValueError as error:
+            raise UserError(f"{flag}: {error}") from None
+    return list(dict.fromkeys(names))
+
+
+def listen(host: str, port: int):
+    """The listening socket, taken before the model loads."""
+    from transformer.serving.server import listen as open_socket
+
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {port}")
+    try:
+        return open_socket(host, port)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise UserError(f"--port {port}: the port is in use on {host} (another serve.py?); "
+                            "choose another with --port N, or --port 0 for any free one") from None
+        raise UserError(f"--host {host} --port {port}: cannot listen there ({error.strerror or error})") from None
 
 
 def plain_engine(args: argparse.Namespace, checkpoint: Path):
@@ -87,25 +127,38 @@ def main(argv: list[str] | None = None) -> int:
         import_ctranslate2_before_torch()
     try:
         try:
-            import uvicorn
-
             from transformer.serving.app import create_app
+            from transformer.serving.server import (MAX_CONNECTIONS, ServerLimits, build_server,
+                                                    make_room_for_connections)
         except ImportError as error:
             raise UserError(f"serving needs FastAPI and uvicorn ({error.name} is missing): "
                             "pip install -e \".[serve]\"") from None
-        from transformer.runtime import select_device, set_threads
-        from transformer.translation.torch_engine import load_translator
-
-        if args.threads < 0:
-            raise UserError(f"--threads must be 0 (the default) or more, got {args.threads}")
-        set_threads(args.threads)
-        translator = load_translator(args.run, args.checkpoint, select_device(args.device, key="--device"))
-        engine = plain_engine(args, translator.checkpoint)
-        app = create_app(engine or translator, torch_engine=translator)  # attention and seeded samples: torch
+        sock = listen(args.host, args.port)  # before the model loads: a port in use costs no wait
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port)
+    with sock:
+        try:
+            from transformer.runtime import select_device, set_threads
+            from transformer.translation.torch_engine import load_translator
+
+            hosts = answered_hosts(args)
+            if args.threads < 0:
+                raise UserError(f"--threads must be 0 (the default) or more, got {args.threads}")
+            set_threads(args.threads)
+            translator = load_translator(args.run, args.checkpoint, select_device(args.device, key="--device"))
+            engine = plain_engine(args, translator.checkpoint)
+            app = create_app(engine or translator, torch_engine=translator,  # attention and seeded samples: torch
+                             allowed_hosts=hosts)
+        except UserError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        limits = ServerLimits(max_connections=make_room_for_connections(MAX_CONNECTIONS))
+        host, port = sock.getsockname()[:2]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+        logging.info("serving %s (the page) and %sdocs (the API) to Host %s; at most %d connections", url, url,
+                     ", ".join(hosts), limits.max_connections)
+        build_server(app, limits).run(sockets=[sock])
     return 0
 
 

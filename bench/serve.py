@@ -1,14 +1,17 @@
 """Throughput and latency of serve.py under concurrent clients, beside translate.py on the same sentences.
 
     python bench/serve.py --run runs/base                    # 1, 4 and 16 clients; requests of 1 and 16 sentences
-    python bench/serve.py --run runs/base --clients 1 8 --per-request 1 --limit 200
+    python bench/serve.py --run runs/base --clients 1 8 --per-request 1 --limit 200 --stalled 0
 
 Starts `python serve.py --run RUN --port P` as a child process and waits for /health. Then, for each
 number of sentences per request and each number of clients, that many client threads (standard
 library http.client, one keep-alive connection each) take requests of the run's held-out test
 sources (RUN/heldout/test.en) from one shared queue until every sentence has been translated once:
 sentences/s over the whole pass, p50 and p99 request latency, and how many requests the server's
-batcher served per translation call (from /health). Then `python translate.py --run RUN --input FILE
+batcher served per translation call (from /health). Then one more pass, of the most clients and the
+fewest sentences per request, beside --stalled connections (default 300) that send half a request and
+then nothing (half of them stop in the request head, half in the body), each one the server closes
+opened again at once, so that as many stall throughout. Then `python translate.py --run RUN --input FILE
 --output OUT --quiet` on the same sentences, timed as a whole process, start-up included; and the
 share of its translations identical to the server's. Prints one markdown table with the CPU, its
 flags, the commit, the date and this command.
@@ -26,6 +29,7 @@ import json
 import math
 import os
 import queue
+import selectors
 import shlex
 import socket
 import statistics
@@ -42,9 +46,15 @@ sys.path.insert(0, str(ROOT))
 
 from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
 from transformer.hardware import cpu_flags, cpu_model  # noqa: E402
+from transformer.serving.server import make_room_for_connections  # noqa: E402
 
 HOST = "127.0.0.1"
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+STALLED_HEAD = b"POST /translate HTTP/1.1\r\nHost: 127."
+STALLED_BODY = (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                b"content-length: 100\r\n\r\n{\"texts\": [")
 
 
 @dataclass
@@ -169,6 +179,57 @@ def run_pass(port: int, sentences: list[str], clients: int, per_request: int, op
                 after["requests"] - before["requests"], outputs)
 
 
+class StalledClients:
+    """`count` connections that each send half a request and then nothing (alternately half a head and
+    a head with half a body), held by one thread while the block runs. When the server answers or closes
+    one, it is closed and opened again, so that `count` stall throughout; `closed_by_server` counts them."""
+
+    def __init__(self, port: int, count: int) -> None:
+        self.port, self.count, self.closed_by_server = port, count, 0
+        self._stop, self._ready = threading.Event(), threading.Event()
+        self._errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+
+    def __enter__(self) -> StalledClients:
+        self._thread.start()
+        self._ready.wait(timeout=120)
+        if self._errors or not self._ready.is_set():
+            self.__exit__()
+            raise RuntimeError(f"could not open {self.count} stalled connections: {self._errors[:1]}")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._errors:
+            raise self._errors[0]
+
+    def _open(self, selector: selectors.BaseSelector, i: int) -> None:
+        sock = socket.create_connection((HOST, self.port), timeout=30)
+        sock.sendall(STALLED_BODY if i % 2 else STALLED_HEAD)
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ, i)
+
+    def _hold(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            try:
+                for i in range(self.count):
+                    self._open(selector, i)
+                self._ready.set()
+                while not self._stop.is_set():
+                    for key, _ in selector.select(timeout=0.1):  # an answer (408, 503) or the server closed it
+                        selector.unregister(key.fileobj)
+                        key.fileobj.close()
+                        self.closed_by_server += 1
+                        self._open(selector, key.data)
+            except BaseException as error:  # noqa: BLE001 - raised by __exit__ in the main thread
+                self._errors.append(error)
+                self._ready.set()
+            finally:
+                for key in list(selector.get_map().values()):
+                    key.fileobj.close()
+
+
 def translate_py_arguments(args: argparse.Namespace, source: str, output: str) -> list[str]:
     """translate.py's arguments for translating the file `source` into `output`, with this run's options."""
     arguments = ["--run", str(args.run), "--input", source, "--output", output, "--quiet", "--device", args.device,
@@ -229,18 +290,26 @@ def main() -> None:
     parser.add_argument("--engine", choices=["torch", "ctranslate2"],
                         help="the engine of serve.py's plain requests and of translate.py (default: theirs, "
                              "CTranslate2 where it imports)")
+    parser.add_argument("--stalled", type=int, default=300, metavar="N",
+                        help="stalled connections beside the working clients of the last pass (default: 300; "
+                             "0: no such pass)")
     args = parser.parse_args()
-    if any(n < 1 for n in args.clients) or any(not 1 <= k <= 64 for k in args.per_request):
-        parser.error("--clients must be 1 or more, --per-request between 1 and 64")
+    if any(n < 1 for n in args.clients) or any(not 1 <= k <= 64 for k in args.per_request) or args.stalled < 0:
+        parser.error("--clients must be 1 or more, --per-request between 1 and 64, --stalled 0 or more")
+    make_room_for_connections(args.stalled + max(args.clients))
     sentences = read_sources(args.run, args.limit)
     options = {} if args.beam is None else {"beam": args.beam}
 
     port = free_port()
+    beside_stalled, stalled = None, None
     with tempfile.TemporaryFile("w+", encoding="utf-8") as log_file:
         process, startup = start_server(args, port, log_file)
         try:
             passes = [run_pass(port, sentences, clients, per_request, options)
                       for per_request in args.per_request for clients in args.clients]
+            if args.stalled:
+                with StalledClients(port, args.stalled) as stalled:
+                    beside_stalled = run_pass(port, sentences, max(args.clients), min(args.per_request), options)
             health = get_json(port, "/health")
         finally:
             process.terminate()
@@ -257,12 +326,15 @@ def main() -> None:
     print(f"CPU: {cpu} ({os.cpu_count()} logical cores; flags: {flags})  ")
     print(f"commit {git_commit()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  ")
     print(f"`{shlex.join(['python', *sys.argv])}`  ")
-    print(f"{len(sentences)} test sentences of {args.run}, beam {health['beam']} (served by {health['engine']}: {health['checkpoint']}); "
-          f"serve.py answered /health {startup:.1f} s after its start\n")
+    print(f"{len(sentences)} test sentences of {args.run}, beam {health['beam']} (served by {health['engine']}, "
+          f"checkpoint {health['checkpoint']}); serve.py answered /health {startup:.1f} s after its start\n")
     print("| | clients | sentences / request | sentences/s | p50 latency (ms) | p99 latency (ms) | requests per call |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for p in passes:
-        print(f"| serve.py | {p.clients} | {p.per_request} | {p.sentences_per_second:.1f} | "
+    rows = [("serve.py", p) for p in passes]
+    if beside_stalled is not None:
+        rows.append((f"serve.py, {args.stalled} stalled connections beside", beside_stalled))
+    for name, p in rows:
+        print(f"| {name} | {p.clients} | {p.per_request} | {p.sentences_per_second:.1f} | "
               f"{1000 * statistics.median(p.latencies):.0f} | {1000 * percentile(p.latencies, 0.99):.0f} | "
               f"{p.requests / max(p.calls, 1):.1f} |")
     print(f"| translate.py, one process, start-up included | – | all | {len(sentences) / seconds:.1f} "
@@ -270,6 +342,10 @@ def main() -> None:
     shown = shlex.join(["python", "translate.py", *translate_py_arguments(args, "SENTENCES", "OUT")])
     print(f"\ntranslate.py: `{shown}` ({seconds:.1f} s); its translations equal the server's (first pass) "
           f"for {same:.1%} of the sentences.")
+    if beside_stalled is not None:
+        print(f"Stalled connections: {args.stalled} held open through their pass ({beside_stalled.seconds:.1f} s), "
+              f"half in the request head and half in the body; the server answered or closed "
+              f"{stalled.closed_by_server} of them, each opened again at once.")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-"""serve.py and transformer/serving/app.py: the JSON API through FastAPI's TestClient (translations equal
-the engine's, n-best, the alignment matrix, every bad request a 4xx JSON message after which the server
-still answers, concurrent requests batched together each getting what it gets alone), a huge body
-refused before it is read, a run that cannot load stopping serve.py with one error line, and the web
-page driven in a real browser (Debian's chromium through Playwright) against uvicorn on 127.0.0.1."""
+"""serve.py and transformer/serving/app.py, server.py: the JSON API through FastAPI's TestClient
+(translations equal the engine's, n-best, the alignment matrix, every bad request a 4xx JSON message after
+which the server still answers, concurrent requests batched together each getting what it gets alone, no
+file system path in /health), and against uvicorn on 127.0.0.1: a huge body refused before it is read,
+hundreds of stalled connections closed while a working client is answered, connections beyond the limit
+refused, a foreign Host refused; a port in use or a run that cannot load stopping serve.py with one error
+line, and the web page driven in a real browser (Debian's chromium through Playwright)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import importlib.util
@@ -24,6 +27,7 @@ from pathlib import Path
 import pytest
 
 fastapi = pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install -e \".[serve]\"")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed: pip install -e \".[serve]\"")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from conftest import ctranslate2_openmp_targets, train_tiny_run  # noqa: E402
@@ -32,6 +36,7 @@ from transformer.config import Config  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
 from transformer.serving.batcher import BatchRecord  # noqa: E402
 from transformer.serving.app import MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, create_app  # noqa: E402
+from transformer.serving.server import ServerLimits, build_server, listen  # noqa: E402
 from transformer.translation.attention import translate_with_attention  # noqa: E402
 from transformer.translation.texts import Sampling, translate_scored  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
@@ -54,9 +59,14 @@ def translator(trained_run: Path) -> Translator:
     return load_translator(trained_run, device="cpu")
 
 
+def local_client(app: fastapi.FastAPI) -> TestClient:
+    """A TestClient that names 127.0.0.1 as its Host (its default, testserver, is refused)."""
+    return TestClient(app, base_url="http://127.0.0.1")
+
+
 @pytest.fixture(scope="module")
 def client(translator: Translator) -> TestClient:
-    with TestClient(create_app(translator, torch_engine=translator)) as client:
+    with local_client(create_app(translator, torch_engine=translator)) as client:
         yield client
 
 
@@ -70,7 +80,10 @@ def test_health(client: TestClient, trained_run: Path):
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["beam"] == 2 and health["alignment"] is True
     assert health["engine"] == "torch"
-    assert health["checkpoint"].startswith(str(trained_run))
+    # names, not paths: a client learns nothing of the server's file system
+    assert health["run"] == trained_run.name and health["checkpoint"].startswith("step_")
+    text = client.get("/health").text
+    assert str(trained_run) not in text and str(trained_run.parent) not in text and os.sep not in text
     assert (health["max_texts"], health["max_chars"]) == (MAX_TEXTS, MAX_CHARS)
     assert set(health["batches"]) == {"calls", "requests", "texts"}
 
@@ -200,7 +213,7 @@ def test_concurrent_sampling_requests_each_draw_what_they_would_alone(trained_ru
 
     engine = load_ct2_translator(*ctranslate2_model(trained_run, None), device="cpu")  # as serve.py's default
     answers: dict[int, list[str]] = {}
-    with TestClient(create_app(engine, torch_engine=translator, batch_window=0.5)) as client:
+    with local_client(create_app(engine, torch_engine=translator, batch_window=0.5)) as client:
         alone_ = {seed: sampled(client, seed=seed, temperature=1.5) for seed in (1, 2)}
 
         def send(i: int) -> None:
@@ -257,7 +270,7 @@ def test_concurrent_requests_are_batched_and_each_gets_what_it_gets_alone(transl
                 for text in TOGETHER for beam, n_best in ((1, 1), (2, 2)) for alignment in (False, True)]
     requests.append(dict(texts=TOGETHER, beam=2, n_best=2, alignment=False))  # several texts in one request
     answers: dict[int, dict] = {}
-    with TestClient(create_app(translator, torch_engine=translator, batch_window=1.0)) as client:
+    with local_client(create_app(translator, torch_engine=translator, batch_window=1.0)) as client:
         def send(i: int) -> None:
             answers[i] = translate(client, **requests[i])
 
@@ -290,7 +303,7 @@ def test_an_error_in_one_batched_request_reaches_only_that_request(translator: T
                                      for f in dataclasses.fields(Translator) if f.init})
     long = "The heart has its reasons that reason does not know, and the station is far away."
     responses: dict[str, object] = {}
-    with TestClient(create_app(refusing, torch_engine=translator, batch_window=1.0)) as client:
+    with local_client(create_app(refusing, torch_engine=translator, batch_window=1.0)) as client:
         def send(text: str) -> None:
             responses[text] = client.post("/translate", json={"texts": [text]})
 
@@ -309,7 +322,7 @@ def test_an_error_in_one_batched_request_reaches_only_that_request(translator: T
 
 def test_shutdown_stops_the_worker(translator: Translator):
     app = create_app(translator, torch_engine=translator)
-    with TestClient(app) as client:
+    with local_client(app) as client:
         translate(client, texts=[SENTENCE])
         worker = app.state.batcher._thread
         assert worker.is_alive()
@@ -326,7 +339,7 @@ def test_a_ctranslate2_engine_serves_batched_requests_and_the_torch_one_the_atte
     requests = [dict(texts=[text], beam=beam) for text in TOGETHER for beam in (1, 2)]
     requests.append(dict(texts=[SENTENCE], alignment=True))
     answers: dict[int, dict] = {}
-    with TestClient(create_app(engine, torch_engine=translator, batch_window=1.0)) as client:
+    with local_client(create_app(engine, torch_engine=translator, batch_window=1.0)) as client:
         def send(i: int) -> None:
             answers[i] = translate(client, **requests[i])["translations"][0]
 
@@ -343,7 +356,7 @@ def test_a_ctranslate2_engine_serves_batched_requests_and_the_torch_one_the_atte
 
 
 def test_without_a_torch_engine_alignment_is_refused(translator: Translator):
-    with TestClient(create_app(translator)) as client:
+    with local_client(create_app(translator)) as client:
         assert client.get("/health").json()["alignment"] is False
         assert translate(client, texts=[SENTENCE])["translations"][0]["alignment"] is None
         response = client.post("/translate", json={"texts": [SENTENCE], "alignment": True})
@@ -358,7 +371,7 @@ def test_the_page_and_the_openapi_docs_are_served(client: TestClient):
 
 
 def test_serve_a_run_that_cannot_load_is_one_error_line(tmp_path: Path, capsys):
-    assert serve_cli.main(["--run", str(tmp_path / "missing"), "--port", "1"]) == 2
+    assert serve_cli.main(["--run", str(tmp_path / "missing"), "--port", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "missing" in err[0], err
 
@@ -407,7 +420,7 @@ def test_serve_py_keeps_ctranslate2_on_its_own_openmp_runtime(trained_run: Path)
     where each symbol went (glibc's LD_DEBUG); LD_BIND_NOW binds them all while serve.py loads."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is not installed")
     code = ("import sys, uvicorn, serve\n"
-            "uvicorn.run = lambda app, **kwargs: None\n"
+            "uvicorn.Server.run = lambda server, sockets=None: None\n"
             f"sys.exit(serve.main(['--run', {str(trained_run)!r}, '--device', 'cpu']))\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "LD_DEBUG": "bindings", "LD_BIND_NOW": "1"})
@@ -433,21 +446,29 @@ def test_serve_without_ctranslate2_falls_back_to_torch_with_one_line(trained_run
 # --------------------------------------------------------------------------- the page in a real browser
 
 
+@contextlib.contextmanager
+def running(app: fastapi.FastAPI, limits: ServerLimits = ServerLimits()):
+    """`app` under uvicorn on 127.0.0.1, as serve.py runs it (server.build_server), on a free port."""
+    sock = listen("127.0.0.1", 0)
+    server = build_server(app, limits, log_level="warning")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
 @pytest.fixture
 def server(translator: Translator):
-    uvicorn = pytest.importorskip("uvicorn", reason="the serve extra is not installed")
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(translator, torch_engine=translator), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with running(create_app(translator, torch_engine=translator)) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_a_huge_body_is_refused_before_it_is_read(server: str):
@@ -466,6 +487,142 @@ def test_a_huge_body_is_refused_before_it_is_read(server: str):
     with urllib.request.urlopen(urllib.request.Request(server + "/translate", data=b'{"texts": ["Go."]}',
                                                        headers={"content-type": "application/json"}), timeout=30) as ok:
         assert json.load(ok)["translations"][0]["source"] == "Go."
+
+
+def post_translate(port: int, texts: list[str], host: str | None = None) -> tuple[int, dict]:
+    """POST /translate on 127.0.0.1:`port` (with `host` as the Host header when given): status and JSON."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.putrequest("POST", "/translate", skip_host=host is not None)
+        body = json.dumps({"texts": texts}).encode()
+        headers = {"content-type": "application/json", "content-length": str(len(body))}
+        for name, value in {**headers, **({"host": host} if host is not None else {})}.items():
+            connection.putheader(name, value)
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def read_until_closed(sock: socket.socket, deadline: float) -> bytes:
+    """Everything `sock` receives until the server closes it; fails if it is still open at `deadline`."""
+    received = b""
+    while True:
+        sock.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+            data = sock.recv(4096)
+        except ConnectionResetError:
+            return received
+        except socket.timeout:
+            pytest.fail(f"a stalled connection is still open; it received {received[:80]!r}")
+        if not data:
+            return received
+        received += data
+
+
+HALF_A_HEAD = b"POST /translate HTTP/1.1\r\nHost: 127."
+HALF_A_BODY = (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+               b"content-length: 100\r\n\r\n{\"texts\": [")
+
+
+def test_stalled_connections_neither_block_working_clients_nor_stay_open(translator: Translator):
+    """300 clients that open a connection and stall, half of them in the request head, half in the body:
+    a working client beside them gets its translation, and each stalled connection is closed (a stalled
+    body with a 408) once its deadline passed, instead of holding a file descriptor for ever."""
+    app = create_app(translator, torch_engine=translator, body_timeout=1.0)
+    stalled: list[socket.socket] = []
+    with running(app, ServerLimits(header_timeout=1.0)) as port:
+        try:
+            for i in range(300):
+                stalled.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+                stalled[-1].sendall(HALF_A_BODY if i % 2 else HALF_A_HEAD)
+            status, answer = post_translate(port, ["Go."])
+            assert status == 200 and answer["translations"][0]["translation"] == translator.translate(["Go."])[0][0]
+            deadline = time.monotonic() + 60  # far beyond the deadlines of one second
+            for i, sock in enumerate(stalled):
+                received = read_until_closed(sock, deadline)
+                if i % 2:
+                    assert received.startswith(b"HTTP/1.1 408 ") and b"did not arrive within 1 s" in received
+                else:
+                    assert received == b""  # half a head gets no answer, as HTTP has none for it
+            assert post_translate(port, ["Go."])[0] == 200
+        finally:
+            for sock in stalled:
+                sock.close()
+
+
+def test_connections_beyond_the_limit_are_refused_as_they_open(translator: Translator):
+    app = create_app(translator, torch_engine=translator)
+    idle: list[socket.socket] = []
+    with running(app, ServerLimits(max_connections=8)) as port:
+        try:
+            for _ in range(8):
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as ninth:
+                refusal = read_until_closed(ninth, time.monotonic() + 30)  # without a byte sent
+            assert refusal.startswith(b"HTTP/1.1 503 ") and b"most connections" in refusal
+            idle.pop().close()
+            status = None
+            for _ in range(100):  # until the server has seen that connection go
+                try:
+                    status, _ = post_translate(port, ["Go."])
+                except (OSError, http.client.HTTPException):  # refused while sending: the 503 came first
+                    status = None
+                if status == 200:
+                    break
+                time.sleep(0.05)
+            assert status == 200
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_a_request_naming_a_foreign_host_is_refused_before_any_work(server: str, client: TestClient):
+    """DNS rebinding: a page of evil.example resolves its name to 127.0.0.1 and sends "Host: evil.example";
+    it gets 400 and costs the model nothing. The local names answer, on any port."""
+    port = int(server.rsplit(":", 1)[1])
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "localhost.:80"):
+        status, answer = post_translate(port, ["Go."], host=host)
+        assert status == 400 and "is not a name this server answers to" in answer["error"], host
+    for host in ("127.0.0.1", f"localhost:{port}", "[::1]:8000", "LOCALHOST"):
+        assert post_translate(port, ["Go."], host=host)[0] == 200, host
+    served = client.get("/health").json()["batches"]["calls"]
+    for path in ("/health", "/", "/docs", "/openapi.json"):
+        response = client.get(path, headers={"host": "evil.example"})
+        assert response.status_code == 400 and "evil.example" in response.json()["error"], path
+    assert client.post("/translate", json={"texts": ["Go."]}, headers={"host": "evil.example"}).status_code == 400
+    assert client.get("/health").json()["batches"]["calls"] == served  # no model work
+
+
+def test_allowed_hosts_add_names_and_refuse_ports(translator: Translator):
+    app = create_app(translator, torch_engine=translator, allowed_hosts=["box.lan", "*.example.org"])
+    with local_client(app) as client:
+        for host, status in (("box.lan:8000", 200), ("a.example.org", 200), ("example.org", 400),
+                             ("127.0.0.1", 400)):  # the list replaces the default one
+            assert client.get("/health", headers={"host": host}).status_code == status, host
+    args = serve_cli.parse_args(["--host", "0.0.0.0", "--allow-host", "Box.lan", "--allow-host", "::1"])
+    assert serve_cli.answered_hosts(args) == ["127.0.0.1", "localhost", "[::1]", "box.lan"]
+    args = serve_cli.parse_args(["--host", "192.168.1.5"])
+    assert serve_cli.answered_hosts(args)[-1] == "192.168.1.5"  # the address it listens on
+    for bad in ("box.lan:8000", "a*.example.org", "", "http://box.lan"):
+        with pytest.raises(UserError, match="--allow-host: .* is not a host name"):
+            serve_cli.answered_hosts(serve_cli.parse_args(["--allow-host", bad]))
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(trained_run: Path, tmp_path: Path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # A run that does not exist: had serve.py loaded the model first, its error would be about the run.
+        assert serve_cli.main(["--run", str(tmp_path / "missing"), "--port", str(port)]) == 2
+        first = capsys.readouterr().err.strip().splitlines()
+        assert serve_cli.main(["--run", str(trained_run), "--port", str(port), "--engine", "torch"]) == 2
+        second = capsys.readouterr().err.strip().splitlines()
+    for err in (first, second):  # one line: no log line of a model loading came before it
+        assert len(err) == 1 and err[0].startswith(f"error: --port {port}: the port is in use"), err
+        assert "--port 0" in err[0]
 
 
 def test_the_page_translates_as_you_type_in_a_browser(server: str, tmp_path: Path):

@@ -1,6 +1,6 @@
 """Serving: a FastAPI app (app.py) that translates JSON requests with an engine (the cross-attention
 with the torch engine), the batcher that gathers concurrent requests into one call (batcher.py, no
-HTTP), and the one web page (static/index.html: type, see the French, the n-best and the
-cross-attention). The top stage: it imports translation/; nothing in the package imports it.
-serve.py runs it under uvicorn.
+HTTP), uvicorn with the limits that keep the server answering whatever its clients do (server.py), and
+the one web page (static/index.html: type, see the French, the n-best and the cross-attention). The top
+stage: it imports translation/ (and checkpoints/ for names); nothing in the package imports it. serve.py runs it.
 """

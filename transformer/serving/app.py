@@ -2,16 +2,20 @@
 scores out; beam, target prefixes and seeded sampling as translate.py's, and, when asked, the
 cross-attention of the best one), `GET /health`, and the web page at `/`. Requests are strict
 pydantic models that refuse unknown fields and wrong types; every refusal is a 4xx JSON
-`{"error": ...}`, a body above MAX_BODY_BYTES a 413 before it is read. Translation runs on one worker
-thread that batches concurrent requests (batcher.py). No model loading here (serve.py).
+`{"error": ...}`: a request whose Host is not an allowed name a 400 before anything else, a body above
+MAX_BODY_BYTES a 413 before it is read, one not whole within BODY_TIMEOUT seconds a 408. Translation
+runs on one worker thread that batches concurrent requests (batcher.py). No model loading here
+(serve.py), nor the server's connection limits (server.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import itertools
 import logging
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +27,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from transformer.checkpoints.rundir import run_dir_of
 from transformer.errors import UserError
 from transformer.serving.batcher import Batcher
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
@@ -40,6 +46,10 @@ MAX_BEAM = 16  # the largest beam a request may ask for; n_best is at most the b
 # 12 bytes of JSON (an escaped surrogate pair): about 1.5 MB. A larger body is refused with 413
 # before it is read.
 MAX_BODY_BYTES = 2 << 20
+BODY_TIMEOUT = 30.0  # seconds from a request's head to the end of its body
+# The names a request's Host may give by default: a web page of another site that resolves its own name
+# to 127.0.0.1 (DNS rebinding) sends that name, and is refused.
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 BATCH_TEXTS = 256  # the most texts the worker translates in one call (4 full requests)
 BATCH_WINDOW = 0.005  # seconds the worker waits for more requests after the first arrived
 PAGE = Path(__file__).parent / "static" / "index.html"
@@ -170,10 +180,12 @@ class Translations:
 class BodyLimit:
     """ASGI middleware: a request body above `limit` bytes gets 413 (as the app's JSON error) without
     being read: by its Content-Length before any of it, or, sent in chunks, once the bytes read pass
-    the limit (uvicorn stops reading the socket while the app does not ask for more)."""
+    the limit (uvicorn stops reading the socket while the app does not ask for more). A body not whole
+    `timeout` seconds after the request's head gets 408 and its connection is closed: a client that
+    stalls its body holds a connection no longer, however slowly it trickles."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, timeout: float = BODY_TIMEOUT) -> None:
+        self.app, self.limit, self.timeout = app, limit, timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -184,14 +196,23 @@ class BodyLimit:
             response = JSONResponse(status_code=413, content={"error": self._message()})
             await response(scope, receive, send)
             return
-        read = 0
+        read, whole = 0, False
+        deadline = asyncio.get_running_loop().time() + self.timeout
 
         async def limited() -> Message:
-            nonlocal read
-            message = await receive()
+            nonlocal read, whole
+            if whole:  # the body is in: waiting for a disconnect is not timed
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                # FastAPI re-raises an HTTPException met while reading the body (routing.py); the
+                # rest of the body could still arrive, so the connection cannot serve another request.
+                raise HTTPException(status_code=408, headers={"connection": "close"},
+                                    detail=f"the request body did not arrive within {self.timeout:g} s") from None
+            whole = message["type"] != "http.request" or not message.get("more_body", False)
             read += len(message.get("body", b""))
             if read > self.limit:
-                # FastAPI re-raises an HTTPException met while reading the body (routing.py).
                 raise HTTPException(status_code=413, detail=self._message())
             return message
 
@@ -199,6 +220,63 @@ class BodyLimit:
 
     def _message(self) -> str:
         return f"the request body is larger than {self.limit:,} bytes"
+
+
+def allowed_host(name: str) -> str:
+    """`name` as an entry of the Host allow-list (lower case, an IPv6 address in brackets), or ValueError:
+    a name with a port (every port is allowed), or a wildcard other than a leading "*." or "*" alone."""
+    host = name.strip().lower()
+    try:
+        if ipaddress.ip_address(host.strip("[]")).version == 6:
+            return f"[{host.strip('[]')}]"
+    except ValueError:
+        pass
+    if not host or any(c in host for c in ":/[]@ ") or "*" in host[1:] or (host.startswith("*") and
+                                                                            host != "*" and host[1] != "."):
+        raise ValueError(f"{name!r} is not a host name: a name or address without a port, "
+                         "*.example.org for the subdomains of example.org, or * for any")
+    return host
+
+
+class AllowedHosts:
+    """ASGI middleware: a request whose Host header is not one of `hosts` (starlette's
+    TrustedHostMiddleware decides, ports ignored) gets 400 as the app's JSON error and reaches nothing
+    else; the allowed names are in the message, for whoever set up a name of their own."""
+
+    def __init__(self, app: ASGIApp, hosts: Sequence[str]) -> None:
+        self.app, self.hosts = app, tuple(hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        passed = False
+
+        async def allowed(scope: Scope, receive: Receive, _: Send) -> None:
+            nonlocal passed
+            passed = True
+            await self.app(scope, receive, send)
+
+        async def plain_refusal(message: Message) -> None:
+            pass  # starlette's plain-text 400, replaced by the JSON one below
+
+        await TrustedHostMiddleware(allowed, allowed_hosts=list(self.hosts), www_redirect=False)(
+            scope, receive, plain_refusal)
+        if not passed:
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            response = JSONResponse(status_code=400, content={
+                "error": f"Host {host!r} is not a name this server answers to ({', '.join(self.hosts)})"})
+            await response(scope, receive, send)
+
+
+def served_model(engine: Engine) -> dict[str, str | None]:
+    """The names of the run and checkpoint behind `engine`, for /health: names only, so that a client
+    learns nothing of the server's file system."""
+    checkpoint = getattr(engine, "checkpoint", None)
+    if checkpoint is None:
+        return {"run": None, "checkpoint": None}
+    found = Path(checkpoint).resolve()  # "best" is a link to a step's directory
+    return {"run": run_dir_of(found).name, "checkpoint": found.name}
 
 
 def _message(errors: list[dict]) -> str:
@@ -210,14 +288,19 @@ def _message(errors: list[dict]) -> str:
 
 
 def create_app(engine: Engine, torch_engine: Translator | None = None, batch_texts: int = BATCH_TEXTS,
-               batch_window: float = BATCH_WINDOW) -> FastAPI:
+               batch_window: float = BATCH_WINDOW, allowed_hosts: Sequence[str] = LOCAL_HOSTS,
+               body_timeout: float = BODY_TIMEOUT) -> FastAPI:
     """The app around `engine` (any texts.Engine: torch or CTranslate2) for plain requests, and the
     `torch_engine` Translator for requests with `alignment` or `sampling` (a single model: attention
     is one model's; without it such requests are refused). `batch_texts` and `batch_window` are the
-    batcher's max_texts and window. The batcher's worker runs from the app's startup to its shutdown;
-    while it runs, `app.state.batcher` is it."""
+    batcher's max_texts and window. `allowed_hosts`: the names a request's Host may give (any port;
+    allowed_host's forms). `body_timeout`: seconds a request's body may take. The batcher's worker runs
+    from the app's startup to its shutdown; while it runs, `app.state.batcher` is it."""
     if torch_engine is not None and torch_engine.others:
         raise UserError("serving shows one model's attention: not an ensemble")
+    if not body_timeout > 0:
+        raise ValueError(f"body_timeout must be above 0 seconds, got {body_timeout}")
+    hosts = [allowed_host(name) for name in allowed_hosts]
     work = Translations(engine, torch_engine)
     requests = itertools.count(1)
 
@@ -231,8 +314,10 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
 
     app = FastAPI(title="English→French Transformer", lifespan=lifespan,
                   description=f"At most {MAX_TEXTS} texts a request, {MAX_CHARS} characters a text.")
-    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES, timeout=body_timeout)
+    app.add_middleware(AllowedHosts, hosts=hosts)  # added last: the outermost, before any other work
     page = PAGE.read_text(encoding="utf-8")
+    model = served_model(engine)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -260,7 +345,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
     @app.get("/health")
     def health(http: Request) -> dict:
         served = http.app.state.batcher.served
-        return {"status": "ok", "checkpoint": str(getattr(engine, "checkpoint", None)),
+        return {"status": "ok", **model,
                 "engine": "torch" if isinstance(engine, Translator) else "ctranslate2",
                 "beam": engine.decode.beam_size, "alignment": torch_engine is not None,
                 "max_beam": MAX_BEAM, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS,
@@ -289,5 +374,6 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
     return app
 
 
-__all__ = ["MAX_TEXTS", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "BATCH_TEXTS", "BATCH_WINDOW", "DecodeOptions",
-           "TranslateRequest", "TranslateResponse", "Translations", "BodyLimit", "create_app"]
+__all__ = ["MAX_TEXTS", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "BODY_TIMEOUT", "LOCAL_HOSTS", "BATCH_TEXTS",
+           "BATCH_WINDOW", "DecodeOptions", "TranslateRequest", "TranslateResponse", "Translations", "BodyLimit",
+           "AllowedHosts", "allowed_host", "create_app"]

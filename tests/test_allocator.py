@@ -1,4 +1,4 @@
-"""transformer/allocator.py: with reuse_freed_memory, the large blocks a training step frees are
+"""transformer/training/allocator.py: with reuse_freed_memory, the large blocks a training step frees are
 mostly served again from memory the process already has, instead of fresh pages the kernel must
 fault in and zero (glibc's default for blocks above its mmap threshold)."""
 

@@ -1,4 +1,4 @@
-"""Budgets as steps (budget.py): a time budget is measured once and recorded; the end of the linear
+"""Budgets as steps (transformer/training/budget.py): a time budget is measured once and recorded; the end of the linear
 schedule is fixed, so a budget changed in the middle of it is refused, and one raised after the end
 starts a new segment with its own warm-up; schedules that do not depend on the end just move the stop."""
 

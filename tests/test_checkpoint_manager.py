@@ -1,4 +1,4 @@
-"""The run state (checkpoint_manager.py): `best` names the checkpoint of the best validation and moves
+"""The run state (transformer/checkpoints/manager.py): `best` names the checkpoint of the best validation and moves
 only when a validation beats it; a run that ends off the validation cycle validates and records its
 last step; a rerun of a finished command changes nothing; pruning never removes the best; a save killed
 before the run state recorded it is undone; runs of earlier versions are refused for training only.

@@ -54,6 +54,7 @@ def huge_pages_always() -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 @pytest.mark.skipif(huge_pages_always(), reason="fault counts mean something else with THP 'always'")
 def test_large_blocks_are_reused_instead_of_faulted_in_again():

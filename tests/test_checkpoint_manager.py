@@ -102,6 +102,7 @@ def test_a_run_ending_off_the_validation_cycle_validates_and_records_its_last_st
     assert "best valid BLEU 20.00 at step 45" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_changes_nothing_and_raising_its_budget_keeps_best_right(
         tmp_path: Path, tiny_csv: Path, scripted, capsys):
     """The run of the issue: best at step 30, then a worse last step (45). A rerun leaves best and
@@ -150,6 +151,7 @@ def test_a_save_killed_before_the_run_state_recorded_it_is_undone(tmp_path: Path
     assert "its save was interrupted before the run state recorded it" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_damaged_best_checkpoint_is_dropped_and_the_next_validation_sets_a_new_one(
         tmp_path: Path, tiny_csv: Path, scripted, caplog):
     scripted.scores.update({30: 5.0, 45: 9.0, 60: 1.0})

@@ -500,6 +500,7 @@ def test_training_stops_when_tensorboard_cannot_write(tmp_path: Path, capsys, ti
 # --------------------------------------------------------------------------- seeing attention
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("search", [["--greedy"], ["--beam", "2", "--n-best", "2"]], ids=["greedy", "beam-n-best"])
 def test_translate_attention_writes_one_png_per_line_and_none_for_a_blank_one(trained_run: Path, tmp_path: Path,
                                                                              capsys, search: list[str]):
@@ -571,6 +572,7 @@ def test_training_logs_attention_images_to_tensorboard(trained_run: Path):
     assert [event.step for event in accumulator.Images("attention/cross/sample_1")] == [10]  # the one validation
 
 
+@pytest.mark.slow
 def test_plain_translate_does_not_import_matplotlib(trained_run: Path, tmp_path: Path):
     """translate.py starts cold on every call: matplotlib (slow to import) only comes with --attention."""
     base = ["--run", str(trained_run), "--quiet", "--threads", "1"]

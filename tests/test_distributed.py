@@ -140,6 +140,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, half_budget_config: Path
 # --------------------------------------------------------------------------- 2 processes = 1 process
 
 
+@pytest.mark.slow
 def test_two_ranks_with_half_the_budget_train_what_one_process_trains(one_process: Path, two_ranks):
     run_dir, _ = two_ranks
     one_loss, two_loss = scalars(one_process, "train/smoothed_loss"), scalars(run_dir, "train/smoothed_loss")
@@ -155,6 +156,7 @@ def test_two_ranks_with_half_the_budget_train_what_one_process_trains(one_proces
     assert (one_state["world_size"], two_state["world_size"]) == (1, 2)
 
 
+@pytest.mark.slow
 def test_a_rank_with_no_sentence_in_a_step_still_joins_the_gradient_reduction(tmp_path: Path, tiny_csv: Path):
     """Global batches of 2 tokens hold one sentence each (every pair is longer), so rank 1's shard of
     every batch is empty: it trains on nothing, runs its zero-weight pass, and the two ranks learn
@@ -168,6 +170,7 @@ def test_a_rank_with_no_sentence_in_a_step_still_joins_the_gradient_reduction(tm
     assert_same_weights(step_checkpoint(one, MAX_STEPS), step_checkpoint(two, MAX_STEPS))
 
 
+@pytest.mark.slow
 def test_only_rank_0_writes_the_run_directory_and_logs_at_info(one_process: Path, two_ranks):
     run_dir, stderr = two_ranks
 
@@ -186,6 +189,7 @@ def test_only_rank_0_writes_the_run_directory_and_logs_at_info(one_process: Path
     assert "rank_rng" not in checkpoint.load_training_state(step_checkpoint(one_process, MAX_STEPS))
 
 
+@pytest.mark.slow
 def test_sigterm_to_torchrun_stops_both_ranks_with_a_checkpoint_then_resume_matches(
         tmp_path: Path, half_budget_config: Path, one_process: Path):
     run_dir, log = tmp_path / "run", tmp_path / "stopped.log"

@@ -72,6 +72,7 @@ def test_an_ensembles_scores_of_one_run_twice_are_the_runs(trained_run: Path):
         assert abs(a.log_prob - b.log_prob) < 1e-4
 
 
+@pytest.mark.slow
 def test_runs_with_other_tokenizer_files_are_refused(trained_run: Path, tmp_path: Path, tiny_config: Config,
                                                      datasets_cache: Path, capsys):
     other = train_tiny_run(tmp_path / "other", tiny_config, datasets_cache, joint_tokenizer=False,

@@ -168,6 +168,7 @@ def wait_for_log(process: subprocess.Popen, log: Path, text: str, timeout: float
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_sigkill_at_an_arbitrary_step_then_resume_gives_identical_weights(
         tmp_path: Path, config_file: Path, uninterrupted: Path, capsys):
     run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
@@ -187,6 +188,7 @@ def test_sigkill_at_an_arbitrary_step_then_resume_gives_identical_weights(
     assert_same_training(uninterrupted, run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(MAX_STEPS))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_weights(
         tmp_path: Path, config_file: Path, uninterrupted: Path, capsys, signum: signal.Signals):
@@ -214,6 +216,7 @@ def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_
     assert_same_training(uninterrupted, run_dir / rundir.CHECKPOINTS / rundir.step_dir_name(MAX_STEPS))
 
 
+@pytest.mark.slow
 def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_step_budget(
         tmp_path: Path, tiny_csv: Path, capsys):
     """max_minutes becomes a step budget once, measured over the first steps; the kill comes after
@@ -239,6 +242,7 @@ def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_s
     assert_same_training(tmp_path / "steps" / final, run_dir / final)
 
 
+@pytest.mark.slow
 def test_resume_skips_a_truncated_newest_checkpoint_and_still_matches(
         tmp_path: Path, config_file: Path, uninterrupted: Path, capsys):
     run_dir = tmp_path / "truncated"
@@ -318,6 +322,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params_after[11]))
 
 
+@pytest.mark.slow
 def test_sigkill_in_the_middle_of_a_patience_count_then_resume_stops_where_the_run_left_alone_stops(
         tmp_path: Path, tiny_csv: Path, capsys):
     """train.patience counts validations without a better BLEU; the count travels in the checkpoints,

@@ -193,6 +193,7 @@ def test_sampling_draws_n_best_samples_and_a_seed_reproduces_them(client: TestCl
     assert sampled(client, top_k=1, seed=5) == greedy.translate([SENTENCE])[0] * 3
 
 
+@pytest.mark.slow
 def test_concurrent_sampling_requests_each_draw_what_they_would_alone(trained_run: Path, translator: Translator):
     pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
     from transformer.export.run_cache import ctranslate2_model
@@ -250,6 +251,7 @@ def assert_same(served: dict, expected: dict) -> None:
             assert got_row == pytest.approx(want_row, abs=2e-4)  # the API rounds to 4 decimals
 
 
+@pytest.mark.slow
 def test_concurrent_requests_are_batched_and_each_gets_what_it_gets_alone(translator: Translator):
     """Requests with every option set, sent together from threads: the worker gathers them (a long
     window makes that certain here), and each answer equals the text path's for that text alone."""
@@ -285,6 +287,7 @@ class RefusingTranslator(Translator):
         return super().search(sources, n_best, prefixes)
 
 
+@pytest.mark.slow
 def test_an_error_in_one_batched_request_reaches_only_that_request(translator: Translator):
     refusing = RefusingTranslator(**{f.name: getattr(translator, f.name)
                                      for f in dataclasses.fields(Translator) if f.init})
@@ -316,6 +319,7 @@ def test_shutdown_stops_the_worker(translator: Translator):
     assert not worker.is_alive()
 
 
+@pytest.mark.slow
 def test_a_ctranslate2_engine_serves_batched_requests_and_the_torch_one_the_attention(trained_run: Path,
                                                                                         translator: Translator):
     pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
@@ -369,6 +373,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_serve_py_listens_and_answers(trained_run: Path):
     port = free_port()
     process = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--run", str(trained_run), "--device", "cpu",
@@ -401,6 +406,7 @@ def test_serve_py_listens_and_answers(trained_run: Path):
         process.wait(timeout=15)
 
 
+@pytest.mark.slow
 def test_serve_py_keeps_ctranslate2_on_its_own_openmp_runtime(trained_run: Path):
     """Imported after torch, CTranslate2's library binds to torch's libgomp and runs several times slower
     once the torch engine has run (serve.import_ctranslate2_before_torch). The dynamic linker reports
@@ -468,6 +474,7 @@ def test_a_huge_body_is_refused_before_it_is_read(server: str):
         assert json.load(ok)["translations"][0]["source"] == "Go."
 
 
+@pytest.mark.slow
 def test_the_page_translates_as_you_type_in_a_browser(server: str, tmp_path: Path):
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     chromium = shutil.which("chromium")

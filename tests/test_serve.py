@@ -193,7 +193,6 @@ def test_sampling_draws_n_best_samples_and_a_seed_reproduces_them(client: TestCl
     assert sampled(client, top_k=1, seed=5) == greedy.translate([SENTENCE])[0] * 3
 
 
-@pytest.mark.slow
 def test_concurrent_sampling_requests_each_draw_what_they_would_alone(trained_run: Path, translator: Translator):
     pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
     from transformer.export.run_cache import ctranslate2_model
@@ -201,9 +200,11 @@ def test_concurrent_sampling_requests_each_draw_what_they_would_alone(trained_ru
 
     engine = load_ct2_translator(*ctranslate2_model(trained_run, None), device="cpu")  # as serve.py's default
     answers: dict[int, list[str]] = {}
-    with TestClient(create_app(engine, torch_engine=translator, batch_window=0.5)) as client:
+    with TestClient(create_app(engine, torch_engine=translator)) as client:
         alone_ = {seed: sampled(client, seed=seed, temperature=1.5) for seed in (1, 2)}
-
+    # The worker waits for all 4 texts (a window no machine outlasts), so the requests are certainly
+    # gathered together, and still each sample runs alone.
+    with TestClient(create_app(engine, torch_engine=translator, batch_texts=4, batch_window=60)) as client:
         def send(i: int) -> None:
             answers[i] = sampled(client, seed=1 + i % 2, temperature=1.5)
 
@@ -251,15 +252,15 @@ def assert_same(served: dict, expected: dict) -> None:
             assert got_row == pytest.approx(want_row, abs=2e-4)  # the API rounds to 4 decimals
 
 
-@pytest.mark.slow
 def test_concurrent_requests_are_batched_and_each_gets_what_it_gets_alone(translator: Translator):
-    """Requests with every option set, sent together from threads: the worker gathers them (a long
-    window makes that certain here), and each answer equals the text path's for that text alone."""
+    """Requests with every option set, sent together from threads: the worker gathers them (it waits
+    for all their texts here), and each answer equals the text path's for that text alone."""
     requests = [dict(texts=[text], beam=beam, n_best=n_best, alignment=alignment)
                 for text in TOGETHER for beam, n_best in ((1, 1), (2, 2)) for alignment in (False, True)]
     requests.append(dict(texts=TOGETHER, beam=2, n_best=2, alignment=False))  # several texts in one request
     answers: dict[int, dict] = {}
-    with TestClient(create_app(translator, torch_engine=translator, batch_window=1.0)) as client:
+    texts = sum(len(request["texts"]) for request in requests)
+    with TestClient(create_app(translator, torch_engine=translator, batch_texts=texts, batch_window=60)) as client:
         def send(i: int) -> None:
             answers[i] = translate(client, **requests[i])
 
@@ -287,13 +288,13 @@ class RefusingTranslator(Translator):
         return super().search(sources, n_best, prefixes)
 
 
-@pytest.mark.slow
 def test_an_error_in_one_batched_request_reaches_only_that_request(translator: Translator):
     refusing = RefusingTranslator(**{f.name: getattr(translator, f.name)
                                      for f in dataclasses.fields(Translator) if f.init})
     long = "The heart has its reasons that reason does not know, and the station is far away."
     responses: dict[str, object] = {}
-    with TestClient(create_app(refusing, torch_engine=translator, batch_window=1.0)) as client:
+    # The worker waits for all three texts: the failing batch holds the good two.
+    with TestClient(create_app(refusing, torch_engine=translator, batch_texts=3, batch_window=60)) as client:
         def send(text: str) -> None:
             responses[text] = client.post("/translate", json={"texts": [text]})
 
@@ -319,7 +320,6 @@ def test_shutdown_stops_the_worker(translator: Translator):
     assert not worker.is_alive()
 
 
-@pytest.mark.slow
 def test_a_ctranslate2_engine_serves_batched_requests_and_the_torch_one_the_attention(trained_run: Path,
                                                                                         translator: Translator):
     pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
@@ -330,7 +330,8 @@ def test_a_ctranslate2_engine_serves_batched_requests_and_the_torch_one_the_atte
     requests = [dict(texts=[text], beam=beam) for text in TOGETHER for beam in (1, 2)]
     requests.append(dict(texts=[SENTENCE], alignment=True))
     answers: dict[int, dict] = {}
-    with TestClient(create_app(engine, torch_engine=translator, batch_window=1.0)) as client:
+    texts = sum(len(request["texts"]) for request in requests)
+    with TestClient(create_app(engine, torch_engine=translator, batch_texts=texts, batch_window=60)) as client:
         def send(i: int) -> None:
             answers[i] = translate(client, **requests[i])["translations"][0]
 

@@ -48,8 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and CI)")
     parser.add_argument("--reuse-freed-memory", action=argparse.BooleanOptionalAction, default=True,
                         help="CPU training: keep memory freed by one step for the next (glibc's malloc; "
-                             "default on, see transformer/allocator.py); --no-reuse-freed-memory keeps glibc's "
-                             "defaults")
+                             "default on, see transformer/training/allocator.py); --no-reuse-freed-memory keeps "
+                             "glibc's defaults")
     parser.add_argument("--rebuild-state", action="store_true",
                         help="the run lost its state.json: write it anew from the checkpoints on disk (every one "
                              "whose weights verify kept, damaged ones renamed corrupt-..., none deleted; the best "

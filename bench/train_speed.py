@@ -132,7 +132,7 @@ def naive_attention(q, k, v, attn_mask=None, is_causal=False, **_):
 
 
 class HandFusedCrossEntropy(torch.autograd.Function):
-    """The label-smoothed loss of earlier versions of transformer/loss.py: its own backward pass,
+    """The label-smoothed loss of earlier versions of transformer/training/loss.py: its own backward pass,
     three passes over the (tokens x vocabulary) logits. Kept here to measure what F.cross_entropy
     costs against it (the lever "hand-fused loss")."""
 

@@ -1,4 +1,4 @@
-"""transformer/allocator.py: with reuse_freed_memory, the large blocks a training step frees are
+"""transformer/training/allocator.py: with reuse_freed_memory, the large blocks a training step frees are
 mostly served again from memory the process already has, instead of fresh pages the kernel must
 fault in and zero (glibc's default for blocks above its mmap threshold)."""
 
@@ -54,6 +54,7 @@ def huge_pages_always() -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 @pytest.mark.skipif(huge_pages_always(), reason="fault counts mean something else with THP 'always'")
 def test_large_blocks_are_reused_instead_of_faulted_in_again():

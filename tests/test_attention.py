@@ -1,4 +1,4 @@
-"""Attention weights for inspection (transformer/attention.py and the models' `attention_weights`):
+"""Attention weights for inspection (transformer/translation/attention.py and the models' `attention_weights`):
 the written-out weights are the ones SDPA applies, for every kind of attention; they are
 probabilities with padding and the future masked; cached decoding and search give the maps of a
 teacher-forced pass over what was produced; batching changes nothing; the hooks leave no trace;

@@ -1,4 +1,4 @@
-"""Pictures of attention (transformer/attention_plots.py): subwords read as text with accents
+"""Pictures of attention (transformer/translation/attention_plots.py): subwords read as text with accents
 intact, each panel shows the map it names with queries down and keys across, PNGs are valid, and
 validation's TensorBoard images land under `attention/` (none for a blank sample, none at all when
 TensorBoard is off)."""

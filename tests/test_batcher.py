@@ -64,9 +64,11 @@ def test_a_call_holds_at_most_max_texts_unless_one_request_alone_has_more():
 
 def test_the_window_gathers_requests_arriving_soon_after_the_first():
     work = Work(hold_first=False)
-    with Batcher(work, window=0.3) as batcher:
+    # A window far longer than any pause between the two submissions, ended by max_texts rather
+    # than by the clock: the worker waits in it for the second request, however slow the machine.
+    with Batcher(work, max_texts=2, window=60) as batcher:
         first = batcher.submit("a", ["x"])
-        time.sleep(0.05)
+        time.sleep(0.05)  # lets the worker reach the window's wait first
         second = batcher.submit("a", ["y"])
         assert first.result(10) == ["a:X"] and second.result(10) == ["a:Y"]
     assert work.calls == [("a", ["x", "y"])]

@@ -1,4 +1,4 @@
-"""Tests for transformer/batching.py: every pair once per epoch, the token budget, reproducible
+"""Tests for transformer/data/batching.py: every pair once per epoch, the token budget, reproducible
 orders, teacher-forcing layout (BOS/EOS, shifted targets, right padding, masks), PairCorpus from
 lists and from Arrow, and little padding on sorted batches."""
 

@@ -1,4 +1,4 @@
-"""Budgets as steps (budget.py): a time budget is measured once and recorded; the end of the linear
+"""Budgets as steps (transformer/training/budget.py): a time budget is measured once and recorded; the end of the linear
 schedule is fixed, so a budget changed in the middle of it is refused, and one raised after the end
 starts a new segment with its own warm-up; schedules that do not depend on the end just move the stop."""
 
@@ -52,6 +52,7 @@ def test_reconcile_keeps_moves_restarts_or_refuses():
         reconcile(linear, 50, plan, 150, "train.max_steps: 100 -> 150")
 
 
+@pytest.mark.slow
 def test_a_time_budget_is_measured_once_and_recorded(tiny_config, tmp_path, datasets_cache, caplog):
     caplog.set_level(logging.INFO)
     config = configured(tiny_config, max_steps=0, max_minutes=0.03, warmup_steps=MEASURE_UNTIL_STEP)

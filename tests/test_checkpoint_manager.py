@@ -1,4 +1,4 @@
-"""The run state (checkpoint_manager.py): `best` names the checkpoint of the best validation and moves
+"""The run state (transformer/checkpoints/manager.py): `best` names the checkpoint of the best validation and moves
 only when a validation beats it; a run that ends off the validation cycle validates and records its
 last step; a rerun of a finished command changes nothing; pruning never removes the best; a save killed
 before the run state recorded it is undone; runs of earlier versions are refused for training only.
@@ -105,6 +105,7 @@ def test_a_run_ending_off_the_validation_cycle_validates_and_records_its_last_st
     assert "best valid BLEU 20.00 at step 45" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_changes_nothing_and_raising_its_budget_keeps_best_right(
         tmp_path: Path, tiny_csv: Path, scripted, capsys):
     """The run of the issue: best at step 30, then a worse last step (45). A rerun leaves best and
@@ -153,6 +154,7 @@ def test_a_save_killed_before_the_run_state_recorded_it_is_undone(tmp_path: Path
     assert "its save was interrupted before the run state recorded it" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_damaged_best_checkpoint_is_dropped_and_the_next_validation_sets_a_new_one(
         tmp_path: Path, tiny_csv: Path, scripted, caplog):
     scripted.scores.update({30: 5.0, 45: 9.0, 60: 1.0})

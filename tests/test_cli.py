@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, train_tiny_run, w
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import layout, lookup
 from transformer.checkpoints.rundir import RunDirectory
-from transformer.training import trainer
+from transformer.training import run, trainer
 from transformer.config import Config
 from transformer.data.pairs import MAX_CHARS_PER_TOKEN
 from transformer.translation.attention import translate_with_attention
@@ -104,13 +103,22 @@ def test_csv_with_non_utf8_bytes(tmp_path: Path, capsys):
 
 
 @pytest.mark.parametrize("where", ["first", "middle"])
-def test_csv_with_a_1mb_line_is_read_and_that_row_dropped_naming_it(tmp_path: Path, caplog, where: str):
+def test_csv_with_a_1mb_line_is_read_and_that_row_dropped_naming_it(tmp_path: Path, caplog, monkeypatch,
+                                                                    where: str):
     huge = '"' + "word " * 200_000 + '","mot"\n'  # 1 MB: beyond the csv module's default field limit
     path = tmp_path / "pairs.csv"
     path.write_text(HEADER + huge + ROWS if where == "first" else HEADER + ROWS + huge + ROWS, encoding="utf-8")
-    start = time.monotonic()
+    longest = []  # the BPE trainer must never see the row: it takes minutes over a 1 MB word
+
+    def train_tokenizers(source_texts, target_texts, config):
+        sources, targets = list(source_texts), list(target_texts)
+        longest.append(max(map(len, sources + targets)))
+        return real_train_tokenizers(sources, targets, config)
+
+    real_train_tokenizers = run.train_tokenizers
+    monkeypatch.setattr(run, "train_tokenizers", train_tokenizers)
     assert run_train(tmp_path, path) == 0
-    assert time.monotonic() - start < 30  # the BPE trainer never sees it (minutes for a 1 MB word)
+    assert len(longest) == 1 and longest[0] <= 128 * MAX_CHARS_PER_TOKEN
     line = 2 if where == "first" else N_ROWS + 2
     assert (f"{path}: dropped 1 of {N_ROWS * (1 if where == 'first' else 2) + 1} rows with a side longer than "
             f"{128 * MAX_CHARS_PER_TOKEN} characters (line {line}): far beyond data.max_length=128 tokens"
@@ -320,11 +328,9 @@ def test_translate_blank_lines_of_a_file_stay_blank(trained_run: Path, tmp_path:
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
 
 
-def test_translate_a_10000_character_sentence_is_truncated_in_bounded_time(trained_run: Path, capsys, caplog):
+def test_translate_a_10000_character_sentence_is_truncated_to_the_model_s_max_len(trained_run: Path, capsys, caplog):
     sentence = ("I'm cold. " * 1000)[:10_000]
-    start = time.monotonic()
     assert translate(trained_run, sentence) == 0  # beam 2: up to 511 steps of two hypotheses
-    assert time.monotonic() - start < 60  # typically ~5 s: bounded by model.max_len, not by the input
     assert len(capsys.readouterr().out.splitlines()) == 1
     assert "1 source sentence(s) longer than 511 subwords were truncated (the model's max_len is 512" in caplog.text
 
@@ -494,6 +500,7 @@ def test_training_stops_when_tensorboard_cannot_write(tmp_path: Path, capsys, ti
 # --------------------------------------------------------------------------- seeing attention
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("search", [["--greedy"], ["--beam", "2", "--n-best", "2"]], ids=["greedy", "beam-n-best"])
 def test_translate_attention_writes_one_png_per_line_and_none_for_a_blank_one(trained_run: Path, tmp_path: Path,
                                                                              capsys, search: list[str]):
@@ -565,6 +572,7 @@ def test_training_logs_attention_images_to_tensorboard(trained_run: Path):
     assert [event.step for event in accumulator.Images("attention/cross/sample_1")] == [10]  # the one validation
 
 
+@pytest.mark.slow
 def test_plain_translate_does_not_import_matplotlib(trained_run: Path, tmp_path: Path):
     """translate.py starts cold on every call: matplotlib (slow to import) only comes with --attention."""
     base = ["--run", str(trained_run), "--quiet", "--threads", "1"]

@@ -113,6 +113,7 @@ def output_ids(translator, texts: list[str], monkeypatch) -> list[list[int]]:
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
 def test_beam_reranked_equals_the_torch_engine_where_the_search_stops_alike(variant_run: Path, alpha: float,
                                                                            monkeypatch):
@@ -262,6 +263,7 @@ def _cold_call(run_dir: Path, engine: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_cold_call_from_an_export_never_imports_torch(trained_run: Path):
     load_ct2_translator(trained_run, device="cpu")  # the export exists, as after a first call
     cold = _cold_call(trained_run, "ctranslate2")

@@ -95,6 +95,7 @@ def test_beam_cached_equals_uncached():
         sources = random_sources(seed, 6)
         cached = beam(model, sources, [4, 6, 9, 9, 12, 15], beam_size=4, n_best=3, use_cache=True)
         recomputed = beam(model, sources, [4, 6, 9, 9, 12, 15], beam_size=4, n_best=3, use_cache=False)
+        assert len(cached) == len(recomputed) == len(sources)
         for a_hyps, b_hyps in zip(cached, recomputed):
             assert [h.tokens for h in a_hyps] == [h.tokens for h in b_hyps]
             for a, b in zip(a_hyps, b_hyps):

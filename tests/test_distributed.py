@@ -45,13 +45,19 @@ BUDGET = 256  # one process's batch_tokens; each of 2 ranks gets half
 MAX_STEPS = 6
 STOP_AFTER = 2  # the stopped run gets SIGTERM once this step's checkpoint exists
 
-# train.py with each step slowed down, so that SIGTERM lands mid-run (the sleep touches no RNG).
+# train.py with each step slowed down, so that SIGTERM lands mid-run, and held before step `hold` until
+# the test creates the `release` file, so that the run cannot end before the signal however slow the
+# machine (the deadline only keeps an abandoned process from waiting forever). The waits touch no RNG.
 SLOW_TRAIN = """
-import sys, time
+import os, sys, time
 sys.path.insert(0, {root!r})
 import transformer.training.trainer as trainer
 train_step = trainer.Trainer.train_step
 def slow_train_step(self, batches):
+    if self.state.step + 1 >= {hold}:
+        deadline = time.monotonic() + 600
+        while not os.path.exists({release!r}) and time.monotonic() < deadline:
+            time.sleep(0.01)
     time.sleep({seconds})
     return train_step(self, batches)
 trainer.Trainer.train_step = slow_train_step
@@ -134,6 +140,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, half_budget_config: Path
 # --------------------------------------------------------------------------- 2 processes = 1 process
 
 
+@pytest.mark.slow
 def test_two_ranks_with_half_the_budget_train_what_one_process_trains(one_process: Path, two_ranks):
     run_dir, _ = two_ranks
     one_loss, two_loss = scalars(one_process, "train/smoothed_loss"), scalars(run_dir, "train/smoothed_loss")
@@ -149,6 +156,7 @@ def test_two_ranks_with_half_the_budget_train_what_one_process_trains(one_proces
     assert (one_state["world_size"], two_state["world_size"]) == (1, 2)
 
 
+@pytest.mark.slow
 def test_a_rank_with_no_sentence_in_a_step_still_joins_the_gradient_reduction(tmp_path: Path, tiny_csv: Path):
     """Global batches of 2 tokens hold one sentence each (every pair is longer), so rank 1's shard of
     every batch is empty: it trains on nothing, runs its zero-weight pass, and the two ranks learn
@@ -162,6 +170,7 @@ def test_a_rank_with_no_sentence_in_a_step_still_joins_the_gradient_reduction(tm
     assert_same_weights(step_checkpoint(one, MAX_STEPS), step_checkpoint(two, MAX_STEPS))
 
 
+@pytest.mark.slow
 def test_only_rank_0_writes_the_run_directory_and_logs_at_info(one_process: Path, two_ranks):
     run_dir, stderr = two_ranks
 
@@ -180,10 +189,12 @@ def test_only_rank_0_writes_the_run_directory_and_logs_at_info(one_process: Path
     assert "rank_rng" not in checkpoint.load_training_state(step_checkpoint(one_process, MAX_STEPS))
 
 
+@pytest.mark.slow
 def test_sigterm_to_torchrun_stops_both_ranks_with_a_checkpoint_then_resume_matches(
         tmp_path: Path, half_budget_config: Path, one_process: Path):
     run_dir, log = tmp_path / "run", tmp_path / "stopped.log"
-    code = SLOW_TRAIN.format(root=str(ROOT), seconds=0.5)
+    release = tmp_path / "release"
+    code = SLOW_TRAIN.format(root=str(ROOT), seconds=0.5, hold=MAX_STEPS - 1, release=str(release))
     script = tmp_path / "slow_train.py"
     script.write_text(code, encoding="utf-8")
     with open(log, "w", encoding="utf-8") as stderr:
@@ -197,6 +208,13 @@ def test_sigterm_to_torchrun_stops_both_ranks_with_a_checkpoint_then_resume_matc
             pytest.fail(f"no checkpoint at step {STOP_AFTER}:\n{log.read_text()}")
         time.sleep(0.05)
     process.send_signal(signal.SIGTERM)  # torchrun forwards it to both ranks
+    # Released once both ranks have the signal: ranks already held take their held step, and stop there.
+    while log.read_text(encoding="utf-8").count("SIGTERM received") < 2:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the ranks never logged the SIGTERM:\n{log.read_text()}")
+        time.sleep(0.05)
+    release.touch()
     process.wait(timeout=60)
     err = log.read_text(encoding="utf-8")
     assert err.count("SIGTERM received: finishing this step and saving a checkpoint") == 2, err  # both ranks

@@ -136,6 +136,7 @@ def test_a_run_whose_export_cannot_be_written_falls_back_to_torch(trained_run: P
     assert not (run_dir / EXPORTS_DIR).exists()  # nothing left behind
 
 
+@pytest.mark.slow
 def test_the_first_translation_of_a_run_keeps_ctranslate2_on_its_own_openmp_runtime(trained_run: Path,
                                                                                      tmp_path: Path):
     """The first call exports the run, which needs torch; CTranslate2 is imported before it, else it

@@ -68,10 +68,13 @@ def test_cli_an_ensemble_of_a_run_with_itself_translates_as_the_run(trained_run:
 def test_an_ensembles_scores_of_one_run_twice_are_the_runs(trained_run: Path):
     alone, twice = load_translator(trained_run), load_translator(trained_run, ensemble=[trained_run])
     pairs = (["I'm cold.", "Hi."], ["J'ai froid.", "Salut !"])
-    for a, b in zip(score_texts(alone, *pairs), score_texts(twice, *pairs)):
+    scores_alone, scores_twice = score_texts(alone, *pairs), score_texts(twice, *pairs)
+    assert len(scores_alone) == len(scores_twice) == len(pairs[0])
+    for a, b in zip(scores_alone, scores_twice):
         assert abs(a.log_prob - b.log_prob) < 1e-4
 
 
+@pytest.mark.slow
 def test_runs_with_other_tokenizer_files_are_refused(trained_run: Path, tmp_path: Path, tiny_config: Config,
                                                      datasets_cache: Path, capsys):
     other = train_tiny_run(tmp_path / "other", tiny_config, datasets_cache, joint_tokenizer=False,

@@ -104,6 +104,7 @@ def test_the_tokenizer_gives_our_source_ids_from_raw_text(exported):
     assert len(ours_long[0]) == translator.max_len - 1
 
 
+@pytest.mark.slow
 def test_greedy_generate_gives_our_greedy_output_on_every_sentence(exported):
     run_dir, out, hf_class = exported
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out)
@@ -165,6 +166,7 @@ def test_a_run_without_test_pairs_gets_a_card_that_says_so(exported, tmp_path: P
     assert scores_on_test_split(found, model, tokenizers, load_decode_config(copy)) == "Test: none; the run held out no test pairs."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("settings", "message"), [
     ({"joint_tokenizer": False, "share_embeddings": False},
      "the run has separate source and target vocabularies (tokenizer.joint: false); a Hugging Face tokenizer "

@@ -1,4 +1,4 @@
-"""Tests for transformer/optim.py: the noam schedule of Section 5.3, inverse_sqrt (linear
+"""Tests for transformer/training/optim.py: the noam schedule of Section 5.3, inverse_sqrt (linear
 warm-up, then step^-0.5 decay, peaks where and as high as documented), linear (warm-up, then a
 straight line to zero at the end of the budget), and the optimiser."""
 

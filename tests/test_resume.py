@@ -42,13 +42,19 @@ import train as train_cli  # noqa: E402  (the CLI script at the repository root)
 MAX_STEPS = 40
 CHECKPOINT_EVERY = 7  # step 14 is the 2nd step of epoch 5 (3 steps an epoch): mid-epoch
 
-# Runs train.py with each step slowed down, so that a signal reliably lands in the middle of the run.
-# The sleep comes before the step and touches no RNG, so it cannot change what is learned.
+# Runs train.py with each step slowed down, so that a signal lands at an arbitrary point of the run,
+# and held before step `hold` until the test creates the `release` file, so that the run cannot
+# outrun the signal however slow or busy the machine (the deadline only keeps an abandoned process
+# from waiting forever). The waits come before the step and touch no RNG: they change nothing learned.
 SLOW_TRAIN = """
-import sys, time
+import os, sys, time
 import transformer.training.trainer as trainer
 train_step = trainer.Trainer.train_step
 def slow_train_step(self, batches):
+    if self.state.step + 1 >= {hold}:
+        deadline = time.monotonic() + 600
+        while not os.path.exists({release!r}) and time.monotonic() < deadline:
+            time.sleep(0.01)
     time.sleep({seconds})
     return train_step(self, batches)
 trainer.Trainer.train_step = slow_train_step
@@ -116,8 +122,16 @@ def assert_same_training(expected: Path, actual: Path) -> None:
     assert meta_a["state"]["budget"]["plan"] == meta_b["state"]["budget"]["plan"]
 
 
-def start_slow_run(config: Path, run_dir: Path, log: Path, seconds_per_step: float = 0.1) -> subprocess.Popen:
-    code = SLOW_TRAIN.format(seconds=seconds_per_step, root=str(ROOT))
+def release_file(log: Path) -> Path:
+    """The file that lets a run started by start_slow_run take its held steps."""
+    return log.with_suffix(".release")
+
+
+def start_slow_run(config: Path, run_dir: Path, log: Path, seconds_per_step: float = 0.1,
+                   hold: int = sys.maxsize) -> subprocess.Popen:
+    """train.py on `config` in a process of its own, writing stderr to `log`; the run takes no step
+    from `hold` on until release_file(log) exists."""
+    code = SLOW_TRAIN.format(seconds=seconds_per_step, root=str(ROOT), hold=hold, release=str(release_file(log)))
     with open(log, "w", encoding="utf-8") as stderr:
         return subprocess.Popen([sys.executable, "-c", code, *cli_args(config, run_dir)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=stderr)
@@ -144,10 +158,21 @@ def wait_for_checkpoint(process: subprocess.Popen, run_dir: Path, step: int, log
         time.sleep(0.02)
 
 
+def wait_for_log(process: subprocess.Popen, log: Path, text: str, timeout: float = 120) -> None:
+    """Until the run's stderr holds `text`."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text(encoding="utf-8"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"training never logged {text!r}:\n{log.read_text()}")
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
 def test_sigkill_at_an_arbitrary_step_then_resume_gives_identical_weights(
         tmp_path: Path, config_file: Path, uninterrupted: Path, capsys):
     run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
-    process = start_slow_run(config_file, run_dir, log)
+    process = start_slow_run(config_file, run_dir, log, hold=MAX_STEPS)  # cannot end before the kill
     wait_for_checkpoint(process, run_dir, 2 * CHECKPOINT_EVERY, log)
     os.kill(process.pid, signal.SIGKILL)  # no chance to save anything: mid-step, maybe mid-write
     assert process.wait(timeout=30) == -signal.SIGKILL
@@ -163,13 +188,17 @@ def test_sigkill_at_an_arbitrary_step_then_resume_gives_identical_weights(
     assert_same_training(uninterrupted, run_dir / layout.CHECKPOINTS / layout.step_dir_name(MAX_STEPS))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_weights(
         tmp_path: Path, config_file: Path, uninterrupted: Path, capsys, signum: signal.Signals):
     run_dir, log = tmp_path / "stopped", tmp_path / "stopped.log"
-    process = start_slow_run(config_file, run_dir, log)
+    process = start_slow_run(config_file, run_dir, log, hold=MAX_STEPS - 1)
     wait_for_checkpoint(process, run_dir, CHECKPOINT_EVERY, log)
     os.kill(process.pid, signum)
+    # Released once the signal is in: a run already held takes its held step, and stops there.
+    wait_for_log(process, log, f"{signum.name} received")
+    release_file(log).touch()
     assert process.wait(timeout=60) == 0, log.read_text()
     err = log.read_text()
     assert "Traceback" not in err
@@ -187,6 +216,7 @@ def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_
     assert_same_training(uninterrupted, run_dir / layout.CHECKPOINTS / layout.step_dir_name(MAX_STEPS))
 
 
+@pytest.mark.slow
 def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_step_budget(
         tmp_path: Path, tiny_csv: Path, capsys):
     """max_minutes becomes a step budget once, measured over the first steps; the kill comes after
@@ -212,6 +242,7 @@ def test_a_time_budgeted_run_killed_and_resumed_equals_a_run_with_its_recorded_s
     assert_same_training(tmp_path / "steps" / final, run_dir / final)
 
 
+@pytest.mark.slow
 def test_resume_skips_a_truncated_newest_checkpoint_and_still_matches(
         tmp_path: Path, config_file: Path, uninterrupted: Path, capsys):
     run_dir = tmp_path / "truncated"
@@ -292,6 +323,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_training_after_5_in_a_row(
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params_after[11]))
 
 
+@pytest.mark.slow
 def test_sigkill_in_the_middle_of_a_patience_count_then_resume_stops_where_the_run_left_alone_stops(
         tmp_path: Path, tiny_csv: Path, capsys):
     """train.patience counts validations without a better BLEU; the count travels in the checkpoints,
@@ -308,12 +340,11 @@ def test_sigkill_in_the_middle_of_a_patience_count_then_resume_stops_where_the_r
     # The first checkpoint whose count is under way: the kill lands after it, well before the stop.
     counting = min(name for name, count in counts.items() if 0 < count < 3)
     run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
-    process = start_slow_run(config, run_dir, log, seconds_per_step=0.5)
+    process = start_slow_run(config, run_dir, log, hold=int(stop.split("_")[1]))  # killed before it can stop
     wait_for_checkpoint(process, run_dir, int(counting.split("_")[1]), log)
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait(timeout=30) == -signal.SIGKILL
-    if recorded_step(run_dir) >= int(stop.split("_")[1]):  # the slowed run outran the kill: nothing to test
-        pytest.skip("the run reached its early stop before it was killed")
+    assert recorded_step(run_dir) < int(stop.split("_")[1])
     assert train_cli.main(cli_args(config, run_dir)) == 0
     assert f"stopped early at step {int(stop.split('_')[1])}" in capsys.readouterr().err
     assert read_run_state(run_dir).latest == stop

@@ -44,6 +44,7 @@ def forward_log_prob(translator, source: str, target: str) -> tuple[float, int]:
 def test_a_score_is_the_sum_of_the_models_log_probabilities(trained_run: Path):
     translator = load_translator(trained_run, batch_size=3)
     scores = score_texts(translator, [s for s, _ in PAIRS], [t for _, t in PAIRS])
+    assert len(scores) == len(PAIRS)
     for (source, target), score in zip(PAIRS, scores):
         log_prob, tokens = forward_log_prob(translator, source, target)
         assert score.tokens == tokens and abs(score.log_prob - log_prob) < 1e-4
@@ -55,6 +56,7 @@ def test_torch_and_ctranslate2_scores_agree_within_1e_3_per_token(trained_run: P
     sources, targets = [s for s, _ in PAIRS], [t for _, t in PAIRS]
     torch_scores = score_texts(load_translator(trained_run), sources, targets)
     ct2_scores = score_texts(load_ct2_translator(trained_run, device="cpu"), sources, targets)
+    assert len(torch_scores) == len(ct2_scores) == len(PAIRS)
     for a, b in zip(torch_scores, ct2_scores):
         assert a.tokens == b.tokens and abs(a.log_prob - b.log_prob) <= 1e-3 * a.tokens
 

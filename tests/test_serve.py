@@ -213,9 +213,11 @@ def test_concurrent_sampling_requests_each_draw_what_they_would_alone(trained_ru
 
     engine = load_ct2_translator(*ctranslate2_model(trained_run, None), device="cpu")  # as serve.py's default
     answers: dict[int, list[str]] = {}
-    with local_client(create_app(engine, torch_engine=translator, batch_window=0.5)) as client:
+    with local_client(create_app(engine, torch_engine=translator)) as client:
         alone_ = {seed: sampled(client, seed=seed, temperature=1.5) for seed in (1, 2)}
-
+    # The worker waits for all 4 texts (a window no machine outlasts), so the requests are certainly
+    # gathered together, and still each sample runs alone.
+    with local_client(create_app(engine, torch_engine=translator, batch_texts=4, batch_window=60)) as client:
         def send(i: int) -> None:
             answers[i] = sampled(client, seed=1 + i % 2, temperature=1.5)
 
@@ -264,13 +266,14 @@ def assert_same(served: dict, expected: dict) -> None:
 
 
 def test_concurrent_requests_are_batched_and_each_gets_what_it_gets_alone(translator: Translator):
-    """Requests with every option set, sent together from threads: the worker gathers them (a long
-    window makes that certain here), and each answer equals the text path's for that text alone."""
+    """Requests with every option set, sent together from threads: the worker gathers them (it waits
+    for all their texts here), and each answer equals the text path's for that text alone."""
     requests = [dict(texts=[text], beam=beam, n_best=n_best, alignment=alignment)
                 for text in TOGETHER for beam, n_best in ((1, 1), (2, 2)) for alignment in (False, True)]
     requests.append(dict(texts=TOGETHER, beam=2, n_best=2, alignment=False))  # several texts in one request
     answers: dict[int, dict] = {}
-    with local_client(create_app(translator, torch_engine=translator, batch_window=1.0)) as client:
+    texts = sum(len(request["texts"]) for request in requests)
+    with local_client(create_app(translator, torch_engine=translator, batch_texts=texts, batch_window=60)) as client:
         def send(i: int) -> None:
             answers[i] = translate(client, **requests[i])
 
@@ -303,7 +306,8 @@ def test_an_error_in_one_batched_request_reaches_only_that_request(translator: T
                                      for f in dataclasses.fields(Translator) if f.init})
     long = "The heart has its reasons that reason does not know, and the station is far away."
     responses: dict[str, object] = {}
-    with local_client(create_app(refusing, torch_engine=translator, batch_window=1.0)) as client:
+    # The worker waits for all three texts: the failing batch holds the good two.
+    with local_client(create_app(refusing, torch_engine=translator, batch_texts=3, batch_window=60)) as client:
         def send(text: str) -> None:
             responses[text] = client.post("/translate", json={"texts": [text]})
 
@@ -339,7 +343,8 @@ def test_a_ctranslate2_engine_serves_batched_requests_and_the_torch_one_the_atte
     requests = [dict(texts=[text], beam=beam) for text in TOGETHER for beam in (1, 2)]
     requests.append(dict(texts=[SENTENCE], alignment=True))
     answers: dict[int, dict] = {}
-    with local_client(create_app(engine, torch_engine=translator, batch_window=1.0)) as client:
+    texts = sum(len(request["texts"]) for request in requests)
+    with local_client(create_app(engine, torch_engine=translator, batch_texts=texts, batch_window=60)) as client:
         def send(i: int) -> None:
             answers[i] = translate(client, **requests[i])["translations"][0]
 
@@ -382,6 +387,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_serve_py_listens_and_answers(trained_run: Path):
     port = free_port()
     process = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--run", str(trained_run), "--device", "cpu",
@@ -414,6 +420,7 @@ def test_serve_py_listens_and_answers(trained_run: Path):
         process.wait(timeout=15)
 
 
+@pytest.mark.slow
 def test_serve_py_keeps_ctranslate2_on_its_own_openmp_runtime(trained_run: Path):
     """Imported after torch, CTranslate2's library binds to torch's libgomp and runs several times slower
     once the torch engine has run (serve.import_ctranslate2_before_torch). The dynamic linker reports
@@ -625,6 +632,7 @@ def test_a_port_in_use_is_one_line_before_the_model_loads(trained_run: Path, tmp
         assert "--port 0" in err[0]
 
 
+@pytest.mark.slow
 def test_the_page_translates_as_you_type_in_a_browser(server: str, tmp_path: Path):
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     chromium = shutil.which("chromium")

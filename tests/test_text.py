@@ -66,6 +66,7 @@ def test_a_missing_file_or_a_directory_is_named(tmp_path):
         read_lines(tmp_path, "input file")
 
 
+@pytest.mark.slow
 def test_the_cleaning_module_does_not_load_datasets():
     code = "import sys, transformer.data.text, transformer.translation.torch_engine; print('datasets' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

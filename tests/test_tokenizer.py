@@ -1,4 +1,4 @@
-"""Tests for transformer/tokenizer.py: special ids, exact round trips, UNK, files and fingerprints."""
+"""Tests for transformer/data/tokenizer.py: special ids, exact round trips, UNK, files and fingerprints."""
 
 from __future__ import annotations
 

@@ -149,6 +149,7 @@ def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, 
 # --------------------------------------------------------------------------- checkpoint averaging
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", [{"max_steps": 20}, {"max_steps": 0, "max_epochs": 40}])
 def test_linear_schedule_reaches_zero_when_the_budget_ends(tiny_config, tmp_path, datasets_cache, budget):
     """The logged rate warms up, then falls in a straight line from the peak to zero at the end of the

@@ -1,6 +1,6 @@
 """Token-budget batches: which pairs go together (`token_batches`, and each rank's share of one
 under data parallelism, `shard_batch`) and the padded tensors of one batch (`Batch`,
-`PairCorpus.batch`). Reading and tokenizing text lives in data.py.
+`PairCorpus.batch`). Reading and tokenizing text lives in pairs.py and tokenizer.py.
 
 Conventions: source = tokens + EOS; decoder input = BOS + tokens; labels = tokens + EOS.
 Every sequence is right-padded with PAD_ID, per batch (never to a global length).

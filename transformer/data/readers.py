@@ -1,7 +1,7 @@
 """Read a pairs file into a raw Arrow `datasets.Dataset`, one row per pair, with exact errors.
 
 CSV/TSV (one file with a header line, read by pandas) or line-aligned plain text (two files, read
-by datasets' `text` builder). Nothing is cleaned or dropped here: that is data.py's job, the
+by datasets' `text` builder). Nothing is cleaned or dropped here: that is pairs.py's job, the
 same for every format. Messages name the file, the line and the config key.
 """
 

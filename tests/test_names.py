@@ -1,0 +1,68 @@
+"""Every module the project's text names exists: paths such as `transformer/training/allocator.py`
+or `tests/test_cli.py` and dotted names such as `transformer.data.pairs.iter_texts`, wherever they
+appear (README, bench notes, docstrings, comments, --help text), so that a move leaves no stale name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PATH = re.compile(r"(?<![\w/.-])((?:transformer|tests|bench)/[\w./-]*\w)")
+DOTTED = re.compile(r"(?<![\w/.])(transformer(?:\.[A-Za-z_]\w*)+)")
+
+
+def texts() -> list[Path]:
+    found = [ROOT / "README.md", *sorted((ROOT / "bench").rglob("*.md")), *sorted(ROOT.glob("*.py"))]
+    for folder in ("transformer", "tests", "bench"):
+        found += sorted((ROOT / folder).rglob("*.py"))
+    return [path for path in found if path != Path(__file__).resolve()]  # its own examples name nothing
+
+
+def module_file(parts: list[str]) -> Path | None:
+    """The source of the module or package `parts` names, or None."""
+    base = ROOT.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def dotted_name_exists(name: str) -> bool:
+    """`transformer.a.b[.attr...]`: the longest prefix that is a module is not the bare package,
+    and the name after it (if any) is defined or imported in that module's source."""
+    parts = name.split(".")
+    for end in range(len(parts), 1, -1):
+        source = module_file(parts[:end])
+        if source is not None:
+            if end == len(parts) or parts[end].startswith("__"):
+                return True
+            return re.search(rf"^\s*(?:def|class|async def)\s+{parts[end]}\b|^{parts[end]}\b.*=|"
+                             rf"^\s*(?:from\s+\S+\s+)?import\b.*\b{parts[end]}\b",
+                             source.read_text(encoding="utf-8"), re.MULTILINE) is not None
+    return False
+
+
+def stale_names(paths: list[Path]) -> list[str]:
+    """`file:line: name` for each name in `paths` that names nothing in the repository."""
+    stale = []
+    for path in paths:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            stale += [f"{path.name}:{number}: {match}" for match in PATH.findall(line) if not (ROOT / match).exists()]
+            stale += [f"{path.name}:{number}: {match}" for match in DOTTED.findall(line)
+                      if not dotted_name_exists(match)]
+    return stale
+
+
+def test_every_module_path_and_dotted_name_in_the_project_s_text_exists():
+    assert stale_names(texts()) == []
+
+
+def test_the_check_finds_stale_paths_and_dotted_names(tmp_path: Path):
+    text = tmp_path / "text.py"
+    text.write_text('"""See transformer/allocator.py and transformer.training.allocator.gone, not\n'
+                    "transformer/training/allocator.py, transformer.training.allocator.reuse_freed_memory,\n"
+                    "transformer.training.run.__dict__ or tests/test_names.py; transformer.attention moved.\"\"\"\n",
+                    encoding="utf-8")
+    assert stale_names([text]) == ["text.py:1: transformer/allocator.py",
+                                   "text.py:1: transformer.training.allocator.gone", "text.py:3: transformer.attention"]

@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from transformer.checkpoints.rundir import run_dir_of
+from transformer.checkpoints.lookup import run_dir_of
 from transformer.errors import UserError
 from transformer.serving.batcher import Batcher
 from transformer.translation.attention import AttendedTranslation, translate_with_attention

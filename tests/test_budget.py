@@ -17,6 +17,7 @@ from transformer.checkpoints import rundir
 from transformer.training.budget import MEASURE_UNTIL_STEP, Plan, reconcile, steps_for_epochs, steps_for_minutes
 from transformer.checkpoints.rundir import STATE_FILE, read_run_state
 from transformer.config import Config, TrainConfig
+from transformer.data.batching import PairCorpus
 from transformer.errors import ConfigError
 from transformer.training.run import train
 
@@ -35,8 +36,10 @@ def configured(tiny_config: Config, **train_values) -> Config:
 
 
 def test_steps_for_epochs_and_minutes():
-    # 3 epochs of 5, 4, 5 batches, 2 batches a step, starting 1 batch into epoch 0 at step 7
-    assert steps_for_epochs(3, 0, 1, 7, lambda epoch: [5, 4, 5][epoch], 2) == 7 + 2 + 2 + 3
+    # 3 epochs of 5 batches, 2 batches a step, starting 1 batch into epoch 0 at step 7
+    assert steps_for_epochs(3, 0, 1, 7, 5, 2) == 7 + 2 + 3 + 3
+    assert steps_for_epochs(3, 3, 0, 7, 5, 2) == 7  # the budget's last epoch is over
+    assert steps_for_epochs(10**12, 0, 0, 0, 5, 1) == 5 * 10**12  # counted, not planned one by one
     assert steps_for_minutes(1.0, measured_at=30, measured_seconds=12.0, seconds_per_step=0.5) == 30 + 96
     assert steps_for_minutes(0.1, measured_at=30, measured_seconds=12.0, seconds_per_step=0.5) == 30
 
@@ -118,3 +121,30 @@ def test_a_schedule_that_ignores_the_end_just_moves_the_stop(tiny_config, tmp_pa
     assert train(longer, run_dir, show_progress=False, data_cache_dir=datasets_cache).state.step == 25
     meta = json.loads((run_dir / "checkpoints" / "step_00000025" / "meta.json").read_text())
     assert meta["state"]["budget"]["plan"]["end_step"] == 25
+
+
+def test_an_epoch_budget_plans_no_epoch_but_the_one_at_hand(tiny_config, tmp_path, datasets_cache, monkeypatch):
+    """Time to the first step does not depend on train.max_epochs: every epoch has as many batches, so
+    the budget counts the steps of 10,000 epochs without planning their batches."""
+    planned = {}
+    plan = PairCorpus.batches
+
+    def counted(self, batch_tokens, seed, epoch, shuffle=True):
+        batches = plan(self, batch_tokens, seed, epoch, shuffle)
+        if shuffle:  # the training batches (validation plans its own, unshuffled)
+            planned[epoch] = len(batches)
+        return batches
+
+    monkeypatch.setattr(PairCorpus, "batches", counted)
+    config = configured(tiny_config, schedule="inverse_sqrt", max_steps=3, max_epochs=10_000)
+    outcome = train(config, tmp_path / "run", show_progress=False, data_cache_dir=datasets_cache)
+    # the epochs the three steps trained on (a tiny corpus has few batches an epoch), and no other
+    assert outcome.state.step == 3 and set(planned) == set(range(outcome.state.epoch + 1))
+    # With the epochs as the only budget, the end is counted from the epoch at hand.
+    planned.clear()
+    stop_requests = iter([False, True])
+    config = configured(tiny_config, max_steps=0, max_epochs=10_000, valid_every=10**6, checkpoint_every=10**6)
+    outcome = train(config, tmp_path / "epochs", should_stop=lambda: next(stop_requests), show_progress=False,
+                    data_cache_dir=datasets_cache)
+    assert outcome.state.step == 2 and set(planned) == set(range(outcome.state.epoch + 1))
+    assert outcome.state.end_step == 10_000 * planned[0]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable
 
 from transformer.config import TrainConfig
 from transformer.errors import ConfigError
@@ -68,14 +67,16 @@ def decay_start(segment_start: int, warmup: int, end_step: int, measured_at: int
     return max(start, measured_at)
 
 
-def steps_for_epochs(max_epochs: int, epoch: int, batch_in_epoch: int, step: int,
-                     batches_in_epoch: Callable[[int], int], accumulate: int) -> int:
+def steps_for_epochs(max_epochs: int, epoch: int, batch_in_epoch: int, step: int, batches_per_epoch: int,
+                     accumulate: int) -> int:
     """The step at which epoch `max_epochs` ends, counted from the current position: each step takes
-    `accumulate` batches of the epoch (the epoch's last step takes what is left)."""
-    for current in range(epoch, max_epochs):
-        step += math.ceil((batches_in_epoch(current) - batch_in_epoch) / accumulate)
-        batch_in_epoch = 0
-    return step
+    `accumulate` batches of the epoch (the epoch's last step takes what is left). Every epoch has
+    the same number of batches (`token_batches` forms them from the lengths alone), so no epoch
+    but the one at hand needs planning, however many there are."""
+    if epoch >= max_epochs:
+        return step
+    return (step + math.ceil((batches_per_epoch - batch_in_epoch) / accumulate)
+            + (max_epochs - epoch - 1) * math.ceil(batches_per_epoch / accumulate))
 
 
 def steps_for_minutes(max_minutes: float, measured_at: int, measured_seconds: float,
@@ -137,13 +138,13 @@ class Budget:
     budget with the recorded plan), measures a time budget once in the first steps, and says when
     training is finished. Everything it decides is in `self.state`, which travels with checkpoints."""
 
-    def __init__(self, train: TrainConfig, state: BudgetState, position: Position,
-                 batches_in_epoch: Callable[[int], int], tokens_per_step: float) -> None:
-        """`batches_in_epoch(epoch)`: the global batches of that epoch (a property of the data);
+    def __init__(self, train: TrainConfig, state: BudgetState, position: Position, batches_per_epoch: int,
+                 tokens_per_step: float) -> None:
+        """`batches_per_epoch`: the global batches of every epoch (a property of the data);
         `tokens_per_step`: the source + target tokens of an average step over an epoch (what a
         step's time scales with)."""
         self.train, self.state = train, state
-        self.batches_in_epoch, self.tokens_per_step = batches_in_epoch, tokens_per_step
+        self.batches_per_epoch, self.tokens_per_step = batches_per_epoch, tokens_per_step
         self._timed: list[tuple[float, int]] = []  # this session's (step seconds, step tokens)
         # While a time budget is unmeasured, a step or epoch budget may still end training first.
         self._end_before_measuring = self._end_without_time(position) \
@@ -163,7 +164,7 @@ class Budget:
         ends = [train.max_steps] if train.max_steps else []
         if train.max_epochs:
             ends.append(steps_for_epochs(train.max_epochs, position.epoch, position.batch_in_epoch, position.step,
-                                         self.batches_in_epoch, train.accumulate_batches))
+                                         self.batches_per_epoch, train.accumulate_batches))
         return min(ends, default=0)
 
     def _plan(self, position: Position) -> None:

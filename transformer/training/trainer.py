@@ -321,7 +321,7 @@ class Trainer:
         self.budget.measure(state.position, step_seconds, int(metrics["target_tokens"] + metrics["source_tokens"]))
         if state.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
             self._diverged()
-        if state.end_step and not progress.total:
+        if state.end_step and progress.total != state.end_step:  # measured, or re-estimated, by the budget
             progress.total = state.end_step
         last = self.finished()
         self._window.add(metrics, step_seconds)

@@ -415,3 +415,28 @@ def test_any_value_for_any_key_is_a_config_or_one_line_naming_the_key(tmp_path, 
         _loads_or_names_the_key(lambda: load_config(path), key)
     else:
         _loads_or_names_the_key(lambda: config_from_dict(settings_, [f"{key}={text}"]), key)
+
+
+SMALL_VALUES = (st.integers(-2, 40) | st.floats(-0.5, 2.0) | st.booleans() | st.sampled_from(["", "x", "cpu", "auto"]))
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from([k for k in KEYS if k not in ("train.device", "train.init_from", "data.path")]),
+       value=SMALL_VALUES)
+def test_a_random_value_that_loads_trains_a_step_or_is_one_user_error(tmp_path_factory, tiny_csv, datasets_cache,
+                                                                      key, value):
+    """For a sample of the property above: the config that loads takes a step (or is refused with one
+    UserError line by what reads the data or builds the run), never another exception."""
+    from transformer.training.run import train
+
+    settings_ = tiny_settings(tiny_csv, train={"max_steps": 1, "valid_every": 1, "checkpoint_every": 1})
+    config = _loads_or_names_the_key(lambda: config_from_dict(settings_, [f"{key}={_as_yaml(value)}"]), key)
+    if config is None:
+        return
+    run_dir = tmp_path_factory.mktemp("run")
+    try:
+        outcome = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    except UserError as error:
+        assert "\n" not in str(error)
+        return
+    assert outcome.state.step >= 1

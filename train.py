@@ -30,7 +30,7 @@ from transformer.training.allocator import reuse_freed_memory
 from transformer.checkpoints.layout import CHECKPOINTS, step_dir_name
 from transformer.checkpoints.rundir import MissingRunState, RunDirectory
 from transformer.config import load_config
-from transformer.errors import CheckpointError, UserError
+from transformer.errors import CheckedOutput, CheckpointError, UserError
 from transformer.runtime import select_device, set_threads
 from transformer.training.logs import setup_logging
 from transformer.training.run import VALID_SAMPLE, train
@@ -167,4 +167,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.stdout = CheckedOutput(sys.stdout)  # a full disk there is one line and exit code 2 (UserError)
     sys.exit(main())

@@ -51,6 +51,20 @@ def test_every_pair_once_per_epoch_within_the_budget(pairs, batch_tokens, seed, 
 
 
 @PROPERTY
+@given(pairs=length_pairs, batch_tokens=st.integers(1, 600), seeds=st.lists(st.integers(0, 2**32 - 1), min_size=2,
+                                                                           max_size=2), epochs=st.lists(
+       st.integers(0, 10**6), min_size=2, max_size=2))
+def test_every_epoch_has_batches_of_the_same_sizes(pairs, batch_tokens, seeds, epochs):
+    """What budgets count on to plan no epoch but the one at hand: the seed and the epoch only
+    choose among pairs of equal lengths and the order of the batches, never their number or sizes."""
+    src_lengths = np.array([s for s, _ in pairs], dtype=np.int64)
+    tgt_lengths = np.array([t for _, t in pairs], dtype=np.int64)
+    sizes = [sorted(len(b) for b in token_batches(src_lengths, tgt_lengths, batch_tokens, seed, epoch))
+             for seed, epoch in zip(seeds, epochs)]
+    assert sizes[0] == sizes[1]
+
+
+@PROPERTY
 @given(pairs=length_pairs.filter(lambda p: len(p) > 0), batch_tokens=st.integers(1, 600))
 def test_batches_are_full_sorted_runs(pairs, batch_tokens):
     """Unshuffled, batches are consecutive runs of the length-sorted pairs, and each is full:

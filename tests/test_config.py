@@ -187,7 +187,7 @@ def test_some_budget_is_required():
 ])
 def test_out_of_range_values_name_the_key(key, value):
     message = refused(BUDGET, f"{key}={value}")
-    assert message.startswith(f"{key}:") or message.startswith(f"{key} ("), message
+    assert message.startswith((f"{key}:", f"{key} (", f"{key}[")), message
 
 
 # --------------------------------------------------------------------------- --set overrides
@@ -293,3 +293,151 @@ def test_fr_en_trains_french_to_english_by_config_alone(tiny_csv: Path, tiny_pai
         sources = (run_dir / "heldout" / f"{name}.en").read_text(encoding="utf-8").splitlines()
         references = (run_dir / "heldout" / f"{name}.fr.1").read_text(encoding="utf-8").splitlines()
         assert sources and set(sources) <= french and set(references) <= english
+
+
+# --------------------------------------------------------------------------- YAML that is not a tree of plain keys
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("? [a, b]\n: 1\n", "line 1: a key must be a plain name, not a list"),
+    ("train:\n  ? {max_steps: 1}\n  : 2\n", "line 2: a key must be a plain name, not a mapping"),
+    ("a: &x [*x]\n", "a[0]: a value that contains itself"),
+    ("train: &x {max_steps: 3, b: *x}\n", "recursive"),
+    ("x: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),
+    # aliases of aliases: a few lines that stand for a million values
+    ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n" for p, n in zip("abcde", "bcdef")), "more than 10000 values"),
+])
+def test_yaml_that_is_not_a_tree_of_plain_keys_is_one_line(tmp_path, text, expected):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: ") and expected in message and "\n" not in message
+
+
+def test_a_run_s_config_yaml_is_read_by_the_same_checks(tmp_path):
+    """Resume, translation and export read a run's config.yaml through load_config."""
+    from transformer.checkpoints.layout import RUN_CONFIG
+    from transformer.checkpoints.lookup import load_decode_config, load_run_config
+
+    for text in ("a: &x [*x]\n", "? [a, b]\n: 1\n", "train:\n  seed: -1\n  max_steps: 3\n"):
+        (tmp_path / RUN_CONFIG).write_text(text, encoding="utf-8")
+        for read in (load_run_config, load_decode_config):
+            with pytest.raises(ConfigError, match=f"^{tmp_path / RUN_CONFIG}: ") as error:
+                read(tmp_path)
+            assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("train.seed=-1", "train.seed: expected an integer >= 0, got -1"),
+    ("data.split_seed=-3", "data.split_seed: expected an integer >= 0"),
+    ("train.seed=9223372036854775808", "train.seed: expected an integer of at most 9223372036854775807"),
+    ("train.max_epochs=99999999999999999999999", "train.max_epochs: expected an integer of at most"),
+    ("train.max_minutes=.inf", "train.max_minutes: expected a finite number"),
+    ("train.max_minutes=1e300", "train.max_minutes: expected a number in [0, 1e+09]"),
+    ("train.max_minutes=" + "9" * 400, "train.max_minutes: expected a finite number"),
+    ("train.peak_lr=.nan", "train.peak_lr: expected a finite number"),
+    ("model.n_heads=true", "model.n_heads: expected an integer, got True"),
+    ("train.threads=100000", "train.threads: expected an integer from 0 to 4096"),
+    ("train.accumulate_batches=0", "train.accumulate_batches: expected an integer >= 1"),
+    ("data.path=\"a\\0b\"", "data.path: expected a string without NUL characters"),
+    ("train.adam_betas=&x [*x, 1]", "train.adam_betas[0]: a value that contains itself"),
+    ("model.max_len=100", "model.max_len (100) must be at least data.max_length + 1 (129)"),
+])
+def test_values_that_do_not_compute_are_refused_naming_the_key(override, expected):
+    message = refused(BUDGET, override)
+    assert expected in message and "\n" not in message
+
+
+# --------------------------------------------------------------------------- property: any value, one line or a config
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+import yaml  # noqa: E402
+
+from conftest import tiny_settings  # noqa: E402
+
+
+def _flat_keys(mapping: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in mapping.items():
+        keys += _flat_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+    return keys
+
+
+KEYS = _flat_keys(config_to_dict(Config(train=TrainConfig(max_steps=1))))
+SCALARS = (st.integers() | st.integers(-2**70, 2**70) | st.sampled_from([0, 1, -1, 2**31, 2**63 - 1, 2**63, 2**64])
+           | st.floats(allow_nan=True, allow_infinity=True) | st.booleans() | st.none() | st.text(max_size=8))
+VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                          max_size=2), max_leaves=6)
+
+
+def _as_yaml(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix("\n...\n").strip()
+
+
+def _config_file(path: Path, settings_: dict, key: str, text: str) -> Path:
+    """`settings_` as a YAML file, with `key`'s line holding `text` as it is."""
+    section, _, leaf = key.rpartition(".")
+    lines = [] if section else [f"{leaf}: {text}"]
+    for name, values in settings_.items():
+        lines.append(f"{name}:")
+        lines += [f"  {k}: {_as_yaml(v)}" for k, v in values.items() if (name, k) != (section, leaf)]
+        lines += [f"  {leaf}: {text}"] if name == section else []
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _loads_or_names_the_key(load, key: str) -> Config | None:
+    try:
+        return load()
+    except ConfigError as error:
+        message = str(error)
+        assert "\n" not in message, message
+        # the key, or for text that is no YAML at all the line (of the file or of the --set value)
+        assert key.rsplit(".", 1)[-1] in message or "invalid YAML at line" in message, (key, message)
+        return None
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(KEYS), value=VALUES, raw_text=st.none() | st.text(max_size=12), by_file=st.booleans())
+def test_any_value_for_any_key_is_a_config_or_one_line_naming_the_key(tmp_path, key, value, raw_text, by_file):
+    """Random values (or random text read as YAML) for each key, as a --set override or in a YAML
+    file: either a config that loads, or one ConfigError line that names the key; never another
+    exception."""
+    text = _as_yaml(value) if raw_text is None else raw_text
+    settings_ = {**tiny_settings(Path("pairs.csv")), "tokenizer": {"vocab_size": 200}}
+    settings_["data"]["test_pairs"] = 4
+    if by_file:
+        if "\n" in text or "\r" in text:
+            text = _as_yaml(text)
+        path = _config_file(tmp_path / "random.yaml", settings_, key, text)
+        _loads_or_names_the_key(lambda: load_config(path), key)
+    else:
+        _loads_or_names_the_key(lambda: config_from_dict(settings_, [f"{key}={text}"]), key)
+
+
+SMALL_VALUES = (st.integers(-2, 40) | st.floats(-0.5, 2.0) | st.booleans() | st.sampled_from(["", "x", "cpu", "auto"]))
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from([k for k in KEYS if k not in ("train.device", "train.init_from", "data.path")]),
+       value=SMALL_VALUES)
+def test_a_random_value_that_loads_trains_a_step_or_is_one_user_error(tmp_path_factory, tiny_csv, datasets_cache,
+                                                                      key, value):
+    """For a sample of the property above: the config that loads takes a step (or is refused with one
+    UserError line by what reads the data or builds the run), never another exception."""
+    from transformer.training.run import train
+
+    settings_ = tiny_settings(tiny_csv, train={"max_steps": 1, "valid_every": 1, "checkpoint_every": 1})
+    config = _loads_or_names_the_key(lambda: config_from_dict(settings_, [f"{key}={_as_yaml(value)}"]), key)
+    if config is None:
+        return
+    run_dir = tmp_path_factory.mktemp("run")
+    try:
+        outcome = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    except UserError as error:
+        assert "\n" not in str(error)
+        return
+    assert outcome.state.step >= 1

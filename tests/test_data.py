@@ -432,3 +432,15 @@ def test_a_run_without_test_pairs_trains_and_writes_no_test_files(tmp_path: Path
     run_dir = train_tiny_run(tmp_path / "run", config, datasets_cache)
     assert read_run_state(run_dir).latest is not None
     assert RunDirectory(run_dir).read_heldout("test") is None
+
+
+def test_a_datasets_cache_on_a_full_disk_is_one_line_naming_it(tiny_config, tmp_path, monkeypatch):
+    """datasets writes Arrow files while it reads, cleans, splits and encodes: ENOSPC there is a DataError."""
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(datasets.Dataset, "map", full)
+    with pytest.raises(DataError, match=f"^the datasets cache {tmp_path / 'cache'} is on a full disk"):
+        load_pairs(tiny_config.data, cache_dir=tmp_path / "cache")

@@ -1,7 +1,9 @@
 """Typed, frozen config sections and `load_config`: the only module that reads YAML.
 
-Every section validates itself in `__post_init__`; the loader checks keys and types against
-the dataclass fields, so a typo or a wrong type fails with the key's full name.
+Every value is checked once, here, when a section is built: each field's type, a finite number,
+an integer within its range (`_range`: what the code downstream, numpy and torch accept), no NUL
+in a string; then each section's rules that join several fields. The loader reads YAML as a tree
+of plain keys and names the full key of any problem.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -24,10 +26,106 @@ def _require(condition: bool, key: str, expected: str, value: Any) -> None:
         raise ConfigError(f"{key}: expected {expected}, got {value!r}")
 
 
+# Every integer must fit the int64 that numpy and torch hold it in; seeds must also be >= 0
+# (numpy's generators refuse negative seeds).
+INT64_MAX = 2**63 - 1
+# A number of minutes whose seconds stay finite, with room to spare (about 1,900 years).
+MAX_MINUTES = 1e9
+
+
+def _range(default: Any, low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False) -> Any:
+    """A field whose every value (each item of a tuple) must lie between `low` and `high` (included
+    unless `*_open`); integers are always kept within int64 as well."""
+    return field(default=default, metadata={"range": (low, high, low_open, high_open)})
+
+
+def _describe(annotation: Any, bounds: tuple, value: float) -> str:
+    low, high, low_open, high_open = bounds
+    noun = "an integer" if annotation is int else "a number"
+    if annotation is int:
+        low = -INT64_MAX - 1 if low is None else low
+        high = INT64_MAX if high is None else high
+        if high == INT64_MAX and low > -INT64_MAX - 1:  # the int64 limit is named where it was passed
+            return f"{noun} {'>' if low_open else '>='} {low}" if value <= high else f"{noun} of at most {high}"
+        return f"{noun} from {low} to {high}"
+    if low is not None and high is not None:
+        return f"{noun} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{noun} {'>' if low_open else '>='} {low:g}"
+    return f"{noun} {'<' if high_open else '<='} {high:g}"
+
+
+def _in_range(value: float, annotation: Any, bounds: tuple) -> bool:
+    low, high, low_open, high_open = bounds
+    if annotation is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
+        return False
+    if low is not None and (value <= low if low_open else value < low):
+        return False
+    return high is None or (value < high if high_open else value <= high)
+
+
+def _check_value(value: Any, annotation: Any, key: str, bounds: tuple | None) -> Any:
+    """The one check of a field's value: its type (a bool is not an integer), a finite number, the
+    field's range, no NUL in a string. Returns the value, an integer given for a number as a float."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        choices = typing.get_args(annotation)
+        if isinstance(value, bool) or value not in choices:
+            raise ConfigError(f"{key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if origin is tuple:
+        item_types = typing.get_args(annotation)
+        if not isinstance(value, tuple) or len(value) != len(item_types):
+            raise ConfigError(f"{key}: expected a list of {len(item_types)} values, got {value!r}")
+        return tuple(_check_value(v, t, f"{key}[{i}]", bounds) for i, (v, t) in enumerate(zip(value, item_types)))
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        if "\0" in value:
+            raise ConfigError(f"{key}: expected a string without NUL characters, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    elif annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            value = float(value)
+        except OverflowError:  # an integer too large for a float
+            value = math.inf
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+    else:
+        raise TypeError(f"unsupported config field type {annotation!r} for {key}")  # a bug, not user error
+    bounds = bounds or (None, None, False, False)
+    if not _in_range(value, annotation, bounds):
+        raise ConfigError(f"{key}: expected {_describe(annotation, bounds, value)}, got {value!r}")
+    return value
+
+
+def _check_fields(section: Any) -> None:
+    """Check every field of a config section (see `_check_value`), naming each by its full key."""
+    hints = typing.get_type_hints(type(section))
+    for item in dataclasses.fields(section):
+        annotation = hints[item.name]
+        if dataclasses.is_dataclass(annotation):
+            continue
+        key = f"{section.SECTION}.{item.name}" if section.SECTION else item.name
+        value = _check_value(getattr(section, item.name), annotation, key, item.metadata.get("range"))
+        object.__setattr__(section, item.name, value)  # frozen: an int given for a number becomes a float
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the sentence pairs come from and how they are split."""
 
+    SECTION: ClassVar[str] = "data"
     # csv / tsv: `path` is one file with a header line; the pair's sides are the columns named by
     # source_column and target_column. text: two line-aligned UTF-8 files without a header (as
     # corpora are often shipped, e.g. train.en / train.fr): `path` is the source-language one and
@@ -40,12 +138,13 @@ class DataConfig:
     # choice of columns (configs/fr_en.yaml swaps these two). They must differ.
     source_column: str = "English words/sentences"
     target_column: str = "French words/sentences"
-    valid_pairs: int = 1000  # pairs held out for validation (whole groups of pairs sharing a sentence)
-    test_pairs: int = 1000  # pairs held out for testing, never seen in training
-    split_seed: int = 1234
-    max_length: int = 128  # training pairs with more subword tokens on either side are skipped
+    valid_pairs: int = _range(1000, 1)  # pairs held out for validation (whole groups of pairs sharing a sentence)
+    test_pairs: int = _range(1000, 0)  # pairs held out for testing, never seen in training
+    split_seed: int = _range(1234, 0)
+    max_length: int = _range(128, 2)  # training pairs with more subword tokens on either side are skipped
 
     def __post_init__(self) -> None:
+        _check_fields(self)
         _require(bool(self.path), "data.path", "a file path", self.path)
         if self.format == "text":
             _require(bool(self.target_path), "data.target_path",
@@ -58,53 +157,44 @@ class DataConfig:
         if self.format != "text" and self.target_path:
             raise ConfigError(f"data.target_path is only for data.format: text; a {self.format.upper()} file holds "
                               "both languages in data.path (remove data.target_path, or set data.format: text)")
-        _require(self.valid_pairs >= 1, "data.valid_pairs", "an integer >= 1", self.valid_pairs)
-        _require(self.test_pairs >= 0, "data.test_pairs", "an integer >= 0", self.test_pairs)
-        _require(self.max_length >= 2, "data.max_length", "an integer >= 2", self.max_length)
 
 
 @dataclass(frozen=True)
 class TokenizerConfig:
     """Byte-pair encoding trained on the training split only."""
 
+    SECTION: ClassVar[str] = "tokenizer"
     joint: bool = True  # one vocabulary for source and target (needed to share embeddings)
-    vocab_size: int = 8000
-    min_frequency: int = 2
+    vocab_size: int = _range(8000, 16, 2**31 - 1)  # token ids are held as int32
+    min_frequency: int = _range(2, 1)
     # BPE-dropout (Provilkov et al., 2020): when a training batch is built, each merge is left out with
     # this probability, so every epoch splits the training pairs afresh (seeded by train.seed, the
     # epoch and the pair: a resumed run sees the same splits). Validation, test, the held-out files
     # and translation never use it. Batches are formed from the lengths without dropout, so they may
     # hold somewhat more than train.batch_tokens. 0 = off; 0.1 is the paper's value.
-    dropout: float = 0.0
+    dropout: float = _range(0.0, 0.0, 1.0, high_open=True)
 
     def __post_init__(self) -> None:
-        _require(self.vocab_size >= 16, "tokenizer.vocab_size", "an integer >= 16", self.vocab_size)
-        _require(self.min_frequency >= 1, "tokenizer.min_frequency", "an integer >= 1", self.min_frequency)
-        _require(0.0 <= self.dropout < 1.0, "tokenizer.dropout", "a number in [0, 1)", self.dropout)
+        _check_fields(self)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """The encoder-decoder of "Attention Is All You Need"; defaults are the paper's base model."""
 
-    d_model: int = 512
-    n_heads: int = 8
-    n_encoder_layers: int = 6
-    n_decoder_layers: int = 6
-    d_ff: int = 2048
-    dropout: float = 0.1
+    SECTION: ClassVar[str] = "model"
+    d_model: int = _range(512, 1)
+    n_heads: int = _range(8, 1)
+    n_encoder_layers: int = _range(6, 1)
+    n_decoder_layers: int = _range(6, 1)
+    d_ff: int = _range(2048, 1)
+    dropout: float = _range(0.1, 0.0, 1.0, high_open=True)
     pre_norm: bool = False  # False = post-norm, as in the paper (Section 5.4 / Figure 1)
     share_embeddings: bool = True  # source, target and output embeddings share one matrix (Section 3.4)
-    max_len: int = 512  # longest sequence the sinusoidal position table covers
+    max_len: int = _range(512, 1)  # longest sequence the sinusoidal position table covers
 
     def __post_init__(self) -> None:
-        for key in ("d_model", "n_heads", "d_ff", "max_len"):
-            value = getattr(self, key)
-            _require(value >= 1, f"model.{key}", "an integer >= 1", value)
-        for key in ("n_encoder_layers", "n_decoder_layers"):
-            value = getattr(self, key)
-            _require(value >= 1, f"model.{key}", "an integer >= 1", value)
-        _require(0.0 <= self.dropout < 1.0, "model.dropout", "a number in [0, 1)", self.dropout)
+        _check_fields(self)
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
@@ -117,16 +207,17 @@ class TrainConfig:
 
     # Token budget of one batch: max(source, target) length x sentences. Per process under torchrun:
     # a step then trains on world_size x batch_tokens x accumulate_batches tokens.
-    batch_tokens: int = 4096
-    accumulate_batches: int = 1  # batches whose gradients add up to one optimiser step
-    max_steps: int = 0  # budgets: training stops at the first one reached; 0 = no limit
-    max_epochs: int = 0
-    max_minutes: float = 0.0
+    SECTION: ClassVar[str] = "train"
+    batch_tokens: int = _range(4096, 1)
+    accumulate_batches: int = _range(1, 1)  # batches whose gradients add up to one optimiser step
+    max_steps: int = _range(0, 0)  # budgets: training stops at the first one reached; 0 = no limit
+    max_epochs: int = _range(0, 0)
+    max_minutes: float = _range(0.0, 0.0, MAX_MINUTES)
     # Early stopping: training also ends after this many validations in a row without a better valid
     # BLEU than the best so far (the checkpoint manager's `improves`); 0 = off. It composes with the
     # budgets above: whichever comes first ends the run. The count is part of the training state, so a
     # resumed run counts on. It may change between sessions: raising it lets an early-stopped run go on.
-    patience: int = 0
+    patience: int = _range(0, 0)
     # Fine-tuning: a trained run directory whose best checkpoint (else its newest) gives this new run
     # its initial weights and, copied as they are, its tokenizer files (no new ones are trained). The
     # tokenizer settings (vocab_size, joint, min_frequency) and the model settings (all but
@@ -137,51 +228,34 @@ class TrainConfig:
     # noam and inverse_sqrt decay with 1/sqrt(step) and never end; linear warms up, then falls in a
     # straight line to zero when the first budget (steps, epochs or minutes) runs out. See optim.py.
     schedule: Literal["noam", "inverse_sqrt", "linear"] = "noam"
-    lr_factor: float = 1.0  # noam: lr = lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    peak_lr: float = 1e-3  # inverse_sqrt: peak_lr * min(step / warmup, sqrt(warmup / step)); linear: see above
-    warmup_steps: int = 4000
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_grad_norm: float = 1.0  # 0 = no clipping
-    seed: int = 42
+    lr_factor: float = _range(1.0, 0.0, low_open=True)  # noam: lr = lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    peak_lr: float = _range(1e-3, 0.0, low_open=True)  # inverse_sqrt: peak_lr * min(step / warmup, sqrt(warmup / step)); linear: see above
+    warmup_steps: int = _range(4000, 1)
+    adam_betas: tuple[float, float] = _range((0.9, 0.98), 0.0, 1.0, high_open=True)
+    adam_eps: float = _range(1e-9, 0.0, low_open=True)
+    weight_decay: float = _range(0.0, 0.0)
+    label_smoothing: float = _range(0.1, 0.0, 1.0, high_open=True)
+    clip_grad_norm: float = _range(1.0, 0.0)  # 0 = no clipping
+    seed: int = _range(42, 0)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # bf16 = autocast, weights and Adam state stay fp32; auto = bf16 where the hardware runs it
     # fast (GPUs with bf16, CPUs with AMX / AVX-512-BF16), else fp32; fp16 = autocast with a
     # gradient scaler (fp16's narrow range underflows small gradients), CUDA only
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    threads: int = 0  # torch intra-op threads; 0 = leave torch's default
-    log_every: int = 50
-    valid_every: int = 500
-    valid_max_pairs: int = 0  # translate at most this many valid pairs for BLEU; 0 = all
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 3  # newest step checkpoints kept, besides the best one
-    n_valid_samples: int = 3  # sample translations logged at each validation
+    # torch intra-op threads; 0 = leave torch's default. At most 4,096: each is an OS thread.
+    threads: int = _range(0, 0, 4096)
+    log_every: int = _range(50, 1)
+    valid_every: int = _range(500, 1)
+    valid_max_pairs: int = _range(0, 0)  # translate at most this many valid pairs for BLEU; 0 = all
+    checkpoint_every: int = _range(500, 1)
+    keep_checkpoints: int = _range(3, 1)  # newest step checkpoints kept, besides the best one
+    n_valid_samples: int = _range(3, 0)  # sample translations logged at each validation
     attention_images: bool = True  # and their attention maps, as TensorBoard images (matplotlib)
 
     def __post_init__(self) -> None:
-        positive = ("batch_tokens", "accumulate_batches", "warmup_steps", "log_every", "valid_every",
-                    "checkpoint_every", "keep_checkpoints")
-        for key in positive:
-            value = getattr(self, key)
-            _require(value >= 1, f"train.{key}", "an integer >= 1", value)
-        for key in ("max_steps", "max_epochs", "patience", "threads", "valid_max_pairs", "n_valid_samples"):
-            value = getattr(self, key)
-            _require(value >= 0, f"train.{key}", "an integer >= 0", value)
-        _require(self.max_minutes >= 0, "train.max_minutes", "a number >= 0", self.max_minutes)
+        _check_fields(self)
         if not (self.max_steps or self.max_epochs or self.max_minutes):
             raise ConfigError("train: set at least one budget: max_steps, max_epochs or max_minutes")
-        for key in ("lr_factor", "peak_lr"):
-            value = getattr(self, key)
-            _require(value > 0, f"train.{key}", "a number > 0", value)
-        _require(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing", "a number in [0, 1)",
-                 self.label_smoothing)
-        _require(self.clip_grad_norm >= 0, "train.clip_grad_norm", "a number >= 0", self.clip_grad_norm)
-        _require(self.weight_decay >= 0, "train.weight_decay", "a number >= 0", self.weight_decay)
-        _require(all(0.0 <= b < 1.0 for b in self.adam_betas), "train.adam_betas",
-                 "two numbers in [0, 1)", self.adam_betas)
-        _require(self.adam_eps > 0, "train.adam_eps", "a number > 0", self.adam_eps)
         device_ok = self.device in ("auto", "cpu", "cuda", "mps") or self.device.startswith("cuda:")
         _require(device_ok, "train.device", "one of auto, cpu, cuda, cuda:N, mps", self.device)
 
@@ -190,24 +264,22 @@ class TrainConfig:
 class DecodeConfig:
     """Translation: greedy (beam_size 1) or beam search."""
 
-    beam_size: int = 5
-    length_penalty: float = 1.0  # GNMT alpha: score / ((5 + length) / 6) ** alpha; 0 = none
-    max_length_a: float = 1.5  # longest output = a * source_length + b tokens
-    max_length_b: int = 10
-    batch_size: int = 64  # sentences decoded together
+    SECTION: ClassVar[str] = "decode"
+    beam_size: int = _range(5, 1)
+    length_penalty: float = _range(1.0, 0.0)  # GNMT alpha: score / ((5 + length) / 6) ** alpha; 0 = none
+    max_length_a: float = _range(1.5, 0.0)  # longest output = a * source_length + b tokens
+    max_length_b: int = _range(10, 1)
+    batch_size: int = _range(64, 1)  # sentences decoded together
 
     def __post_init__(self) -> None:
-        _require(self.beam_size >= 1, "decode.beam_size", "an integer >= 1", self.beam_size)
-        _require(self.length_penalty >= 0, "decode.length_penalty", "a number >= 0", self.length_penalty)
-        _require(self.max_length_a >= 0, "decode.max_length_a", "a number >= 0", self.max_length_a)
-        _require(self.max_length_b >= 1, "decode.max_length_b", "an integer >= 1", self.max_length_b)
-        _require(self.batch_size >= 1, "decode.batch_size", "an integer >= 1", self.batch_size)
+        _check_fields(self)
 
 
 @dataclass(frozen=True)
 class Config:
     """The whole run. `name` names the run directory `runs/<name>`."""
 
+    SECTION: ClassVar[str] = ""
     name: str = "run"
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -216,6 +288,7 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
+        _check_fields(self)
         _require(bool(self.name) and "/" not in self.name and self.name not in (".", ".."),
                  "name", "a non-empty name without '/'", self.name)
         if self.model.share_embeddings and not self.tokenizer.joint:
@@ -223,6 +296,9 @@ class Config:
                 "model.share_embeddings: true needs tokenizer.joint: true "
                 "(one vocabulary for both languages); set one of them differently"
             )
+        if self.model.max_len < self.data.max_length + 1:
+            raise ConfigError(f"model.max_len ({self.model.max_len}) must be at least data.max_length + 1 "
+                              f"({self.data.max_length + 1}): every training sequence needs a position")
 
 
 # --------------------------------------------------------------------------- YAML reading
@@ -235,6 +311,9 @@ class _StrictLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+            raise ConfigError(f"line {key_node.start_mark.line + 1}: a key must be a plain name, not a {kind}")
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise ConfigError(
@@ -247,41 +326,20 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Check `value` against a field's type; accept what YAML gets wrong (`1e-4` is a string to PyYAML)."""
-    origin = typing.get_origin(annotation)
-    if origin is Literal:
-        choices = typing.get_args(annotation)
-        if value not in choices:
-            raise ConfigError(f"{key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
-        return value
-    if origin is tuple:
+def _coerce(value: Any, annotation: Any) -> Any:
+    """What YAML gets wrong, mended before a section checks its values: `1e-4` is a string to PyYAML
+    (a number field takes it as a number), and a list stands for a tuple."""
+    if annotation is float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value  # the section names the key and what it expected
+    if typing.get_origin(annotation) is tuple and isinstance(value, list):
         item_types = typing.get_args(annotation)
-        if not isinstance(value, (list, tuple)) or len(value) != len(item_types):
-            raise ConfigError(f"{key}: expected a list of {len(item_types)} values, got {value!r}")
-        return tuple(_coerce(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, item_types)))
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if annotation is float:
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported config field type {annotation!r} for {key}")  # a bug, not user error
+        if len(value) == len(item_types):
+            return tuple(_coerce(v, t) for v, t in zip(value, item_types))
+        return tuple(value)
+    return value
 
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
@@ -304,8 +362,57 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         if dataclasses.is_dataclass(annotation):
             kwargs[key] = _build(annotation, value, full)
         else:
-            kwargs[key] = _coerce(value, annotation, full)
+            kwargs[key] = _coerce(value, annotation)
     return cls(**kwargs)
+
+
+# A config is a few dozen values: a tree far larger than this is a mistake (or aliases multiplying
+# one node), and would only be slow to copy and check.
+MAX_TREE_NODES = 10_000
+
+
+def _check_tree(raw: Any, root: str = "") -> None:
+    """Refuse YAML that is not a tree of plain values: a node that contains itself (a recursive
+    alias such as `a: &x [*x]`) or a tree beyond MAX_TREE_NODES nodes."""
+    count = 0
+
+    def visit(node: Any, ancestors: set[int], path: str) -> None:
+        nonlocal count
+        count += 1
+        if count > MAX_TREE_NODES:
+            raise ConfigError(f"{root or 'the config'}: more than {MAX_TREE_NODES} values; a config is a tree "
+                              "of a few dozen")
+        if not isinstance(node, (dict, list)):
+            return
+        if id(node) in ancestors:
+            raise ConfigError(f"{path or 'the config'}: a value that contains itself (a recursive YAML alias)")
+        if isinstance(node, dict):
+            children = [(f"{path}.{key}" if path else str(key), child) for key, child in node.items()]
+        else:
+            children = [(f"{path}[{index}]", child) for index, child in enumerate(node)]
+        for child_path, child in children:
+            visit(child, ancestors | {id(node)}, child_path)
+
+    visit(raw, set(), root)
+
+
+def _read_yaml(text: str) -> Any:
+    """Parse YAML with the strict loader; errors as ConfigError (a message without the file's name)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except RecursionError:  # PyYAML's composer recurses once per level of nesting
+        raise ConfigError("nested too deeply") from None
+    except yaml.MarkedYAMLError as error:  # its own text spans lines, with a copy of the offending one
+        mark = error.problem_mark or error.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(part for part in (error.context, error.problem) if part)
+        raise ConfigError(f"invalid YAML{where}: {problem}") from None
+    except yaml.reader.ReaderError as error:  # a character YAML does not allow
+        line = text.count("\n", 0, error.position) + 1
+        raise ConfigError(f"invalid YAML at line {line}: character {error.character!r} is not allowed "
+                          f"({error.reason})") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"invalid YAML: {' '.join(str(error).split())}") from None
 
 
 def _apply_override(raw: dict, override: str) -> None:
@@ -321,13 +428,16 @@ def _apply_override(raw: dict, override: str) -> None:
             raise ConfigError(f"--set {override!r}: {part!r} is not a section")
         node = child
     try:
-        node[parts[-1]] = yaml.load(text, Loader=_StrictLoader) if text.strip() else ""
-    except (yaml.YAMLError, ConfigError) as error:  # ConfigError: a duplicate key in a {...} value
+        value = _read_yaml(text) if text.strip() else ""
+        _check_tree(value, dotted.strip())
+    except ConfigError as error:  # e.g. a duplicate key in a {...} value
         raise ConfigError(f"--set {override!r}: cannot parse the value: {error}") from None
+    node[parts[-1]] = value
 
 
 def config_from_dict(raw: dict, overrides: typing.Sequence[str] = ()) -> Config:
     """Validate a plain mapping (as read from YAML) into a `Config`."""
+    _check_tree(raw)
     raw = _deep_copy(raw)
     for override in overrides:
         _apply_override(raw, override)
@@ -346,12 +456,12 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text ({error})") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the config: {error.strerror or error}") from None
     try:
-        raw = yaml.load(text, Loader=_StrictLoader)
+        raw = _read_yaml(text)
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: invalid YAML: {error}") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

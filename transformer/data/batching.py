@@ -93,6 +93,9 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens
     little padding; then the batch order is shuffled. The result depends only on
     (lengths, batch_tokens, seed, epoch): resuming a run rebuilds exactly the same batches.
     Every pair appears in exactly one batch; a pair longer than the budget gets a batch alone.
+    Ties are between pairs of equal lengths, so the sequence of batch sizes before the shuffle, and
+    with it the number of batches, depends on the lengths and batch_tokens alone: every epoch has
+    as many batches (budgets count an epoch's steps without planning it).
     """
     src_lengths = np.asarray(src_lengths, dtype=np.int64) + 1
     tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64) + 1

@@ -9,6 +9,7 @@ Typical use: load_pairs -> split_pairs -> train_tokenizers(iter_texts(...)) -> e
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transformer.config import DataConfig
-from transformer.errors import DataError
+from transformer.errors import DataError, disk_full
 from transformer.data.readers import describe_input, line_numbers, read_pairs_file
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import Tokenizers
@@ -129,6 +130,26 @@ def _drop_masks(cleaned: datasets.Dataset, config: DataConfig,
     return {"empty": empty, "header": header & ~empty, "long": long & ~header}
 
 
+def _cache_writes(function):
+    """datasets writes an Arrow file for every map, filter and split: a full disk there is the user's to
+    fix, and is a DataError naming the cache rather than a traceback. Nothing is lost: the run
+    directory is untouched, and the next run rebuilds what the cache lacks."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except OSError as error:
+            if not disk_full(error):
+                raise
+            where = kwargs.get("cache_dir") or datasets.config.HF_DATASETS_CACHE
+            raise DataError(f"the datasets cache {where} is on a full disk ({error.strerror or error}): free space "
+                            "there, or point HF_DATASETS_CACHE at a disk with room, and rerun") from None
+
+    return wrapper
+
+
+@_cache_writes
 def load_pairs(config: DataConfig, cache_dir: str | Path | None = None) -> tuple[datasets.Dataset, LoadReport]:
     """Read `config.path` (and `config.target_path`) into a Dataset with exactly the columns `source`
     and `target`, cleaned.
@@ -236,6 +257,7 @@ def _groups(source_hashes: np.ndarray, target_hashes: np.ndarray) -> np.ndarray:
             parent = parent[parent]
 
 
+@_cache_writes
 def split_pairs(pairs: datasets.Dataset, config: DataConfig) -> Splits:
     """Hold out whole groups of pairs: >= `valid_pairs` rows for valid, >= `test_pairs` for test.
 
@@ -375,6 +397,7 @@ def _encode(dataset: datasets.Dataset, tokenizers: Tokenizers, name: str) -> dat
                        num_proc=_num_proc(len(dataset)), desc=f"encoding {name}")
 
 
+@_cache_writes
 def encode_splits(splits: Splits, tokenizers: Tokenizers, max_length: int) -> EncodedSplits:
     """Tokenize every split; drop (and count) training pairs with more than `max_length - 1` tokens a side.
 

@@ -3,10 +3,15 @@ end step, recorded in the training state; from then on the stop, the `linear` sc
 are functions of the step alone, so a run killed and resumed takes exactly the steps of one that
 ran through.
 
-A time budget becomes steps once: the first steps of a run are timed (training steps only, not
-validation or saving), and `max_minutes` is divided by the seconds per step they give. Batches differ
-in size and shape, so the measurement is taken per token and scaled to the average tokens of a
-step over a whole epoch: the first few dozen steps are too few to average out their mix. An epoch
+A time budget becomes steps in two measurements, both recorded: the first steps of a run are
+timed (training steps only, not validation or saving), and `max_minutes` is divided by the seconds
+per step they give. Batches differ in size and shape, so that first measurement is taken per token
+and scaled to the average tokens of a step over a whole epoch: the first few dozen steps are too
+few to average out their mix. Steps later in a run are not as fast as those (the allocator's and
+the kernels' caches still change), so once, at a step fixed by the first plan (REESTIMATE_AT of
+the way to its end), the seconds per step since the first measurement re-plan the end: only the
+last part of the run is then extrapolated. A resume re-plans nothing that was decided: the
+plan, the step of the re-estimate and both measurements travel with the training state. An epoch
 budget is counted in steps from the batches each epoch has. Raising a budget after a `linear`
 run finished starts a new schedule segment with its own warm-up; changing one in the middle of a
 linear schedule is refused, since it would bend the rate of steps already planned.
@@ -14,10 +19,10 @@ linear schedule is refused, since it would bend the rate of steps already planne
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable
 
 from transformer.config import TrainConfig
 from transformer.errors import ConfigError
@@ -31,6 +36,9 @@ log = logging.getLogger(__name__)
 MEASURE_UNTIL_STEP = 100
 UNTIMED_STEPS = 20
 MIN_TIMED_STEPS = 10
+# The second measurement: at this fraction of the steps between the first one and the end it
+# planned, if at least MIN_TIMED_STEPS lie between them.
+REESTIMATE_AT = 0.8
 
 BUDGET_KEYS = ("max_steps", "max_epochs", "max_minutes")
 
@@ -47,6 +55,9 @@ class Plan:
     end_step: int  # the last step; 0 while a time budget is still being measured
     segment_start: int  # linear: the step before the segment's first (0, or where a raised budget restarted)
     decay_start: int  # linear: the rate falls in a straight line from here to zero after end_step
+    # linear: the fraction of the peak the line starts from at decay_start (below 1 where a re-estimated
+    # end bent the line at the step of the re-estimate, so that the rate goes on from where it was)
+    decay_from: float = 1.0
 
 
 def linear_rate(step: int, peak: float, warmup: int, plan: Plan) -> float:
@@ -56,7 +67,7 @@ def linear_rate(step: int, peak: float, warmup: int, plan: Plan) -> float:
     value or at the peak."""
     rate = min((step - plan.segment_start) / warmup, 1.0)
     if plan.end_step:
-        rate = min(rate, (plan.end_step - step + 1) / (plan.end_step - plan.decay_start + 1))
+        rate = min(rate, plan.decay_from * (plan.end_step - step + 1) / (plan.end_step - plan.decay_start + 1))
     return peak * max(rate, 0.0)
 
 
@@ -68,14 +79,16 @@ def decay_start(segment_start: int, warmup: int, end_step: int, measured_at: int
     return max(start, measured_at)
 
 
-def steps_for_epochs(max_epochs: int, epoch: int, batch_in_epoch: int, step: int,
-                     batches_in_epoch: Callable[[int], int], accumulate: int) -> int:
+def steps_for_epochs(max_epochs: int, epoch: int, batch_in_epoch: int, step: int, batches_per_epoch: int,
+                     accumulate: int) -> int:
     """The step at which epoch `max_epochs` ends, counted from the current position: each step takes
-    `accumulate` batches of the epoch (the epoch's last step takes what is left)."""
-    for current in range(epoch, max_epochs):
-        step += math.ceil((batches_in_epoch(current) - batch_in_epoch) / accumulate)
-        batch_in_epoch = 0
-    return step
+    `accumulate` batches of the epoch (the epoch's last step takes what is left). Every epoch has
+    the same number of batches (`token_batches` forms them from the lengths alone), so no epoch
+    but the one at hand needs planning, however many there are."""
+    if epoch >= max_epochs:
+        return step
+    return (step + math.ceil((batches_per_epoch - batch_in_epoch) / accumulate)
+            + (max_epochs - epoch - 1) * math.ceil(batches_per_epoch / accumulate))
 
 
 def steps_for_minutes(max_minutes: float, measured_at: int, measured_seconds: float,
@@ -96,7 +109,7 @@ def reconcile(train: TrainConfig, step: int, plan: Plan, new_end: int, budget_ch
     if finished and new_end and new_end <= step:
         return None
     if train.schedule != "linear":  # the rate does not depend on the end: only the stop moves
-        return Plan(new_end, plan.segment_start, plan.decay_start)
+        return dataclasses.replace(plan, end_step=new_end)
     if finished:  # a warm restart: the rate had reached zero, so it climbs again over a new warm-up
         return Plan(new_end, step, decay_start(step, train.warmup_steps, new_end, measured_at=step))
     raise ConfigError(
@@ -114,8 +127,9 @@ class BudgetState:
     plan: Plan = field(default_factory=lambda: Plan(0, 0, 0))
     settings: dict = field(default_factory=dict)  # budget_values() the plan was computed from
     seconds_per_step: float = 0.0  # 0 while a time budget is still being measured
-    measured_at_step: int = 0
+    measured_at_step: int = 0  # the latest measurement: its step and the training seconds up to it
     measured_train_seconds: float = 0.0
+    reestimate_at_step: int = 0  # the step of the second measurement; 0 when none is to come
 
     @classmethod
     def from_dict(cls, data: dict) -> "BudgetState":
@@ -137,13 +151,13 @@ class Budget:
     budget with the recorded plan), measures a time budget once in the first steps, and says when
     training is finished. Everything it decides is in `self.state`, which travels with checkpoints."""
 
-    def __init__(self, train: TrainConfig, state: BudgetState, position: Position,
-                 batches_in_epoch: Callable[[int], int], tokens_per_step: float) -> None:
-        """`batches_in_epoch(epoch)`: the global batches of that epoch (a property of the data);
+    def __init__(self, train: TrainConfig, state: BudgetState, position: Position, batches_per_epoch: int,
+                 tokens_per_step: float) -> None:
+        """`batches_per_epoch`: the global batches of every epoch (a property of the data);
         `tokens_per_step`: the source + target tokens of an average step over an epoch (what a
         step's time scales with)."""
         self.train, self.state = train, state
-        self.batches_in_epoch, self.tokens_per_step = batches_in_epoch, tokens_per_step
+        self.batches_per_epoch, self.tokens_per_step = batches_per_epoch, tokens_per_step
         self._timed: list[tuple[float, int]] = []  # this session's (step seconds, step tokens)
         # While a time budget is unmeasured, a step or epoch budget may still end training first.
         self._end_before_measuring = self._end_without_time(position) \
@@ -163,7 +177,7 @@ class Budget:
         ends = [train.max_steps] if train.max_steps else []
         if train.max_epochs:
             ends.append(steps_for_epochs(train.max_epochs, position.epoch, position.batch_in_epoch, position.step,
-                                         self.batches_in_epoch, train.accumulate_batches))
+                                         self.batches_per_epoch, train.accumulate_batches))
         return min(ends, default=0)
 
     def _plan(self, position: Position) -> None:
@@ -201,6 +215,8 @@ class Budget:
         max_minutes of training at the measured seconds per step becomes the end step. Under torchrun
         every rank passes rank 0's step times and the global tokens, so all compute the same end."""
         train, state = self.train, self.state
+        if train.max_minutes and state.seconds_per_step and position.step == state.reestimate_at_step:
+            self._reestimate(position)
         if not train.max_minutes or state.seconds_per_step:
             return
         self._timed.append((step_seconds, step_tokens))
@@ -216,11 +232,36 @@ class Budget:
         end = min(e for e in (by_time, self._end_without_time(position)) if e)
         state.plan = Plan(end, state.plan.segment_start,
                           decay_start(state.plan.segment_start, train.warmup_steps, end, measured_at=position.step))
+        reestimate_at = position.step + math.floor(REESTIMATE_AT * (by_time - position.step))
+        state.reestimate_at_step = reestimate_at if end == by_time and \
+            reestimate_at - position.step >= MIN_TIMED_STEPS and reestimate_at < end else 0
         log.info("time budget: %g minutes of training at %.3f s a step (measured over %d steps): it ends at step %d%s",
                  train.max_minutes, state.seconds_per_step, len(timed), by_time,
                  "" if end == by_time else f"; another budget ends training first, at step {end}")
 
+    def _reestimate(self, position: Position) -> None:
+        """The second measurement: the seconds per step since the first one re-plan the end. The
+        linear schedule's line bends here, from the rate it has reached to zero at the new end."""
+        train, state = self.train, self.state
+        plan, step = state.plan, position.step
+        seconds_per_step = (position.train_seconds - state.measured_train_seconds) / (step - state.measured_at_step)
+        by_time = steps_for_minutes(train.max_minutes, step, position.train_seconds, seconds_per_step)
+        end = min(e for e in (by_time, self._end_without_time(position)) if e)
+        start = decay_start(plan.segment_start, train.warmup_steps, end, measured_at=state.measured_at_step)
+        if start > step and step < plan.decay_start:  # no decay yet: it begins where it would with this end
+            state.plan = dataclasses.replace(plan, end_step=end, decay_start=start)
+        else:
+            reached = 1.0 if step < plan.decay_start else \
+                plan.decay_from * (plan.end_step - step + 1) / (plan.end_step - plan.decay_start + 1)
+            state.plan = Plan(end, plan.segment_start, step, reached)
+        log.info("time budget: %.3f s a step over steps %d-%d: training now ends at step %d (planned: %d)",
+                 seconds_per_step, state.measured_at_step + 1, step, end, plan.end_step)
+        state.seconds_per_step, state.measured_at_step, state.measured_train_seconds = \
+            seconds_per_step, step, position.train_seconds
+        state.reestimate_at_step = 0
+
 
 __all__ = ["Budget", "BudgetState", "Position", "MEASURE_UNTIL_STEP", "UNTIMED_STEPS", "MIN_TIMED_STEPS",
+           "REESTIMATE_AT",
            "BUDGET_KEYS", "budget_values", "Plan", "linear_rate", "decay_start", "steps_for_epochs",
            "steps_for_minutes", "reconcile"]

@@ -109,9 +109,6 @@ def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambd
     # Device and precision first: a setting this machine cannot run fails before anything is written.
     device = distributed.training_device(select_device(config.train.device))
     precision = resolve_precision(config.train.precision, device)
-    if config.model.max_len < config.data.max_length + 1:
-        raise ConfigError(f"model.max_len ({config.model.max_len}) must be at least data.max_length + 1 "
-                          f"({config.data.max_length + 1}): every training sequence needs a position")
     with distributed.process_group(device):
         if not distributed.is_main():  # rank 0 holds the lock for all of them
             return _train(config, run, None, device, precision, should_stop, show_progress, data_cache_dir)

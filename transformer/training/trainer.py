@@ -134,8 +134,11 @@ class Trainer:
         self.budget = self._budget()
 
     def _budget(self) -> Budget:
-        return Budget(self.train_config, self.state.budget, self.state.position,
-                      lambda epoch: len(self._batches(epoch)), self._tokens_per_step())
+        # Every epoch has as many batches as the one at hand, which the first step plans anyway:
+        # no other epoch is planned before training, whatever train.max_epochs says.
+        batches_per_epoch = len(self._batches(self.state.epoch))
+        return Budget(self.train_config, self.state.budget, self.state.position, batches_per_epoch,
+                      self._tokens_per_step(batches_per_epoch))
 
     def _batches(self, epoch: int) -> list:
         """The global batches of `epoch`: every rank builds the same ones, world_size times the
@@ -145,11 +148,11 @@ class Trainer:
                                                                  self.train_config.seed, epoch)}
         return self._batch_lists[epoch]
 
-    def _tokens_per_step(self) -> float:
-        """Source + target tokens (with EOS) of an average step over the first epoch, all ranks."""
+    def _tokens_per_step(self, batches_per_epoch: int) -> float:
+        """Source + target tokens (with EOS) of an average step over an epoch, all ranks."""
         corpus = self.data.corpus
         tokens = int(corpus.src_lengths.sum() + corpus.tgt_lengths.sum()) + 2 * len(corpus)
-        return tokens / math.ceil(len(self._batches(0)) / self.train_config.accumulate_batches)
+        return tokens / math.ceil(batches_per_epoch / self.train_config.accumulate_batches)
 
     def finished(self) -> bool:
         """Whether training is over: the budget is used up, or it stopped early."""
@@ -318,7 +321,7 @@ class Trainer:
         self.budget.measure(state.position, step_seconds, int(metrics["target_tokens"] + metrics["source_tokens"]))
         if state.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
             self._diverged()
-        if state.end_step and not progress.total:
+        if state.end_step and progress.total != state.end_step:  # measured, or re-estimated, by the budget
             progress.total = state.end_step
         last = self.finished()
         self._window.add(metrics, step_seconds)

@@ -4,7 +4,9 @@ appear (README, bench notes, docstrings, comments, --help text), so that a move 
 
 from __future__ import annotations
 
+import ast
 import re
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,10 +39,23 @@ def dotted_name_exists(name: str) -> bool:
         if source is not None:
             if end == len(parts) or parts[end].startswith("__"):
                 return True
-            return re.search(rf"^\s*(?:def|class|async def)\s+{parts[end]}\b|^{parts[end]}\b.*=|"
-                             rf"^\s*(?:from\s+\S+\s+)?import\b.*\b{parts[end]}\b",
-                             source.read_text(encoding="utf-8"), re.MULTILINE) is not None
+            return parts[end] in top_level_names(source)
     return False
+
+
+@lru_cache(maxsize=None)
+def top_level_names(source: Path) -> frozenset[str]:
+    """What a module defines, assigns or imports at its top level (an import may span lines)."""
+    names = set()
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name))
+    return frozenset(names)
 
 
 def stale_names(paths: list[Path]) -> list[str]:

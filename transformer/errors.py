@@ -1,9 +1,28 @@
 """Errors a user can cause and fix (bad config, bad data, missing run). The CLIs print
 these as one clear message and exit with code 2; anything else is a bug and keeps its traceback."""
 
+import re
+
+_OPTION = re.compile("\u27e8([a-z0-9_]+)\u27e9")
+
+
+def option(name: str) -> str:
+    """An option named in a message by its generic name ("top_k"), which each face of the package
+    (a script's flag, an API field) replaces with its own name: see UserError.naming."""
+    return f"\u27e8{name}\u27e9"
+
 
 class UserError(Exception):
-    """Base class: a problem in the user's input, not in the code."""
+    """Base class: a problem in the user's input, not in the code. The library names no command-line
+    flag: an option in the message is marked with `option`, and reads by its generic name unless
+    `naming` gives it another."""
+
+    def __str__(self) -> str:
+        return self.naming({})
+
+    def naming(self, names: dict[str, str]) -> str:
+        """The message with each marked option called by its name in `names` (e.g. {"top_k": "--top-k"})."""
+        return _OPTION.sub(lambda match: names.get(match[1], match[1]), super().__str__())
 
 
 class ConfigError(UserError):
@@ -21,3 +40,12 @@ class CheckpointError(UserError):
 class ExportCacheError(CheckpointError):
     """The CTranslate2 export a run keeps of a checkpoint could not be written there (no permission, a
     full disk): a caller that can translate without it (the torch engine) may."""
+
+
+class DecodeOptionError(UserError):
+    """A decode option (beam size, n-best, length penalty or limits, sampling) out of the range every
+    engine computes, or given with one it excludes: `option` (generic name) and the `reason`."""
+
+    def __init__(self, option_name: str, reason: str) -> None:
+        super().__init__(f"{option(option_name)} {reason}")
+        self.option, self.reason = option_name, reason

@@ -27,7 +27,8 @@ from transformer.model import Transformer
 from transformer.runtime import fast_bf16
 from transformer.translation.quantize import quantize_int8
 from transformer.translation.search import beam_search, greedy_search, max_output_lengths, sample_search
-from transformer.translation.texts import Sampling, translate_texts
+from transformer.translation.options import Sampling, decode_config
+from transformer.translation.texts import translate_texts
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +146,8 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
         raise UserError(f"bf16 translation: this {torch.device(device).type} has no fast bf16 units (a CPU "
                         "needs AVX-512-BF16 or AMX) and would emulate them, far slower than fp32; leave out bf16")
     found = find_checkpoint(run, checkpoint_dir, runs_root)
+    decode = decode_config(load_decode_config(run_dir_of(found)), sampling, **decode_overrides)
     model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
-    decode = dataclasses.replace(load_decode_config(run_dir_of(found)),
-                                 **{k: v for k, v in decode_overrides.items() if v is not None})
     others = [_ensemble_member(found, tokenizers, find_checkpoint(member, None, runs_root), device)
               for member in ensemble]
     if int8:

@@ -18,8 +18,10 @@ import logging
 import sys
 from pathlib import Path
 
-from transformer.errors import UserError
+from transformer.errors import UserError, name_options
 from transformer.training.logs import setup_logging
+
+FLAGS = {"engine": "--engine", "device": "--device", "threads": "--threads", "run": "--run"}  # the package's names
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,36 +39,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def plain_engine(args: argparse.Namespace, checkpoint: Path):
-    """The CTranslate2 translator of `checkpoint` for plain requests, or None for the torch engine (with
-    a log line saying why, when --engine auto had to fall back)."""
-    if args.engine == "torch":
-        return None
-    from transformer.errors import ExportCacheError
-    from transformer.translation.ct2_format import INSTALL_HINT
-
-    try:
-        import ctranslate2  # noqa: F401
-    except ImportError:
-        if args.engine == "ctranslate2":
-            raise UserError(f"--engine ctranslate2: CTranslate2 is not installed; install it with {INSTALL_HINT}") \
-                from None
-        logging.info("engine: torch (CTranslate2 is not installed; install it with %s)", INSTALL_HINT)
-        return None
-    from transformer.export.run_cache import cached_run_export
-    from transformer.translation.ct2_engine import load_ct2_translator
-
-    try:
-        model_dir = cached_run_export(checkpoint)  # exported on first use, as translate.py does
-    except ExportCacheError as error:
-        if args.engine == "ctranslate2":
-            raise
-        logging.info("engine: torch (%s)", error)
-        return None
-    logging.info("engine: CTranslate2 for plain requests, torch for alignment and sampling requests")
-    return load_ct2_translator(model_dir, checkpoint, device=args.device, threads=args.threads, device_key="--device")
-
-
 def import_ctranslate2_before_torch() -> None:
     """Import CTranslate2 before anything imports torch. Both wheels bundle an OpenMP runtime (libgomp);
     imported after torch, CTranslate2's library binds to torch's copy, and with both engines' thread
@@ -77,7 +49,7 @@ def import_ctranslate2_before_torch() -> None:
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
-        pass  # plain_engine() says what that means
+        pass  # the engine policy says what that means
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,17 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as error:
             raise UserError(f"serving needs FastAPI and uvicorn ({error.name} is missing): "
                             "pip install -e \".[serve]\"") from None
-        from transformer.runtime import select_device, set_threads
-        from transformer.translation.torch_engine import load_translator
+        from transformer.engines import EngineRequest, open_server_engines
 
-        if args.threads < 0:
-            raise UserError(f"--threads must be 0 (the default) or more, got {args.threads}")
-        set_threads(args.threads)
-        translator = load_translator(args.run, args.checkpoint, select_device(args.device, key="--device"))
-        engine = plain_engine(args, translator.checkpoint)
-        app = create_app(engine or translator, torch_engine=translator)  # attention and seeded samples: torch
+        translator, engine, notes = open_server_engines(EngineRequest(args.engine, args.run, args.checkpoint,
+                                                                      device=args.device, threads=args.threads))
+        for note in notes:
+            logging.info("%s", name_options(note, FLAGS))
+        app = create_app(engine, torch_engine=translator)  # attention and seeded samples: torch
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error.naming(FLAGS)}", file=sys.stderr)
         return 2
     uvicorn.run(app, host=args.host, port=args.port)
     return 0

@@ -31,7 +31,7 @@ from pathlib import Path
 # Nothing here imports torch: the engine policy loads it for the torch engine only, so that the default
 # CTranslate2 engine starts without it (and matplotlib only loads for --attention).
 from transformer.engines import ENGINES, EngineRequest, open_engine
-from transformer.errors import UserError
+from transformer.errors import UserError, name_options
 from transformer.files import same_file
 from transformer.training.logs import setup_logging
 from transformer.translation import lines
@@ -153,9 +153,8 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
                             dict(beam_size=1 if args.greedy else args.beam, length_penalty=args.length_penalty,
                                  max_length_a=args.max_length_a, max_length_b=args.max_length_b,
                                  batch_size=args.batch_size), args.score)
-    translator, notes = open_engine(request)
-    for text in notes if not args.quiet else []:
-        print(f"note: {UserError(text).naming(names)}", file=sys.stderr)
+    translator = open_engine(request, lambda text: args.quiet or print(f"note: {name_options(text, names)}",
+                                                                       file=sys.stderr))
     layer = lines.alignment_layer(translator, args.alignment_layer) if args.alignment else None
     maps = lines.attention_directory(args.attention, "--attention") if args.attention else None
     if args.interactive:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from transformer.checkpoints.rundir import STATE_FILE
 from transformer.errors import ExportCacheError, UserError, option
@@ -87,8 +87,8 @@ def choose_engine(request: EngineRequest) -> tuple[str, str | None]:
         return request.engine, None
     if is_export:
         if torch_only:  # an export runs on CTranslate2 only
-            raise UserError(f"{request.checkpoint}: a CTranslate2 export, but {torch_only}: give the run or one "
-                            "of its checkpoints instead")
+            raise UserError(f"{request.checkpoint}: a CTranslate2 export, but {torch_only}: give the run "
+                            f"({option('run')}) or one of its checkpoints instead")
         return "ctranslate2", None
     if torch_only:
         return "torch", torch_only
@@ -151,13 +151,15 @@ def load_engine(request: EngineRequest, engine: str, auto: bool) -> tuple[Any, l
     return _load_torch(request), notes
 
 
-def open_engine(request: EngineRequest) -> tuple[Any, list[str]]:
+def open_engine(request: EngineRequest, notify: Callable[[str], None]) -> Any:
     """The translator the policy gives `request` (choose_engine, then load_engine), its n-best checked
-    against its beam, and the notes to show: why the torch engine when engine auto chose it, and how
-    CTranslate2 differs from the torch engine when it was asked for by name."""
+    against its beam. Each note goes to `notify` as soon as it is known (before a load that may fail): why
+    the torch engine when engine auto chose it, and how CTranslate2 differs from the torch engine when
+    it was asked for by name."""
     engine, why_torch = choose_engine(request)
+    if why_torch:
+        notify(f"engine: torch ({why_torch})")
     translator, notes = load_engine(request, engine, request.engine == "auto")
-    notes = ([f"engine: torch ({why_torch})"] if why_torch else []) + notes
     if not request.scoring:
         check_n_best(request.n_best, translator.decode.beam_size, translator.sampling)
         if request.engine == "ctranslate2":  # worth saying to whoever chose it, not to every default call
@@ -165,7 +167,9 @@ def open_engine(request: EngineRequest) -> tuple[Any, list[str]]:
 
             notes += differences_from_torch(translator.decode, request.n_best, translator.patience,
                                             translator.sampling)
-    return translator, notes
+    for note in notes:
+        notify(note)
+    return translator
 
 
 def open_server_engines(request: EngineRequest) -> tuple[Any, Any, list[str]]:

@@ -12,6 +12,11 @@ def option(name: str) -> str:
     return f"\u27e8{name}\u27e9"
 
 
+def name_options(text: str, names: dict[str, str]) -> str:
+    """`text` with each option marked by `option` called by its name in `names`, else by its generic name."""
+    return _OPTION.sub(lambda match: names.get(match[1], match[1]), text)
+
+
 class UserError(Exception):
     """Base class: a problem in the user's input, not in the code. The library names no command-line
     flag: an option in the message is marked with `option`, and reads by its generic name unless
@@ -22,7 +27,7 @@ class UserError(Exception):
 
     def naming(self, names: dict[str, str]) -> str:
         """The message with each marked option called by its name in `names` (e.g. {"top_k": "--top-k"})."""
-        return _OPTION.sub(lambda match: names.get(match[1], match[1]), super().__str__())
+        return name_options(super().__str__(), names)
 
 
 class ConfigError(UserError):

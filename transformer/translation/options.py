@@ -128,8 +128,8 @@ def check_n_best(n_best: int, beam_size: int, sampling: Sampling | None) -> None
     ranking), and at most MAX_BEAM samples when sampling."""
     _integer("n_best", n_best, 1, MAX_BEAM, f"from 1 to {MAX_BEAM}")
     if sampling is None and n_best > beam_size:
-        raise DecodeOptionError("n_best", f"{n_best} needs a beam of at least {n_best} (the beam is {beam_size}: "
-                                          f"ask for {option('beam_size')} {n_best})")
+        raise DecodeOptionError("n_best", f"{n_best} needs a beam of at least {n_best} (beam is {beam_size}; "
+                                          f"add {option('beam_size')} {n_best})")
 
 
 __all__ = ["MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Sampling",

@@ -182,7 +182,7 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
-    names = {**FLAGS, "beam_size": "--greedy" if args.greedy else "--beam",
+    names = {**FLAGS, "beam_size": "--greedy" if args.greedy and args.sample else "--beam",  # what excludes --sample
              "attention": "--attention" if args.attention else "--alignment"}
     try:
         run(args, names)

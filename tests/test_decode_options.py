@@ -5,6 +5,7 @@ API) give either that refusal or a run that works, never another exception."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -27,7 +28,8 @@ import translate as translate_cli  # noqa: E402  (the CLI script at the reposito
 # What a user may type or send: integers of any size, floats of every kind (NaN, infinities, subnormals),
 # and now and then a value of the wrong type.
 NUMBERS = st.one_of(st.integers(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
-                    st.sampled_from([0, 1, -1, 0.0, 1e-300, 1e300, 1e-30, 1e30, 2**32, 2**63, 2**64, 1e4]))
+                    st.sampled_from([0, 1, -1, 0.0, 1e-300, 1e300, 1.7e308, 1e-30, 1e30, 2**32, 2**63, 2**64,
+                                    1e4]))
 VALUES = st.one_of(NUMBERS, st.booleans(), st.none(), st.text(max_size=3))
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -84,6 +86,7 @@ def translate(run_dir: Path, *args: str) -> int:
 @pytest.mark.parametrize("args, message", [
     (["--max-length-a", "inf"], "--max-length-a must be a finite number, 0 or more, got inf"),
     (["--max-length-a", "nan"], "--max-length-a must be a finite number, 0 or more, got nan"),
+    (["--max-length-a", "-1"], "--max-length-a must be a finite number, 0 or more, got -1.0"),
     (["--length-penalty", "10000"], "--length-penalty must be from 0 to 10, got 10000.0"),
     (["--sample", "--seed", "-1"], "--seed must be from 0 to 4294967295, got -1"),
     (["--sample", "--seed", str(2**32)], "--seed must be from 0 to 4294967295, got 4294967296"),
@@ -101,6 +104,14 @@ def test_an_option_no_engine_computes_is_one_line_naming_its_flag(trained_run: P
                                                                     args: list[str], message: str):
     assert translate(trained_run, "--engine", engine, *args, "I'm cold.") == 2
     assert user_error(capsys) == message
+
+
+@pytest.mark.parametrize("engine", ["auto", "torch"])
+def test_the_largest_length_limits_are_the_model_s_own(trained_run: Path, capsys, engine: str):
+    """A product too large for a float, or a huge B, stops at the model's position table."""
+    for args in (["--max-length-a", "1.7e308"], ["--max-length-b", str(2**63 - 1)]):
+        assert translate(trained_run, "--engine", engine, *args, "I'm cold.") == 0
+        assert capsys.readouterr().out.count("\n") == 1
 
 
 def test_sampling_beyond_the_vocabulary_or_n_greedy_samples_work_on_both_engines(trained_run: Path, capsys):
@@ -173,7 +184,9 @@ def test_a_temperature_no_engine_computes_is_a_422_naming_the_field(client, temp
 @given(body=st.fixed_dictionaries({}, optional={"beam": NUMBERS, "n_best": NUMBERS, "sampling": st.fixed_dictionaries(
     {}, optional={"top_k": NUMBERS, "top_p": NUMBERS, "temperature": NUMBERS, "seed": NUMBERS})}))
 def test_random_decode_fields_translate_or_are_a_4xx(client, body: dict):
-    response = client.post("/translate", json={"texts": ["I'm cold."], **body})
+    # Python's json writes NaN and Infinity, which a client may send and the server's parser reads.
+    response = client.post("/translate", content=json.dumps({"texts": ["I'm cold."], **body}),
+                           headers={"content-type": "application/json"})
     assert response.status_code == 200 or 400 <= response.status_code < 500, response.text
     if response.status_code != 200:
         assert response.json()["error"] and "\n" not in response.json()["error"]

@@ -62,7 +62,10 @@ def max_output_length(source_length: int, a: float, b: int, hard_cap: int) -> in
     floor(a * length) + b, between 1 and `hard_cap` (model max_len - 1: BOS + that many tokens fill the
     position table)."""
     # A tiny epsilon, so that e.g. 1.1 * 10 floors to 11 and not to 10.
-    return min(max(math.floor(source_length * a + 1e-9) + b, 1), hard_cap)
+    length = source_length * a + 1e-9
+    if not length < hard_cap:  # also a product too large for a float, which no floor takes
+        return hard_cap
+    return min(max(math.floor(length) + b, 1), hard_cap)
 
 
 def truncate_sources(ids: list[list[int]], limit: int) -> list[list[int]]:

@@ -190,3 +190,11 @@ def test_random_decode_fields_translate_or_are_a_4xx(client, body: dict):
     assert response.status_code == 200 or 400 <= response.status_code < 500, response.text
     if response.status_code != 200:
         assert response.json()["error"] and "\n" not in response.json()["error"]
+
+
+@pytest.mark.parametrize("body", [{"beam": math.inf}, {"n_best": math.nan}, {"sampling": {"seed": -math.inf}}])
+def test_a_non_finite_number_where_an_integer_belongs_is_a_422(client, body: dict):
+    """pydantic's refusal echoes the input, which JSON cannot hold: the answer is still a 422."""
+    response = client.post("/translate", content=json.dumps({"texts": ["I'm cold."], **body}),
+                           headers={"content-type": "application/json"})
+    assert response.status_code == 422 and response.json()["error"]

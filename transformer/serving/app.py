@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import math
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,6 +217,17 @@ def _message(errors: list[dict]) -> str:
     return f"{where}: {message}" if where else message
 
 
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float (a request's own input, echoed) as its text: JSON has none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    return value
+
+
 def create_app(engine: Engine, torch_engine: Translator | None = None, batch_texts: int = BATCH_TEXTS,
                batch_window: float = BATCH_WINDOW) -> FastAPI:
     """The app around `engine` (any texts.Engine: torch or CTranslate2) for plain requests, and the
@@ -243,7 +255,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = jsonable_encoder(error.errors(), custom_encoder={Exception: str})
+        errors = _finite(jsonable_encoder(error.errors(), custom_encoder={Exception: str}))
         return JSONResponse(status_code=422, content={"error": _message(errors), "detail": errors})
 
     @app.exception_handler(UserError)

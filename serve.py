@@ -24,8 +24,10 @@ import logging
 import sys
 from pathlib import Path
 
-from transformer.errors import UserError
+from transformer.errors import UserError, name_options
 from transformer.training.logs import setup_logging
+
+FLAGS = {"engine": "--engine", "device": "--device", "threads": "--threads", "run": "--run"}  # the package's names
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,36 +79,6 @@ def listen(host: str, port: int):
         raise UserError(f"--host {host} --port {port}: cannot listen there ({error.strerror or error})") from None
 
 
-def plain_engine(args: argparse.Namespace, checkpoint: Path):
-    """The CTranslate2 translator of `checkpoint` for plain requests, or None for the torch engine (with
-    a log line saying why, when --engine auto had to fall back)."""
-    if args.engine == "torch":
-        return None
-    from transformer.errors import ExportCacheError
-    from transformer.translation.ct2_format import INSTALL_HINT
-
-    try:
-        import ctranslate2  # noqa: F401
-    except ImportError:
-        if args.engine == "ctranslate2":
-            raise UserError(f"--engine ctranslate2: CTranslate2 is not installed; install it with {INSTALL_HINT}") \
-                from None
-        logging.info("engine: torch (CTranslate2 is not installed; install it with %s)", INSTALL_HINT)
-        return None
-    from transformer.export.run_cache import cached_run_export
-    from transformer.translation.ct2_engine import load_ct2_translator
-
-    try:
-        model_dir = cached_run_export(checkpoint)  # exported on first use, as translate.py does
-    except ExportCacheError as error:
-        if args.engine == "ctranslate2":
-            raise
-        logging.info("engine: torch (%s)", error)
-        return None
-    logging.info("engine: CTranslate2 for plain requests, torch for alignment and sampling requests")
-    return load_ct2_translator(model_dir, checkpoint, device=args.device, threads=args.threads, device_key="--device")
-
-
 def import_ctranslate2_before_torch() -> None:
     """Import CTranslate2 before anything imports torch. Both wheels bundle an OpenMP runtime (libgomp);
     imported after torch, CTranslate2's library binds to torch's copy, and with both engines' thread
@@ -117,7 +89,7 @@ def import_ctranslate2_before_torch() -> None:
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
-        pass  # plain_engine() says what that means
+        pass  # the engine policy says what that means
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,23 +107,21 @@ def main(argv: list[str] | None = None) -> int:
                             "pip install -e \".[serve]\"") from None
         sock = listen(args.host, args.port)  # before the model loads: a port in use costs no wait
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error.naming(FLAGS)}", file=sys.stderr)
         return 2
     with sock:
         try:
-            from transformer.runtime import select_device, set_threads
-            from transformer.translation.torch_engine import load_translator
+            from transformer.engines import EngineRequest, open_server_engines
 
             hosts = answered_hosts(args)
-            if args.threads < 0:
-                raise UserError(f"--threads must be 0 (the default) or more, got {args.threads}")
-            set_threads(args.threads)
-            translator = load_translator(args.run, args.checkpoint, select_device(args.device, key="--device"))
-            engine = plain_engine(args, translator.checkpoint)
-            app = create_app(engine or translator, torch_engine=translator,  # attention and seeded samples: torch
+            translator, engine, notes = open_server_engines(EngineRequest(args.engine, args.run, args.checkpoint,
+                                                                          device=args.device, threads=args.threads))
+            for note in notes:
+                logging.info("%s", name_options(note, FLAGS))
+            app = create_app(engine, torch_engine=translator,  # attention and seeded samples: torch
                              allowed_hosts=hosts)
         except UserError as error:
-            print(f"error: {error}", file=sys.stderr)
+            print(f"error: {error.naming(FLAGS)}", file=sys.stderr)
             return 2
         limits = ServerLimits(max_connections=make_room_for_connections(MAX_CONNECTIONS))
         host, port = sock.getsockname()[:2]

@@ -454,7 +454,7 @@ def test_translate_bf16_where_the_hardware_emulates_it_is_one_line(trained_run: 
     assert user_error(capsys) == ("bf16 translation: this cpu has no fast bf16 units (a CPU needs AVX-512-BF16 or "
                                   "AMX) and would emulate them, far slower than fp32; leave out bf16")
     assert translate(trained_run, "--bf16", "--engine", "ctranslate2", "Hi.") == 2
-    assert user_error(capsys).startswith("--bf16 is for --engine torch")
+    assert user_error(capsys).startswith("--bf16 is the torch engine's: CTranslate2 offers no bf16 on a CPU")
 
 
 def test_translate_bf16_translates_where_the_hardware_runs_it(trained_run: Path, tmp_path: Path, capsys,

@@ -202,7 +202,7 @@ def test_a_beam_search_says_how_it_differs(trained_run: Path, capsys):
 
 
 @pytest.mark.parametrize("device, message", [
-    ("gpu", "--device: expected auto, cpu, cuda or cuda:N, got 'gpu'"),
+    ("gpu", "--device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
     ("mps", "--device: CTranslate2 does not run on Apple's MPS; use auto or cpu"),
 ])
 def test_a_device_ctranslate2_does_not_have_is_one_line(trained_run: Path, capsys, device: str, message: str):

@@ -1,7 +1,8 @@
 """`translate.py --engine auto`, the default: CTranslate2, silently, wherever it imports and can do what is
 asked; the torch engine, with exactly one note line naming the reason, for what only it does (--attention,
 --alignment, --bf16, an ensemble), where ctranslate2 does not import, or where the run's export cannot be
-written; an export given as --checkpoint runs on CTranslate2; --int8 goes to `int8_engine()`'s choice.
+written; an export given as --checkpoint runs on CTranslate2; --int8 goes to `int8_engine()`'s choice
+(transformer/engines.py holds the policy).
 Greedy output is the torch engine's, so the default changes no greedy translation."""
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import torch
 from conftest import ctranslate2_openmp_targets, train_tiny_run
 from test_cli import user_error
 from test_ct2_engine import EXTRA
+from transformer import engines as policy
 from transformer.config import Config
+from transformer.translation import lines
 from transformer.translation.ct2_format import EXPORTS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,13 +40,13 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, d
 def engines(monkeypatch) -> list[str]:
     """The class names of the translators translate.py goes on to use, one per call."""
     used: list[str] = []
-    translate_lines = translate_cli.translate_lines
+    translate_lines = lines.translate_lines
 
-    def recording(args, translator, *rest):
+    def recording(translator, *rest, **options):
         used.append(type(translator).__name__)
-        return translate_lines(args, translator, *rest)
+        return translate_lines(translator, *rest, **options)
 
-    monkeypatch.setattr(translate_cli, "translate_lines", recording)
+    monkeypatch.setattr(lines, "translate_lines", recording)
     return used
 
 
@@ -166,11 +169,11 @@ def test_an_export_given_as_checkpoint_runs_on_ctranslate2(trained_run: Path, tm
 
 @pytest.mark.parametrize("choice", ["ctranslate2", "torch"])
 def test_int8_goes_to_the_engine_int8_engine_names(trained_run: Path, capsys, engines, monkeypatch, choice: str):
-    monkeypatch.setattr(translate_cli, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_vnni"}))
-    assert translate_cli.int8_engine() == "torch"  # bench/engines.py on an AVX-512 CPU
-    monkeypatch.setattr(translate_cli, "cpu_flags", lambda: frozenset({"avx2"}))
-    assert translate_cli.int8_engine() == "ctranslate2"  # and on an AVX2-only one
-    monkeypatch.setattr(translate_cli, "int8_engine", lambda: choice)
+    monkeypatch.setattr(policy, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    assert policy.int8_engine() == "torch"  # bench/engines.py on an AVX-512 CPU
+    monkeypatch.setattr(policy, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert policy.int8_engine() == "ctranslate2"  # and on an AVX2-only one
+    monkeypatch.setattr(policy, "int8_engine", lambda: choice)
     assert translate_cli.main(["--run", str(trained_run), "--int8", "--device", "cpu", "I'm cold."]) == 0
     captured = capsys.readouterr()
     assert engines == [{"ctranslate2": CT2, "torch": TORCH}[choice]] and notes(captured.err) == []

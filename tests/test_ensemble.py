@@ -84,8 +84,9 @@ def test_runs_with_other_tokenizer_files_are_refused(trained_run: Path, tmp_path
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--engine", "ctranslate2"], "an ensemble (--run given more than once) runs on the torch engine only"),
-    (["--alignment"], "--attention and --alignment show one model's attention: not with an ensemble of runs"),
+    (["--engine", "ctranslate2"], "--run given more than once: an ensemble runs on the torch engine only: leave "
+                                  "out --engine ctranslate2"),
+    (["--alignment"], "--alignment shows one model's attention: not with an ensemble (--run given more than once)"),
 ])
 def test_cli_bad_ensemble_combinations_are_one_line_exit_2(trained_run: Path, capsys, args, message):
     assert translate(trained_run, "--run", str(trained_run), *args, "Hi.") == 2

@@ -13,8 +13,8 @@ from conftest import train_tiny_run
 from test_cli import translate, user_error
 from test_decode import FIRST_WORD, VOCAB, greedy, random_sources, tiny_model
 from transformer.config import Config
+from transformer.errors import DecodeOptionError
 from transformer.data.batching import source_tensor
-from transformer.errors import UserError
 from transformer.translation.search import _sampler, sample_search
 from transformer.translation.texts import Sampling
 
@@ -67,9 +67,9 @@ def test_sampling_respects_the_max_length_and_never_emits_pad_or_bos():
 
 
 def test_bad_sampling_settings_are_refused():
-    with pytest.raises(ValueError):
-        sample(tiny_model(0), [[5]], [3], temperature=0.0)
-    with pytest.raises(UserError, match="top-p"):  # a user's mistake: one line in the CLI, 4xx in the API
+    with pytest.raises(DecodeOptionError, match="temperature"):
+        Sampling(temperature=0.0)
+    with pytest.raises(DecodeOptionError, match="top_p"):
         Sampling(top_p=1.5)
 
 

@@ -13,7 +13,6 @@ import dataclasses
 import http.client
 import importlib.util
 import json
-import logging
 import os
 import shutil
 import socket
@@ -31,8 +30,8 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed: pip ins
 from fastapi.testclient import TestClient  # noqa: E402
 
 from conftest import ctranslate2_openmp_targets, train_tiny_run  # noqa: E402
-from transformer.checkpoints.lookup import find_checkpoint  # noqa: E402
 from transformer.config import Config  # noqa: E402
+from transformer.engines import EngineRequest, open_server_engines  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
 from transformer.serving.batcher import BatchRecord  # noqa: E402
 from transformer.serving.app import MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, create_app  # noqa: E402
@@ -155,8 +154,7 @@ BAD_REQUESTS = {
 def test_a_bad_request_is_a_4xx_json_message_and_the_server_goes_on(client: TestClient, name: str):
     response = client.post(**{"url": "/translate", **BAD_REQUESTS[name]})
     assert 400 <= response.status_code < 500
-    assert response.status_code == (413 if "limit" in name else 404 if "path" in name
-                                    else 400 if name in ("n_best above the beam", "sampling with a beam") else 422)
+    assert response.status_code == (413 if "limit" in name else 404 if "path" in name else 422)
     assert response.headers["content-type"] == "application/json"
     message = response.json()["error"]
     assert message and "Traceback" not in response.text and "Value error" not in message
@@ -438,16 +436,13 @@ def test_serve_py_keeps_ctranslate2_on_its_own_openmp_runtime(trained_run: Path)
     assert not any("/torch/" in target for target in targets), targets
 
 
-def test_serve_without_ctranslate2_falls_back_to_torch_with_one_line(trained_run: Path, monkeypatch, caplog):
+def test_serve_without_ctranslate2_falls_back_to_torch_with_one_line(trained_run: Path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 now raises ImportError
-    args = serve_cli.parse_args(["--run", str(trained_run)])
-    with caplog.at_level(logging.INFO):
-        assert serve_cli.plain_engine(args, find_checkpoint(trained_run)) is None
-    assert [r.getMessage() for r in caplog.records if "engine" in r.getMessage()] == [
-        "engine: torch (CTranslate2 is not installed; install it with pip install ctranslate2)"]
-    args = serve_cli.parse_args(["--run", str(trained_run), "--engine", "ctranslate2"])
-    with pytest.raises(UserError, match="--engine ctranslate2: CTranslate2 is not installed"):
-        serve_cli.plain_engine(args, find_checkpoint(trained_run))
+    translator, plain, notes = open_server_engines(EngineRequest(run=trained_run, device="cpu"))
+    assert plain is translator
+    assert notes == ["engine: torch (CTranslate2 is not installed; install it with pip install ctranslate2)"]
+    with pytest.raises(UserError, match="the ctranslate2 package is not installed"):
+        open_server_engines(EngineRequest("ctranslate2", trained_run, device="cpu"))
 
 
 # --------------------------------------------------------------------------- the page in a real browser

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import train_tiny_run
 from test_cli import stdin_of, user_error
+from transformer.translation import lines
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -110,11 +111,11 @@ def test_an_interrupted_run_leaves_the_earlier_output(trained_run: Path, tmp_pat
     notes.write_text(NOTES, encoding="utf-8")
     output.write_text(EARLIER, encoding="utf-8")
 
-    def interrupted(translator, lines, out, *args, **kwargs):
+    def interrupted(translator, texts, out, *args, **kwargs):
         out.write("half of the transla")
         raise KeyboardInterrupt  # Ctrl-C in the middle of a chunk
 
-    monkeypatch.setattr(translate_cli, "translate_stream", interrupted)
+    monkeypatch.setattr(lines, "translate_stream", interrupted)
     assert translate(trained_run, "--input", str(notes), "--output", str(output)) == 130
     assert output.read_text(encoding="utf-8") == EARLIER
     assert leftovers(tmp_path, "notes.en", "out.fr") == []

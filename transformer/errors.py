@@ -6,11 +6,34 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import typing
+
+_OPTION = re.compile("\u27e8([a-z0-9_]+)\u27e9")
+
+
+def option(name: str) -> str:
+    """An option named in a message by its generic name ("top_k"), which each face of the package
+    (a script's flag, an API field) replaces with its own name: see UserError.naming."""
+    return f"\u27e8{name}\u27e9"
+
+
+def name_options(text: str, names: dict[str, str]) -> str:
+    """`text` with each option marked by `option` called by its name in `names`, else by its generic name."""
+    return _OPTION.sub(lambda match: names.get(match[1], match[1]), text)
 
 
 class UserError(Exception):
-    """Base class: a problem in the user's input, not in the code."""
+    """Base class: a problem in the user's input, not in the code. The library names no command-line
+    flag: an option in the message is marked with `option`, and reads by its generic name unless
+    `naming` gives it another."""
+
+    def __str__(self) -> str:
+        return self.naming({})
+
+    def naming(self, names: dict[str, str]) -> str:
+        """The message with each marked option called by its name in `names` (e.g. {"top_k": "--top-k"})."""
+        return name_options(super().__str__(), names)
 
 
 class ConfigError(UserError):
@@ -79,3 +102,12 @@ class CheckedOutput:
         reason = "the disk is full" if disk_full(error) else (error.strerror or str(error))
         raise OutputError(f"cannot write standard output: {reason}; what was written before is complete, "
                           "the rest is not (write it where there is room)") from None
+
+
+class DecodeOptionError(UserError):
+    """A decode option (beam size, n-best, length penalty or limits, sampling) out of the range every
+    engine computes, or given with one it excludes: `option` (generic name) and the `reason`."""
+
+    def __init__(self, option_name: str, reason: str) -> None:
+        super().__init__(f"{option(option_name)} {reason}")
+        self.option, self.reason = option_name, reason

@@ -1,10 +1,15 @@
 """What this machine's CPU offers, read from /proc/cpuinfo without importing torch (translate.py's
-CTranslate2 path starts without it). Empty where there is no /proc/cpuinfo (macOS, Windows)."""
+CTranslate2 path starts without it). Empty where there is no /proc/cpuinfo (macOS, Windows). Also the
+one reading of a device setting ("cuda:1"), which both engines take."""
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+
+from transformer.errors import ConfigError
+
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
 
 @lru_cache(maxsize=1)
@@ -33,4 +38,14 @@ def cpu_model() -> str:
     return _first_cpu().get("model name") or "unknown CPU"
 
 
-__all__ = ["cpu_flags", "cpu_model"]
+def parse_device(spec: str, key: str) -> tuple[str, int | None]:
+    """A device setting as (kind, index): kind is auto, cpu, cuda or mps, index N of cuda:N (else None).
+    A setting that names no device is a ConfigError naming `key` (the config key or CLI option). Whether
+    this machine has that device is each engine's to say."""
+    kind, colon, index = spec.partition(":")
+    if kind not in ("auto", "cpu", "cuda", "mps") or (colon and (kind != "cuda" or not index.isdigit())):
+        raise ConfigError(f"{key}: expected {DEVICE_CHOICES}, got {spec!r}")
+    return kind, int(index) if colon else None
+
+
+__all__ = ["DEVICE_CHOICES", "cpu_flags", "cpu_model", "parse_device"]

@@ -12,28 +12,25 @@ import numpy as np
 import torch
 
 from transformer.errors import ConfigError
+from transformer.hardware import parse_device
 
 log = logging.getLogger(__name__)
 
 
-_DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
-
-
 def select_device(spec: str = "auto", key: str = "train.device") -> torch.device:
     """`auto` picks CUDA when present, else Apple's MPS, else the CPU. A device this machine does not
-    have, or a spec that names none, is a ConfigError naming `key` (the config key or CLI option)."""
+    have, or a spec that names none (hardware.parse_device), is a ConfigError naming `key` (the config
+    key or CLI option)."""
+    kind, index = parse_device(spec, key)
     mps_available = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    if spec == "auto":
+    if kind == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         return torch.device("mps") if mps_available else torch.device("cpu")
-    kind, _, index = spec.partition(":")
-    if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
-        raise ConfigError(f"{key}: expected {_DEVICE_CHOICES}, got {spec!r}")
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"{key}: {spec!r} requested but CUDA is not available here; use auto or cpu")
-        if index and int(index) >= torch.cuda.device_count():
+        if index is not None and index >= torch.cuda.device_count():
             raise ConfigError(f"{key}: {spec!r} requested but this machine has {torch.cuda.device_count()} "
                               "GPU(s), numbered from 0")
     if kind == "mps" and not mps_available:

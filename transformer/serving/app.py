@@ -15,6 +15,7 @@ import dataclasses
 import ipaddress
 import itertools
 import logging
+import math
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,10 +32,11 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformer.checkpoints.lookup import run_dir_of
-from transformer.errors import UserError
+from transformer.errors import DecodeOptionError, UserError
 from transformer.serving.batcher import Batcher
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
-from transformer.translation.texts import Engine, Sampling, translate_scored
+from transformer.translation.options import Sampling, check_n_best, check_overrides
+from transformer.translation.texts import Engine, translate_scored
 from transformer.translation.torch_engine import Translator
 
 log = logging.getLogger(__name__)
@@ -56,28 +58,34 @@ PAGE = Path(__file__).parent / "static" / "index.html"
 
 
 Text = Annotated[str, StringConstraints(max_length=MAX_CHARS)]
+# The package's names of the decode options, as the request calls them.
+FIELDS = {"beam_size": "beam", "n_best": "n_best", "sampling": "sampling", "top_k": "sampling.top_k",
+          "top_p": "sampling.top_p", "temperature": "sampling.temperature", "seed": "sampling.seed"}
 
 
 class SamplingRequest(BaseModel):
-    """translate.py's --sample, --top-k, --top-p, --temperature and --seed."""
+    """translate.py's --sample, --top-k, --top-p, --temperature and --seed. Their ranges are the package's
+    (options.Sampling), refused with a 422 naming the field."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    top_k: int = Field(default=0, ge=0, description="sample among the k most probable tokens (0: all)")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="nucleus: the fewest most probable tokens "
-                                                               "whose probabilities sum to p")
-    temperature: float = Field(default=1.0, gt=0)
-    seed: int = Field(default=0, ge=0, lt=2**63, description="the same request with the same seed draws "
-                                                              "the same samples")
+    top_k: int = Field(default=0, description="sample among the k most probable tokens (0: all)")
+    top_p: float = Field(default=1.0, description="nucleus: the fewest most probable tokens whose "
+                                                   "probabilities sum to p, in (0, 1]")
+    temperature: float = Field(default=1.0, description="divide the logits by it")
+    seed: int = Field(default=0, description="the same request with the same seed draws the same samples")
 
 
 class TranslateRequest(BaseModel):
+    """What to translate and how. Types are checked here, the server's own limits (texts, characters and
+    the widest beam it serves) too; what the decode options mean is the package's to check (options.py)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)  # strict: "2" is not a beam, "yes" not a bool
 
     texts: list[Text] = Field(min_length=1, max_length=MAX_TEXTS)
-    beam: int | None = Field(default=None, ge=1, le=MAX_BEAM, description="beam size (default: the run's)")
-    n_best: int = Field(default=1, ge=1, le=MAX_BEAM,
-                        description="candidates per text: at most the beam, or that many samples")
+    beam: int | None = Field(default=None, le=MAX_BEAM, description="beam size (default: the run's)")
+    n_best: int = Field(default=1, le=MAX_BEAM, description="candidates per text: at most the beam, or that many "
+                                                            "samples")
     prefixes: list[Text] | None = Field(default=None, description="one per text: its translations start "
                                                                   "with it (\"\" for none)")
     sampling: SamplingRequest | None = Field(default=None, description="draw each token at random instead "
@@ -287,6 +295,17 @@ def _message(errors: list[dict]) -> str:
     return f"{where}: {message}" if where else message
 
 
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float (a request's own input, echoed) as its text: JSON has none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    return value
+
+
 def create_app(engine: Engine, torch_engine: Translator | None = None, batch_texts: int = BATCH_TEXTS,
                batch_window: float = BATCH_WINDOW, allowed_hosts: Sequence[str] = LOCAL_HOSTS,
                body_timeout: float = BODY_TIMEOUT) -> FastAPI:
@@ -321,12 +340,13 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = jsonable_encoder(error.errors(), custom_encoder={Exception: str})
+        errors = _finite(jsonable_encoder(error.errors(), custom_encoder={Exception: str}))
         return JSONResponse(status_code=422, content={"error": _message(errors), "detail": errors})
 
     @app.exception_handler(UserError)
     async def user_error(request: Request, error: UserError) -> JSONResponse:
-        return JSONResponse(status_code=400, content={"error": str(error)})
+        status = 422 if isinstance(error, DecodeOptionError) else 400  # a field's value, as pydantic's refusals
+        return JSONResponse(status_code=status, content={"error": error.naming(FIELDS)})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -354,14 +374,9 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
 
     @app.post("/translate", response_model=TranslateResponse)
     async def translate(request: TranslateRequest, http: Request) -> TranslateResponse:
-        beam = engine.decode.beam_size if request.beam is None else request.beam
-        sampling = None
-        if request.sampling is not None:
-            if request.beam is not None:
-                raise UserError("sampling draws each token at random instead of searching: leave out beam")
-            sampling = Sampling(**request.sampling.model_dump())
-        elif request.n_best > beam:
-            raise UserError(f"n_best {request.n_best} needs a beam of at least {request.n_best} (beam is {beam})")
+        sampling = None if request.sampling is None else Sampling(**request.sampling.model_dump())
+        beam = check_overrides(sampling, beam_size=request.beam).get("beam_size", engine.decode.beam_size)
+        check_n_best(request.n_best, beam, sampling)
         if (request.alignment or sampling) and torch_engine is None:
             raise UserError("this server translates without the torch engine, which alone gives the "
                             "cross-attention and seeded samples: ask without alignment and sampling")

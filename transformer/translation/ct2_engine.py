@@ -7,7 +7,6 @@ writing an export, when a run has none yet, is export/'s job and not this module
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,10 @@ from transformer.checkpoints.lookup import load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
 from transformer.data.tokenizer import BOS, EOS, PAD, Tokenizers, load_tokenizers
 from transformer.errors import CheckpointError, ConfigError
+from transformer.hardware import parse_device
 from transformer.translation.ct2_format import EXPORT_TOKENIZER_DIR, import_ctranslate2, read_export_info
-from transformer.translation.texts import Sampling, gnmt_length_penalty, max_output_length, translate_texts
+from transformer.translation.options import Sampling, decode_config
+from transformer.translation.texts import gnmt_length_penalty, max_output_length, translate_texts
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +37,16 @@ _OPTIONS = dict(max_input_length=0, min_decoding_length=0, suppress_sequences=[[
 
 def _device(spec: str, ctranslate2: Any, key: str) -> tuple[str, int]:
     """CTranslate2's (device, device_index) for a device setting named `key`; it has no Apple MPS backend."""
-    kind, _, index = spec.partition(":")
+    kind, index = parse_device(spec, key)
     if kind == "mps":
         raise ConfigError(f"{key}: CTranslate2 does not run on Apple's MPS; use auto or cpu")
-    if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
-        raise ConfigError(f"{key}: expected auto, cpu, cuda or cuda:N, got {spec!r}")
     if kind == "cuda":
         count = ctranslate2.get_cuda_device_count()
         if not count:
             raise ConfigError(f"{key}: {spec!r} requested but CUDA is not available here; use auto or cpu")
-        if index and int(index) >= count:
+        if index is not None and index >= count:
             raise ConfigError(f"{key}: {spec!r} requested but this machine has {count} GPU(s), numbered from 0")
-    return kind, int(index or 0)
+    return kind, index or 0
 
 
 @dataclass
@@ -97,14 +96,18 @@ class CTranslate2Translator:
                   for ids in sources]
         if decode.beam_size == 1 or self.sampling is not None:
             options: dict[str, Any] = {}
+            copies = 1  # each output repeated: n-best draws of top-k 1, which are greedy search's n times
             if self.sampling is not None:
                 s = self.sampling
-                # CTranslate2's sampling_topk 0 samples from the whole vocabulary, as ours does.
-                options = dict(num_hypotheses=n_best, sampling_topk=s.top_k, sampling_topp=s.top_p,
+                # Our top_k at or above the vocabulary keeps every token, as CTranslate2's 0 does (it refuses
+                # more); its top-k 1 is greedy search, which finds one hypothesis only.
+                top_k = 0 if s.top_k >= len(self._target_tokens) else s.top_k
+                copies = n_best if top_k == 1 else 1
+                options = dict(num_hypotheses=n_best // copies, sampling_topk=top_k, sampling_topp=s.top_p,
                                sampling_temperature=s.temperature)
             results = self.translator.translate_batch(tokens, targets, beam_size=1, max_decoding_length=max(limits),
                                                       **options, **_OPTIONS)
-            return [[self._ids(hypothesis)[:limit] for hypothesis in result.hypotheses]
+            return [[self._ids(hypothesis)[:limit] for hypothesis in result.hypotheses for _ in range(copies)]
                     for result, limit in zip(results, limits)]
         outputs: list[list[list[int]]] = [[] for _ in sources]
         groups: dict[int, list[int]] = {}
@@ -201,7 +204,7 @@ def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device:
     if info is None:
         raise CheckpointError(f"{model_dir}: holds no complete CTranslate2 export of this project")
     decode = load_decode_config(run_dir_of(checkpoint)) if checkpoint is not None else DecodeConfig(**info["decode"])
-    decode = dataclasses.replace(decode, **{k: v for k, v in decode_overrides.items() if v is not None})
+    decode = decode_config(decode, sampling, **decode_overrides)
     try:
         translator = ctranslate2.Translator(str(model_dir), device=device_kind, device_index=device_index,
                                             compute_type="int8" if int8 else "default", intra_threads=threads)

@@ -2,7 +2,9 @@
 line per input line (text, or a JSON object), written as soon as its chunk is translated; target
 prefixes, for all lines or from a second column; with the torch engine, optionally each translation's
 attention picture and alignment; scoring source<TAB>target lines; reference files read and scored;
-the output file written whole or not at all. Imports no torch (the attention part loads it when asked for).
+the output file written whole or not at all; where the lines come from (arguments, a file, standard
+input). Imports no torch (the attention part loads it when asked for). Prints nothing: the script shows
+progress and reports.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import stat
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator, TextIO
+from typing import BinaryIO, Iterable, Iterator, TextIO
 
-from transformer.data.text import read_lines
-from transformer.errors import UserError
+from transformer.data.text import iter_lines, read_lines
+from transformer.errors import UserError, option
 from transformer.files import atomic_writer
 from transformer.translation.metrics import score
 from transformer.translation.texts import Engine, score_texts, translate_scored, translate_texts
@@ -189,6 +191,53 @@ def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_be
     return written
 
 
+@dataclass(frozen=True)
+class Lines:
+    """The lines to work on: `lines`, read `chunk_size` at a time, `count` of them when known beforehand."""
+
+    lines: Iterable[str]
+    chunk_size: int
+    count: int | None
+
+
+def input_lines(sentences: list[str], path: Path | None, stdin: BinaryIO, terminal: bool) -> Lines:
+    """The sentence arguments, else the lines of the file at `path`, else standard input's (`stdin`, its
+    bytes; `terminal`: typed by someone, who gets each answer line by line, where a pipe is read in
+    chunks for batching)."""
+    if sentences:
+        return Lines(sentences, len(sentences), len(sentences))
+    if path is not None:
+        lines = read_lines(path, "input file")
+        return Lines(lines, STREAM_CHUNK, len(lines))
+    return Lines(iter_lines(stdin, "standard input"), 1 if terminal else STREAM_CHUNK, None)
+
+
+def translate_lines(translator: Engine, source: Lines, out: TextIO, n_best: int = 1, references: list[Path] = (),
+                    progress=None, **options) -> str | None:
+    """Translate `source` into `out` (translate_stream, with its `options`), and score the translations
+    against the `references` files: their report (score_report), or None without references. The
+    references are read before the work, and their line count checked when the source's is known, so
+    that a bad reference file stops the run before it starts."""
+    files = read_references(list(references))
+    if source.count is not None:
+        align_references(list(references), files, source.count)
+    best = translate_stream(translator, source.lines, out, n_best, source.chunk_size, progress, **options)
+    if not references:
+        return None
+    return score_report(best, align_references(list(references), files, len(best)))
+
+
+def alignment_layer(translator, layer: int | None) -> int:
+    """The 1-based decoder `layer` whose cross-attention alignments read (None: the last) as the 0-based
+    layer, checked against the model's."""
+    layers = translator.model.config.n_decoder_layers
+    layer = layers if layer is None else layer
+    if not 1 <= layer <= layers:
+        raise UserError(f"{option('alignment_layer')} must be between 1 and {layers} (the model's decoder "
+                        f"layers), got {layer}")
+    return layer - 1
+
+
 @dataclass
 class ScoreTotals:
     """What `score_stream` scored, for the corpus summary."""
@@ -233,5 +282,21 @@ def score_stream(engine: Engine, pairs: Iterable[tuple[str, str]], out: TextIO, 
     return totals
 
 
+def score_pairs(engine: Engine, out: TextIO, source: Lines, targets: Path | None = None, input_path: Path | None = None,
+                jsonl: bool = False) -> ScoreTotals:
+    """Score the lines of `source` as source<TAB>target pairs, or, with `targets`, the lines of
+    `input_path` (which `source` then holds) each with its line of `targets`; one line per pair into `out`."""
+    if targets is not None:
+        sources, target_lines = list(source.lines), read_lines(targets, "targets file")
+        if len(sources) != len(target_lines):
+            raise UserError(f"{option('targets')} {targets} has {len(target_lines)} lines, but {option('input')} "
+                            f"{input_path} has {len(sources)}")
+        pairs: Iterable[tuple[str, str]] = zip(sources, target_lines)
+    else:
+        pairs = split_columns(source.lines, "target")
+    return score_stream(engine, pairs, out, STREAM_CHUNK, jsonl)
+
+
 __all__ = ["STREAM_CHUNK", "ATTENTION_CHUNK", "chunks", "read_references", "align_references", "score_report",
-           "attention_directory", "output_file", "split_columns", "translate_stream", "ScoreTotals", "score_stream"]
+           "attention_directory", "output_file", "split_columns", "translate_stream", "Lines", "input_lines",
+           "translate_lines", "alignment_layer", "ScoreTotals", "score_stream", "score_pairs"]

@@ -213,11 +213,9 @@ def sample_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths:
 
     Arguments as greedy_search's; every draw comes from `generator` (on src's device), so a seeded
     generator gives the same samples whatever the global RNG did. top_k 1, or a temperature near 0,
-    is greedy search. Returns, per sentence, its samples as id lists without BOS/EOS.
+    is greedy search. Returns, per sentence, its samples as id lists without BOS/EOS. The settings are
+    options.Sampling's, checked there.
     """
-    if n_samples < 1 or top_k < 0 or not 0.0 < top_p <= 1.0 or temperature <= 0.0:
-        raise ValueError(f"need n_samples >= 1, top_k >= 0, 0 < top_p <= 1 and temperature > 0, got "
-                         f"{n_samples}, {top_k}, {top_p} and {temperature}")
     outputs = _token_by_token(model, src, src_pad_mask, max_lengths, _sampler(generator, top_k, top_p, temperature),
                               prefixes, use_cache, copies=n_samples)
     return [outputs[i: i + n_samples] for i in range(0, len(outputs), n_samples)]
@@ -231,7 +229,8 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
     ensemble, in eval mode).
 
     src (B, S), src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most tokens an output
-    may have (EOS not counted). Returns, per sentence, its `n_best` hypotheses best first.
+    may have (EOS not counted), 1 <= n_best <= beam_size (options.check_n_best). Returns, per sentence,
+    its `n_best` hypotheses best first.
     `prefixes`: as greedy_search's. While a sentence's prefix lasts, its one live beam may take only
     the prefix token, with that token's log-probability (fairseq's prefix_tokens), so the prefix is
     scored like any other tokens.
@@ -249,8 +248,6 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
     score is >= that bound for its best open beam, or no open beam is left; it then leaves the
     working batch. With k = 1 and alpha = 0 this is exactly greedy search.
     """
-    if beam_size < 1 or not 1 <= n_best <= beam_size:
-        raise ValueError(f"need beam_size >= 1 and 1 <= n_best <= beam_size, got {beam_size} and {n_best}")
     batch, device, k = src.shape[0], src.device, beam_size
     if batch == 0:
         return []

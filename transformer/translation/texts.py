@@ -19,32 +19,13 @@ from transformer.config import DecodeConfig
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import UNK, UNK_ID, Tokenizers
 from transformer.errors import UserError
+from transformer.translation.options import Sampling, check_n_best
 
 log = logging.getLogger(__name__)
 
 _UNKNOWN_SHOWN = 10  # unknown characters named in the warning
 
 Length = TypeVar("Length")  # a float or a tensor of lengths
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Random sampling instead of search: each next token drawn from softmax(logits / temperature),
-    among the `top_k` most probable (0 = all), then the fewest most probable whose probabilities sum
-    to at least `top_p`; `seed` makes the draws reproducible. n-best means that many independent samples."""
-
-    top_k: int = 0
-    top_p: float = 1.0
-    temperature: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.top_k < 0:
-            raise UserError(f"sampling top-k must be 0 (every token) or more, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise UserError(f"sampling top-p must be in (0, 1], got {self.top_p}")
-        if not self.temperature > 0.0:
-            raise UserError(f"sampling temperature must be above 0, got {self.temperature}")
 
 
 class Engine(Protocol):
@@ -81,7 +62,10 @@ def max_output_length(source_length: int, a: float, b: int, hard_cap: int) -> in
     floor(a * length) + b, between 1 and `hard_cap` (model max_len - 1: BOS + that many tokens fill the
     position table)."""
     # A tiny epsilon, so that e.g. 1.1 * 10 floors to 11 and not to 10.
-    return min(max(math.floor(source_length * a + 1e-9) + b, 1), hard_cap)
+    length = source_length * a + 1e-9
+    if not length < hard_cap:  # also a product too large for a float, which no floor takes
+        return hard_cap
+    return min(max(math.floor(length) + b, 1), hard_cap)
 
 
 def truncate_sources(ids: list[list[int]], limit: int) -> list[list[int]]:
@@ -168,10 +152,7 @@ def search_texts(engine: Engine, texts: list[str], n_best: int = 1, warn_unknown
                  prefixes: list[str] | None = None) -> tuple[list[list[int]], list[list[list[int]]]]:
     """`translate_texts` before detokenization: the source ids each text was read as (without EOS),
     and for each text its `n_best` output id lists best first (without BOS/EOS)."""
-    if engine.sampling is None and not 1 <= n_best <= engine.decode.beam_size:
-        raise ValueError(f"n_best must be between 1 and the beam size {engine.decode.beam_size}, got {n_best}")
-    if n_best < 1:
-        raise ValueError(f"n_best must be at least 1, got {n_best}")
+    check_n_best(n_best, engine.decode.beam_size, engine.sampling)
     if prefixes is not None and len(prefixes) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(prefixes)} prefixes")
     sources = source_ids(texts, engine.tokenizers, engine.max_len - 1, warn_unknown)

@@ -28,7 +28,8 @@ from transformer.model import Transformer
 from transformer.runtime import fast_bf16
 from transformer.translation.quantize import quantize_int8
 from transformer.translation.search import beam_search, greedy_search, max_output_lengths, sample_search
-from transformer.translation.texts import Sampling, translate_texts
+from transformer.translation.options import Sampling, decode_config
+from transformer.translation.texts import translate_texts
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +149,10 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     # Pinned while read: a run still training may prune its checkpoints meanwhile (pins.py).
     with contextlib.ExitStack() as pins:
         found = pins.enter_context(pinned_checkpoint(run, checkpoint_dir, runs_root))
+        decode = decode_config(load_decode_config(run_dir_of(found)), sampling, **decode_overrides)
         model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
         others = [_ensemble_member(found, tokenizers, pins.enter_context(pinned_checkpoint(member, None, runs_root)),
                                    device) for member in ensemble]
-    decode = dataclasses.replace(load_decode_config(run_dir_of(found)),
-                                 **{k: v for k, v in decode_overrides.items() if v is not None})
     if int8:
         model, others = quantize_int8(model), [quantize_int8(other) for other in others]
     if bf16:

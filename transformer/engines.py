@@ -1,0 +1,193 @@
+"""Which engine translates, and loading it: the one policy that translate.py and serve.py share.
+CTranslate2 by default (the faster), translating the export a run keeps of its checkpoint, written on
+first use; the torch engine where CTranslate2 is not installed, cannot do what is asked, or the export
+cannot be written, with a note saying why. It joins translation/ and export/, so it lives above both.
+Messages and notes mark the options they name (errors.option): the caller names them. No torch
+is imported until the torch engine loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from transformer.checkpoints.layout import STATE_FILE
+from transformer.errors import ExportCacheError, UserError, option
+from transformer.hardware import cpu_flags, parse_device
+from transformer.translation.ct2_format import INSTALL_HINT, read_export_info
+from transformer.translation.options import MAX_BEAM, Sampling, check_n_best, check_overrides
+
+ENGINES = ("auto", "ctranslate2", "torch")
+
+
+def int8_engine() -> str:
+    """The engine of int8 under engine auto on a CPU: the one whose int8 translated faster on such
+    a CPU in bench/engines.py. With AVX-512 VNNI instructions that is the torch engine's dynamic
+    quantization (far ahead of CTranslate2's int8 there); on CPUs without them (AVX2 only) the two are
+    close and CTranslate2's is ahead at the default batch size. (On a GPU it is always CTranslate2: the
+    torch engine's int8 runs on the CPU only.)"""
+    return "torch" if "avx512_vnni" in cpu_flags() else "ctranslate2"
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """What a translation asks of its engine, for choosing one and loading it; checked as it is made."""
+
+    engine: str = "auto"  # auto, ctranslate2 or torch
+    run: Path | None = None  # the run (default: the newest under runs/)
+    checkpoint: Path | None = None  # or a checkpoint, or a CTranslate2 export
+    ensemble: tuple[Path, ...] = ()  # more runs searching with the first (torch engine)
+    device: str = "auto"
+    int8: bool = False
+    bf16: bool = False  # torch engine
+    attention: bool = False  # attention maps or alignments are read (torch engine)
+    threads: int = 0  # 0: the engine's default
+    n_best: int = 1  # candidates per text: at most the beam, or that many samples
+    sampling: Sampling | None = None
+    decode: dict[str, Any] = field(default_factory=dict)  # overrides of the run's decode config
+    scoring: bool = False  # scores given translations: no search, so no n-best and no note on searching
+    device_key: str = option("device")  # the device setting's name in errors
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.threads < 0:
+            raise UserError(f"{option('threads')} must be 0 (the engine's default) or more, got {self.threads}")
+        if self.ensemble and self.attention:
+            raise UserError(f"{option('attention')} shows one model's attention: not with an ensemble "
+                            f"({option('ensemble')})")
+        check_overrides(self.sampling, **self.decode)  # before any model loads; the engine applies them
+        if not self.scoring:
+            check_n_best(self.n_best, MAX_BEAM, self.sampling)  # the range; against the beam once it is known
+
+    def torch_only(self) -> str | None:
+        """Why this request needs the torch engine (what CTranslate2 does not do), or None."""
+        if self.ensemble:
+            return f"{option('ensemble')}: an ensemble runs on the torch engine only"
+        if self.attention:
+            return f"{option('attention')} reads the model's attention, which only the torch engine returns"
+        if self.bf16:
+            return f"{option('bf16')} is the torch engine's: CTranslate2 offers no bf16 on a CPU"
+        return None
+
+
+def choose_engine(request: EngineRequest) -> tuple[str, str | None]:
+    """The engine to translate with, and why it is not CTranslate2 when engine auto picks torch (for one
+    note line; None: nothing to say). An explicit engine is kept as given, and refused where it cannot do
+    what is asked."""
+    torch_only = request.torch_only()
+    is_export = request.checkpoint is not None and read_export_info(request.checkpoint) is not None
+    if request.engine != "auto":
+        if request.engine == "ctranslate2" and torch_only:
+            raise UserError(f"{torch_only}: leave out {option('engine')} ctranslate2")
+        if request.engine == "torch" and is_export:
+            raise UserError(f"{request.checkpoint}: a CTranslate2 export, not a checkpoint; add {option('engine')} ctranslate2")
+        return request.engine, None
+    if is_export:
+        if torch_only:  # an export runs on CTranslate2 only
+            raise UserError(f"{request.checkpoint}: a CTranslate2 export, but {torch_only}: give the run "
+                            f"({option('run')}) or one of its checkpoints instead")
+        return "ctranslate2", None
+    if torch_only:
+        return "torch", torch_only
+    kind, index = parse_device(request.device, request.device_key)
+    if kind == "mps":
+        return "torch", f"{request.device_key} mps: CTranslate2 has no Apple MPS backend"
+    try:
+        import ctranslate2
+    except ImportError:
+        return "torch", f"CTranslate2 is not installed; install it with {INSTALL_HINT}"
+    if kind == "cuda" and (index or 0) >= ctranslate2.get_cuda_device_count():
+        return "torch", f"{request.device_key} {request.device}: CTranslate2 finds no such CUDA GPU here"
+    on_cpu = kind == "cpu" or (kind == "auto" and ctranslate2.get_cuda_device_count() == 0)
+    if request.int8 and on_cpu:
+        return int8_engine(), None
+    return "ctranslate2", None
+
+
+def _load_ctranslate2(request: EngineRequest, auto: bool) -> tuple[Any, list[str]]:
+    """The CTranslate2 translator of `request`, or (None, a note) when `auto` and the run's export cannot be
+    written (e.g. a run directory this user may only read): the torch engine can translate without it."""
+    from transformer.export.run_cache import ctranslate2_model
+    from transformer.translation.ct2_engine import load_ct2_translator
+
+    try:
+        model_dir, checkpoint = ctranslate2_model(request.run, request.checkpoint)  # exported on first use
+    except ExportCacheError as error:
+        if not auto:
+            raise
+        return None, [f"engine: torch ({error})"]
+    return load_ct2_translator(model_dir, checkpoint, device=request.device, int8=request.int8,
+                               threads=request.threads, device_key=request.device_key, sampling=request.sampling,
+                               **request.decode), []
+
+
+def _load_torch(request: EngineRequest) -> Any:
+    from transformer.runtime import select_device, set_threads
+    from transformer.translation.torch_engine import load_translator
+
+    device = select_device(request.device, key=request.device_key)
+    if request.int8 and device.type != "cpu":  # before the model loads
+        raise UserError(f"{option('int8')} with the torch engine runs on the CPU only; add {request.device_key} cpu")
+    set_threads(request.threads)
+    return load_translator(request.run, request.checkpoint, device, int8=request.int8, bf16=request.bf16,
+                           sampling=request.sampling, ensemble=list(request.ensemble), **request.decode)
+
+
+def load_engine(request: EngineRequest, engine: str, auto: bool) -> tuple[Any, list[str]]:
+    """The translator of `engine` (as choose_engine chose it) for `request`, and the notes to show. `auto`:
+    engine auto chose it, and CTranslate2 then falls back to torch, with a note, when the run's export
+    cannot be written."""
+    if request.checkpoint is not None and (request.checkpoint / STATE_FILE).is_file():
+        raise UserError(f"{request.checkpoint}: a run directory, not a checkpoint: use {option('run')} "
+                        f"{request.checkpoint}")
+    notes: list[str] = []
+    if engine == "ctranslate2":
+        translator, notes = _load_ctranslate2(request, auto)
+        if translator is not None:
+            return translator, notes
+    return _load_torch(request), notes
+
+
+def open_engine(request: EngineRequest, notify: Callable[[str], None]) -> Any:
+    """The translator the policy gives `request` (choose_engine, then load_engine), its n-best checked
+    against its beam. Each note goes to `notify` as soon as it is known (before a load that may fail): why
+    the torch engine when engine auto chose it, and how CTranslate2 differs from the torch engine when
+    it was asked for by name."""
+    engine, why_torch = choose_engine(request)
+    if why_torch:
+        notify(f"engine: torch ({why_torch})")
+    translator, notes = load_engine(request, engine, request.engine == "auto")
+    if not request.scoring:
+        check_n_best(request.n_best, translator.decode.beam_size, translator.sampling)
+        if request.engine == "ctranslate2":  # worth saying to whoever chose it, not to every default call
+            from transformer.translation.ct2_engine import differences_from_torch
+
+            notes += differences_from_torch(translator.decode, request.n_best, translator.patience,
+                                            translator.sampling)
+    for note in notes:
+        notify(note)
+    return translator
+
+
+def open_server_engines(request: EngineRequest) -> tuple[Any, Any, list[str]]:
+    """serve.py's engines: the torch Translator, which alignment and sampling requests need, and the
+    engine of plain requests, CTranslate2 where the policy chooses it (else that same Translator); and
+    the notes to show."""
+    translator = _load_torch(dataclasses.replace(request, engine="torch"))
+    if request.engine == "torch":
+        return translator, translator, []
+    plain_request = dataclasses.replace(request, run=None, checkpoint=translator.checkpoint)
+    engine, why_torch = choose_engine(plain_request)
+    if engine == "torch":
+        return translator, translator, [f"engine: torch ({why_torch})"] if why_torch else []
+    plain, notes = _load_ctranslate2(plain_request, request.engine == "auto")
+    if plain is None:
+        return translator, translator, notes
+    return translator, plain, ["engine: CTranslate2 for plain requests, torch for alignment and sampling requests"]
+
+
+__all__ = ["ENGINES", "int8_engine", "EngineRequest", "choose_engine", "load_engine", "open_engine",
+           "open_server_engines"]

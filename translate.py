@@ -31,7 +31,7 @@ from pathlib import Path
 # Nothing here imports torch: the engine policy loads it for the torch engine only, so that the default
 # CTranslate2 engine starts without it (and matplotlib only loads for --attention).
 from transformer.engines import ENGINES, EngineRequest, open_engine
-from transformer.errors import UserError, name_options
+from transformer.errors import CheckedOutput, UserError, name_options
 from transformer.files import same_file
 from transformer.training.logs import setup_logging
 from transformer.translation import lines
@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
              "attention": "--attention" if args.attention else "--alignment"}
     try:
         run(args, names)
+        sys.stdout.flush()  # a full disk is found here at the latest, while errors still print
     except UserError as error:
         print(f"error: {error.naming(names)}", file=sys.stderr)
         return 2
@@ -198,4 +199,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.stdout = CheckedOutput(sys.stdout)  # a full disk there is one line and exit code 2 (UserError)
     sys.exit(main())

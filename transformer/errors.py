@@ -82,12 +82,16 @@ class CheckedOutput:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
+        except BrokenPipeError:
+            raise  # the reader left (`| head`): the script decides, usually a quiet exit
         except OSError as error:
             self._fail(error)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
+        except BrokenPipeError:
+            raise
         except OSError as error:
             self._fail(error)
 

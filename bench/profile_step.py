@@ -170,7 +170,9 @@ def main() -> None:
     parser.add_argument("--onednn-verbose", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")  # as train.py sets it
+        from transformer.hardware import onednn_cache_setting
+
+        os.environ.setdefault(*onednn_cache_setting())  # as train.py does
         print(json.dumps(profile_child(args, args.child)))
         return
 

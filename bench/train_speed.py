@@ -31,7 +31,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")  # as train.py sets it, before torch loads oneDNN
+from transformer.hardware import onednn_cache_setting  # noqa: E402
+
+os.environ.setdefault(*onednn_cache_setting())  # as train.py does, before torch loads oneDNN
 
 from transformer.training.allocator import reuse_freed_memory  # noqa: E402
 from transformer.data.batching import PairCorpus  # noqa: E402

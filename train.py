@@ -17,11 +17,9 @@ import signal
 import sys
 from pathlib import Path
 
-# oneDNN, which runs bf16 matmuls on CPUs, caches a compiled kernel and its buffers for every new
-# matrix shape, up to 1,024 of them, and batch shapes change with every step, so a bf16 run's memory
-# grew for as long as it trained. Bounded, it grows far less and runs no slower (bench/README.md has
-# the figures). Set before torch loads oneDNN; a value already in the environment wins.
-os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")
+from transformer.hardware import onednn_cache_setting  # noqa: E402 (no torch: before torch loads)
+
+os.environ.setdefault(*onednn_cache_setting())  # a value already in the environment wins
 
 import datasets
 

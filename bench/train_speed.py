@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import dataclasses
 import math
 import resource
@@ -30,6 +31,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from transformer.hardware import onednn_cache_setting  # noqa: E402
+
+os.environ.setdefault(*onednn_cache_setting())  # as train.py does, before torch loads oneDNN
 
 from transformer.training.allocator import reuse_freed_memory  # noqa: E402
 from transformer.data.batching import PairCorpus  # noqa: E402
@@ -37,8 +41,9 @@ from transformer.config import load_config  # noqa: E402
 from transformer.data.pairs import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs  # noqa: E402
 from transformer.data.batching import Batch  # noqa: E402
 from transformer.training.loss import TrainingLoss, batch_loss  # noqa: E402
+import transformer.model  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
-from transformer.training.optim import build_optimizer  # noqa: E402
+from transformer.training.optim import build_optimizer, learning_rate  # noqa: E402
 from transformer.runtime import autocast, fast_bf16, resolve_precision, seed_everything  # noqa: E402
 from transformer.data.tokenizer import PAD_ID  # noqa: E402
 from transformer.data.tokenizer import load_tokenizers, train_tokenizers  # noqa: E402
@@ -175,6 +180,31 @@ def full_projection_loss(model: Transformer, batch: Batch, label_smoothing: floa
     return loss, loss.detach()
 
 
+def sdpa_everywhere(q, k, v, attend_mask=None, causal=False):
+    """transformer.model.attend before it wrote 16-bit CPU attention out: the fused kernel always."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask, is_causal=causal)
+
+
+def foreach_optimizer(model: Transformer, train) -> torch.optim.Optimizer:
+    """build_optimizer before it chose the fused kernel: Adam's `foreach` implementation."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.Adam(parameters, lr=learning_rate(1, train, model.config), betas=train.adam_betas,
+                            eps=train.adam_eps, foreach=True)
+
+
+def two_pass_loss(model: Transformer, batch: Batch, label_smoothing: float = 0.0):
+    """batch_loss before it shared one log-softmax: F.cross_entropy for the loss, again for nll."""
+    memory = model.encode(batch.src, batch.src_pad_mask)
+    states = model.decode(batch.tgt_in, memory, batch.src_pad_mask)
+    real = batch.tgt_out != PAD_ID
+    logits = model.project(states[real]).float()
+    targets = batch.tgt_out[real]
+    loss = F.cross_entropy(logits, targets, label_smoothing=label_smoothing, reduction="sum")
+    with torch.no_grad():
+        nll = F.cross_entropy(logits, targets, reduction="sum")
+    return loss, nll
+
+
 def module_loss(model: Transformer, batch: Batch, label_smoothing: float = 0.0):
     """The step as the trainer runs it: through TrainingLoss, the module DistributedDataParallel wraps."""
     return TrainingLoss(model, label_smoothing)(batch.src, batch.tgt_in, batch.tgt_out)
@@ -246,18 +276,24 @@ def measure(model: Transformer, optimizer, corpus: PairCorpus, batches: list[np.
 
 def run_levers(config, train, corpus: PairCorpus, batches, src_vocab: int, tgt_vocab: int, args) -> None:
     """One lever at a time against the default; each variant starts from the same initial weights."""
-    def fresh(train_config) -> tuple[Transformer, torch.optim.Optimizer]:
+    def fresh(train_config, optimizer_fn=build_optimizer) -> tuple[Transformer, torch.optim.Optimizer]:
         seed_everything(train_config.seed)
         model = Transformer(config.model, src_vocab, tgt_vocab)
-        return model, build_optimizer(model, train_config)
+        return model, optimizer_fn(model, train_config)
 
-    bf16 = dataclasses.replace(train, precision="bf16")
+    other = "fp32" if train.precision == "bf16" else "bf16"
     slow_bf16 = not fast_bf16(torch.device("cpu"))
     threads = torch.get_num_threads()
     variants = [
         ("default (all levers on)", {}),
         ("no length bucketing (random batches)", {"batches": unbucketed_batches(corpus, train.batch_tokens,
                                                                               train.seed)}),
+        ("the step before: SDPA, foreach Adam, two-pass loss", {"patch": (transformer.model, "attend", sdpa_everywhere),
+                                                                "optimizer": foreach_optimizer,
+                                                                "loss_fn": two_pass_loss}),
+        ("SDPA's fused kernel for 16-bit CPU attention", {"patch": (transformer.model, "attend", sdpa_everywhere)}),
+        ("Adam's foreach implementation instead of fused", {"optimizer": foreach_optimizer}),
+        ("the loss's log-softmax computed twice (for nll)", {"loss_fn": two_pass_loss}),
         ("naive attention instead of SDPA", {"patch": (F, "scaled_dot_product_attention", naive_attention)}),
         ("hand-fused loss (earlier versions) instead of F.cross_entropy", {"loss_fn": hand_fused_loss}),
         ("through the trainer's loss module (what DDP wraps)", {"loss_fn": module_loss}),
@@ -265,41 +301,66 @@ def run_levers(config, train, corpus: PairCorpus, batches, src_vocab: int, tgt_v
         ("1 thread instead of %d" % threads, {"threads": 1}),
         ("glibc malloc defaults (freed memory unmapped)", {"malloc_defaults": True}),
         ("torch.compile", {"compile": True}),
-        ("bf16 autocast" + (" (no fast bf16 here: 1 step)" if slow_bf16 else ""), {"train": bf16}),
+        (f"{other} instead of {train.precision}" + (" (no fast bf16 here: 1 step)" if slow_bf16 and other == "bf16"
+                                                    else ""), {"train": dataclasses.replace(train, precision=other)}),
     ]
-    default = None
-    print(f"{'lever':<52} {'tok/s':>8} {'vs default':>10} {'padding':>8}")
-    for name, change in variants:
-        variant_train = change.get("train", train)
-        model, optimizer = fresh(variant_train)
-        if change.get("compile"):
-            try:
-                model = torch.compile(model)
-            except Exception as error:  # noqa: BLE001 - report and go on
-                print(f"{name:<52} failed: {type(error).__name__}: {error}")
+    if args.only:
+        variants = [variants[0]] + [v for v in variants[1:] if any(word in v[0] for word in args.only)]
+    # Rounds: every variant once per round, so that each ratio compares two runs made minutes apart
+    # at most, and the medians over rounds hold when the machine's speed drifts.
+    rates: dict[str, list[float]] = {name: [] for name, _ in variants}
+    ratios: dict[str, list[float]] = {name: [] for name, _ in variants}
+    failed: dict[str, str] = {}
+    for _ in range(args.rounds):
+        default = None
+        for name, change in variants:
+            if name in failed:
                 continue
-        variant_batches = change.get("batches", batches)
-        steps, repeats, warmup = args.lever_steps, args.lever_repeats, args.warmup
-        if variant_train.precision == "bf16" and slow_bf16:
-            steps, repeats, warmup = 1, 1, 1
-        context = patched(*change["patch"]) if "patch" in change else contextlib.nullcontext()
-        torch.set_num_threads(change.get("threads", threads))
-        if change.get("malloc_defaults"):
-            reuse_freed_memory(False)
-        try:
-            with context:
-                result = measure(model, optimizer, corpus, variant_batches, variant_train,
-                                 change.get("loss_fn", batch_loss), warmup, steps, repeats)
-        except Exception as error:  # noqa: BLE001 - e.g. torch.compile without a C++ compiler
-            print(f"{name:<52} failed: {type(error).__name__}: {str(error).splitlines()[0][:80]}")
+            result = _measure_variant(change, fresh, corpus, batches, train, slow_bf16, threads, args)
+            if isinstance(result, str):
+                failed[name] = result
+                continue
+            default = default or result.target
+            rates[name].append(result.target)
+            ratios[name].append(result.target / default)
+    print(f"{'lever':<52} {'tok/s':>8} {'vs default':>10} {'padding':>8}   (medians over {args.rounds} round(s))")
+    for name, change in variants:
+        if name in failed:
+            print(f"{name:<52} failed: {failed[name]}")
             continue
-        finally:
-            torch.set_num_threads(threads)
-            reuse_freed_memory()
-        default = default or result.target
-        print(f"{name:<52} {result.target:>8.0f} {result.target / default:>9.2f}x "
-              f"{padding_share(corpus, variant_batches[: warmup + steps * repeats]):>8.1%}", flush=True)
+        variant_batches = change.get("batches", batches)
+        print(f"{name:<52} {statistics.median(rates[name]):>8.0f} {statistics.median(ratios[name]):>9.2f}x "
+              f"{padding_share(corpus, variant_batches[: args.warmup + args.lever_steps * args.lever_repeats]):>8.1%}",
+              flush=True)
     print()
+
+
+def _measure_variant(change: dict, fresh: Callable, corpus: PairCorpus, batches, train, slow_bf16: bool,
+                     threads: int, args) -> Measurement | str:
+    """One variant's measurement from fresh weights, or why it failed."""
+    variant_train = change.get("train", train)
+    model, optimizer = fresh(variant_train, change.get("optimizer", build_optimizer))
+    if change.get("compile"):
+        try:
+            model = torch.compile(model)
+        except Exception as error:  # noqa: BLE001 - report and go on
+            return f"{type(error).__name__}: {error}"
+    steps, repeats, warmup = args.lever_steps, args.lever_repeats, args.warmup
+    if variant_train.precision == "bf16" and slow_bf16:
+        steps, repeats, warmup = 1, 1, 1
+    context = patched(*change["patch"]) if "patch" in change else contextlib.nullcontext()
+    torch.set_num_threads(change.get("threads", threads))
+    if change.get("malloc_defaults"):
+        reuse_freed_memory(False)
+    try:
+        with context:
+            return measure(model, optimizer, corpus, change.get("batches", batches), variant_train,
+                           change.get("loss_fn", batch_loss), warmup, steps, repeats)
+    except Exception as error:  # noqa: BLE001 - e.g. torch.compile without a C++ compiler
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"
+    finally:
+        torch.set_num_threads(threads)
+        reuse_freed_memory()
 
 
 def main() -> None:
@@ -314,6 +375,8 @@ def main() -> None:
     parser.add_argument("--levers", action="store_true", help="first time each speed lever against the default")
     parser.add_argument("--lever-steps", type=int, default=5, help="timed steps per repeat of a lever")
     parser.add_argument("--lever-repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="measure every lever this many times, in turn")
+    parser.add_argument("--only", nargs="+", metavar="WORD", help="only the levers whose name has one of these words")
     parser.add_argument("--tokenizer-dir", type=Path, help="reuse a run's tokenizer/ instead of training one")
     args = parser.parse_args()
 

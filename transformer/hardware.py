@@ -1,6 +1,7 @@
 """What this machine's CPU offers, read from /proc/cpuinfo without importing torch (translate.py's
 CTranslate2 path starts without it). Empty where there is no /proc/cpuinfo (macOS, Windows). Also the
-one reading of a device setting ("cuda:1"), which both engines take."""
+one reading of a device setting ("cuda:1"), which both engines take, and the one setting of oneDNN's
+kernel cache that training scripts apply before torch loads."""
 
 from __future__ import annotations
 
@@ -48,4 +49,17 @@ def parse_device(spec: str, key: str) -> tuple[str, int | None]:
     return kind, int(index) if colon else None
 
 
-__all__ = ["DEVICE_CHOICES", "cpu_flags", "cpu_model", "parse_device"]
+# oneDNN, which runs bf16 matmuls on CPUs, compiles a kernel ("primitive") for every new matrix shape
+# and keeps up to 1,024 of them; length-bucketed batches have hundreds of shapes, so a bf16 run's
+# memory grew with the cache. A small cache costs no measurable speed (bench/README.md, "Memory of a
+# bf16 training run").
+ONEDNN_PRIMITIVE_CACHE = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+
+
+def onednn_cache_setting() -> tuple[str, str]:
+    """(environment variable, value) bounding oneDNN's kernel cache for training. A script sets it
+    (unless the user did) before importing torch: oneDNN reads it once, when it loads."""
+    return ONEDNN_PRIMITIVE_CACHE
+
+
+__all__ = ["DEVICE_CHOICES", "cpu_flags", "cpu_model", "onednn_cache_setting", "parse_device"]

@@ -77,8 +77,8 @@ def attention_probabilities(q: Tensor, k: Tensor, attend_mask: Tensor | None = N
     (B, H, T, S), masked as F.scaled_dot_product_attention masks (attend_mask True = attend, causal
     aligned top-left). A query that may attend to nothing gets a row of zeros, not NaN.
 
-    Only the inspection path calls this. Training and search use F.scaled_dot_product_attention,
-    which is faster precisely because it never materialises these weights.
+    The inspection path calls this, and `attend` on 16-bit CPU tensors. Elsewhere training and
+    search use F.scaled_dot_product_attention, which never materialises these weights.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)
@@ -88,6 +88,20 @@ def attention_probabilities(q: Tensor, k: Tensor, attend_mask: Tensor | None = N
         allowed = allowed & attend_mask
     weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
     return weights.nan_to_num(0.0)  # softmax over -inf only (a fully padded row) is 0/0
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    """Attention of q (B, H, T, Dh) over k, v (B, H, S, Dh) -> (B, H, T, Dh), masked as
+    `attention_probabilities` says.
+
+    F.scaled_dot_product_attention everywhere but on 16-bit CPU tensors: there PyTorch's fused
+    kernel multiplies one small block per sentence and head, each a oneDNN call, and for the short
+    sentences of translation its backward pass is several times slower than the same attention
+    written out as three batched products (`python bench/train_speed.py --levers` measures it).
+    """
+    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
+        return attention_probabilities(q, k, attend_mask, causal) @ v
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask, is_causal=causal)
 
 
 class _Heads(nn.Module):
@@ -138,7 +152,7 @@ class SelfAttention(_Heads):
         q, k, v, attend_mask, causal = self._project(x, attend_mask, causal, cache)
         if cache is not None:
             cache.self_k, cache.self_v = k, v
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask, is_causal=causal)
+        out = attend(q, k, v, attend_mask, causal)
         return self._merge(out)
 
     def attention_weights(self, x: Tensor, attend_mask: Tensor | None = None, causal: bool = False,
@@ -171,7 +185,7 @@ class CrossAttention(_Heads):
         attention treats every query on its own, so this is exact and needs no G copies.
         """
         rows, length, d_model = x.shape
-        out = self._merge(F.scaled_dot_product_attention(self._queries(x, k), k, v, attn_mask=attend_mask))
+        out = self._merge(attend(self._queries(x, k), k, v, attend_mask))
         return out.reshape(rows, length, d_model)
 
     def _queries(self, x: Tensor, k: Tensor) -> Tensor:

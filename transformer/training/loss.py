@@ -24,14 +24,16 @@ def batch_loss(model: Transformer, batch: Batch, label_smoothing: float = 0.0) -
     memory = model.encode(batch.src, batch.src_pad_mask)
     states = model.decode(batch.tgt_in, memory, batch.src_pad_mask)  # (B, T, D)
     real = batch.tgt_out != PAD_ID
-    logits = model.project(states[real]).float()  # (N, V)
-    targets = batch.tgt_out[real]  # (N,)
-    loss = F.cross_entropy(logits, targets, label_smoothing=label_smoothing, reduction="sum")
+    logits = model.project(states[real])  # (N, V)
+    # One log-softmax, in fp32 whatever the autocast precision, serves both sums: the smoothed loss
+    # is (1 - eps) * nll + eps * (mean over the vocabulary of -log p), which is what
+    # F.cross_entropy(label_smoothing=eps) computes, without a second pass over the logits for nll.
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (N, V)
+    nll = F.nll_loss(log_probs, batch.tgt_out[real], reduction="sum")
     if not label_smoothing:
-        return loss, loss.detach()
-    with torch.no_grad():
-        nll = F.cross_entropy(logits, targets, reduction="sum")
-    return loss, nll
+        return nll, nll.detach()
+    smoothing = -log_probs.mean(dim=-1).sum()
+    return (1.0 - label_smoothing) * nll + label_smoothing * smoothing, nll.detach()
 
 
 class TrainingLoss(nn.Module):

@@ -200,7 +200,7 @@ def test_invalid_yaml_names_the_line(tmp_path: Path, capsys):
     config = tmp_path / "config.yaml"
     config.write_text("train:\n  max_steps: [1\n")
     assert train_cli.main(["--config", str(config)]) == 2
-    assert user_error(capsys).startswith(f"{config}: invalid YAML: ")
+    assert user_error(capsys).startswith(f"{config}: invalid YAML at line 3, column 1: ")
 
 
 # --------------------------------------------------------------------------- run directory and disk

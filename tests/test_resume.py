@@ -223,10 +223,13 @@ def test_a_time_budgeted_run_killed_between_its_measurements_re_estimates_at_the
     the kill comes between the two. The resumed session takes the second measurement at exactly that
     step (its time is the training state's, not the new session's) and ends where it then recorded."""
     linear = {"schedule": "linear", "peak_lr": 1e-3, "warmup_steps": MEASURE_UNTIL_STEP}
-    timed = write_config(tmp_path / "timed.yaml", tiny_csv, max_steps=0, max_minutes=0.15, **linear)
+    timed = write_config(tmp_path / "timed.yaml", tiny_csv, max_steps=0, max_minutes=0.2, **linear)
     run_dir, log = tmp_path / "timed", tmp_path / "timed.log"
-    process = start_slow_run(timed, run_dir, log, seconds_per_step=0.05)  # the budget comes to about 170 steps
-    wait_for_checkpoint(process, run_dir, MEASURE_UNTIL_STEP + 1, log)
+    # The budget comes to about 200 steps; the run is held after the first checkpoint past the first
+    # measurement, so the kill certainly comes before the second, however slow the machine.
+    checkpoint_after = (MEASURE_UNTIL_STEP // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY
+    process = start_slow_run(timed, run_dir, log, seconds_per_step=0.02, hold=checkpoint_after + 1)
+    wait_for_checkpoint(process, run_dir, checkpoint_after, log)
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait(timeout=30) == -signal.SIGKILL
     latest = run_dir / layout.CHECKPOINTS / read_run_state(run_dir).latest

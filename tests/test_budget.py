@@ -20,7 +20,19 @@ from transformer.checkpoints.layout import STATE_FILE, read_run_state
 from transformer.config import Config, TrainConfig
 from transformer.data.batching import PairCorpus
 from transformer.errors import ConfigError
+from transformer.training import trainer
 from transformer.training.run import train
+
+
+class TickingClock:
+    """A stand-in for the time module whose monotonic clock moves `tick` seconds at every reading."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def monotonic(self) -> float:
+        self.now += self.tick
+        return self.now
 
 
 def lr_by_step(run_dir: Path) -> dict[int, float]:
@@ -57,8 +69,11 @@ def test_reconcile_keeps_moves_restarts_or_refuses():
 
 
 @pytest.mark.slow
-def test_a_time_budget_is_measured_once_and_recorded(tiny_config, tmp_path, datasets_cache, caplog):
+def test_a_time_budget_is_measured_once_and_recorded(tiny_config, tmp_path, datasets_cache, caplog, monkeypatch):
     caplog.set_level(logging.INFO)
+    # The trainer's clock ticks 0.01 s a reading, so every step takes the same time on any machine and
+    # 0.03 minutes lasts past the measurement at MEASURE_UNTIL_STEP (a fast machine once ran out first).
+    monkeypatch.setattr(trainer, "time", TickingClock(0.01))
     config = configured(tiny_config, max_steps=0, max_minutes=0.03, warmup_steps=MEASURE_UNTIL_STEP)
     run_dir = tmp_path / "run"
     outcome = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -37,6 +38,35 @@ def max_output_lengths(src_lengths: Tensor, a: float, b: int, hard_cap: int) -> 
 
 
 Models = Transformer | Sequence[Transformer]  # one model, or an ensemble searched as one
+
+
+class SearchObserver(Protocol):
+    """Watches a search of one sentence step by step (trace.py records it for a learner). A search
+    without an observer pays nothing for this: the calls and their copies happen only with one."""
+
+    def token_step(self, step: int, logits: Tensor, chosen: Tensor) -> None:
+        """Greedy search: (1, V) next-token logits at `step` and the (1,) token taken."""
+
+    def beam_step(self, step: int, prefix: Tensor, scores: Tensor, candidates: "BeamCandidates") -> None:
+        """Beam search: the (k, t) live prefixes (BOS first) and their (k,) summed log-probs (-inf: no
+        beam), and what this step made of them."""
+
+
+@dataclass
+class BeamCandidates:
+    """One beam-search step of one sentence, as the search decided it: the 2k best (beam, token)
+    candidates best first, which of them finished and which became the next step's beams, and the
+    stopping rule's two sides after the step."""
+
+    log_probs: Tensor  # (2k,) summed log-prob of each candidate (-inf: none)
+    tokens: Tensor  # (2k,)
+    beams: Tensor  # (2k,) index of the live beam each extends
+    finishing: Tensor  # (2k,) bool: ends in EOS among the k best, so finished here
+    kept: Tensor  # (k,) indices of the candidates that are the next step's beams (-inf ones excepted)
+    length_penalty: float  # lp(step + 1): what a hypothesis finishing at this step is divided by
+    bound: float  # the best score an open beam could still reach
+    nth_finished: float  # the n_best-th finished score so far (-inf: fewer finished)
+    stopped: bool
 
 
 def _as_list(models: Models) -> list[Transformer]:
@@ -129,7 +159,7 @@ def _check_lengths(max_lengths: Tensor, prefixes: Sequence[Sequence[int]] | None
 
 def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
                     choose: Callable[[Tensor], Tensor], prefixes: Sequence[Sequence[int]] | None,
-                    use_cache: bool, copies: int = 1) -> list[list[int]]:
+                    use_cache: bool, copies: int = 1, observer: SearchObserver | None = None) -> list[list[int]]:
     """One token per step for each row, picked by `choose` ((N, V) logits -> (N,) ids) unless a
     prefix forces it; `copies` rows per sentence (B * copies rows, those of a sentence consecutive).
     A row stops at EOS or at its max length, and then leaves the working batch."""
@@ -150,10 +180,13 @@ def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengt
     row_max = max_lengths
     prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     for step in range(longest):
-        next_token = choose(step_decoder.logits(prefix))  # (N,)
+        logits = step_decoder.logits(prefix)  # (N, V)
+        next_token = choose(logits)  # (N,)
         if forced is not None and step < forced[0].shape[1]:
             forced_ids, forced_lengths = forced
             next_token = torch.where(step < forced_lengths[rows], forced_ids[rows, step], next_token)
+        if observer is not None:
+            observer.token_step(step, logits, next_token)
         ended = next_token == EOS_ID
         output[rows, step] = next_token
         lengths[rows] = step + 1 - ended.long()  # an EOS is written but not counted
@@ -171,7 +204,8 @@ def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengt
 
 @torch.inference_mode()
 def greedy_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
-                  use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
+                  use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None,
+                  observer: SearchObserver | None = None) -> list[list[int]]:
     """Pick the most probable token at each step (the model, or each of an ensemble, in eval mode).
 
     src (B, S) ids with EOS, src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most
@@ -179,9 +213,16 @@ def greedy_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths:
     must start with (fairseq's prefix_tokens: forced one step at a time, so the decoder reads them
     as if it had chosen them), at most its max length. Returns B id lists without BOS/EOS, prefix
     included. A sentence stops at EOS or at its max length, and then leaves the working batch.
+    `observer` watches every step of a search of one sentence.
     """
+    _check_observed(observer, src)
     return _token_by_token(model, src, src_pad_mask, max_lengths, lambda logits: logits.argmax(-1), prefixes,
-                           use_cache)
+                           use_cache, observer=observer)
+
+
+def _check_observed(observer: SearchObserver | None, src: Tensor) -> None:
+    if observer is not None and src.shape[0] != 1:
+        raise ValueError(f"a search is observed one sentence at a time, not {src.shape[0]}")
 
 
 def _sampler(generator: torch.Generator, top_k: int, top_p: float, temperature: float
@@ -224,7 +265,8 @@ def sample_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths:
 @torch.inference_mode()
 def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int,
                 length_penalty: float, max_lengths: Tensor, n_best: int = 1,
-                use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+                use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None,
+                observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
     """Beam search over B sentences at once, k = beam_size rows each (the model, or each of an
     ensemble, in eval mode).
 
@@ -246,8 +288,10 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
     log-prob s can only finish with log_prob <= s and length <= max_length + 1, hence with a score
     <= s / lp(max_length + 1) (= s when alpha = 0). A sentence stops once its n_best-th finished
     score is >= that bound for its best open beam, or no open beam is left; it then leaves the
-    working batch. With k = 1 and alpha = 0 this is exactly greedy search.
+    working batch. With k = 1 and alpha = 0 this is exactly greedy search. `observer` watches every
+    step of a search of one sentence.
     """
+    _check_observed(observer, src)
     batch, device, k = src.shape[0], src.device, beam_size
     if batch == 0:
         return []
@@ -301,11 +345,11 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
         # All of this step's have the same length: step + 1 with EOS.
         finishing = is_eos.clone()
         finishing[:, k:] = False
+        penalty = gnmt_length_penalty(float(step + 1), length_penalty)
         if bool(finishing.any()):
             which, _ = finishing.nonzero().unbind(1)
             histories = prefix[cand_origin[finishing], 1:].tolist()
             log_prob_list = cand_scores[finishing].tolist()
-            penalty = gnmt_length_penalty(float(step + 1), length_penalty)
             updated = {}
             for i, history, log_prob in zip(which.tolist(), histories, log_prob_list):
                 kept = finished[int(sentences[i])]
@@ -319,12 +363,17 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
         # The next beams: the k best candidates that do not end in EOS, in rank order (a stable sort
         # moves the EOS ones behind). Fewer than k such (a tiny vocabulary, max length) leave -inf.
         open_first = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (n, k)
+        live_scores = scores
         scores = cand_scores.masked_fill(is_eos, neg_inf).gather(1, open_first)
         origin, tokens = cand_origin.gather(1, open_first), cand_tokens.gather(1, open_first)
 
         best_open = scores.max(dim=1).values  # (n,)
         bound = best_open / gnmt_length_penalty(row_max + 1.0, length_penalty)
         done = (best_open == neg_inf) | (worst_kept >= bound)
+        if observer is not None:
+            observer.beam_step(step, prefix, live_scores[0], BeamCandidates(
+                cand_scores[0], cand_tokens[0], cand_index[0] // width, finishing[0], open_first[0], penalty,
+                float(bound[0]), float(worst_kept[0]), bool(done[0])))
         if bool(done.all()):
             break
         if bool(done.any()):
@@ -339,4 +388,4 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
     return finished
 
 
-__all__ = ["Hypothesis", "Models", "max_output_lengths", "forced_tokens", "greedy_search", "sample_search", "beam_search"]
+__all__ = ["Hypothesis", "Models", "SearchObserver", "BeamCandidates", "max_output_lengths", "forced_tokens", "greedy_search", "sample_search", "beam_search"]

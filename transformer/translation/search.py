@@ -106,8 +106,8 @@ class _StepDecoder:
         self.models = _as_list(models)
         memories = [model.encode(src, src_pad_mask) for model in self.models]  # each (B, S, D)
         if copies > 1:
-            memories = [memory.repeat_interleave(copies, 0) for memory in memories]
-            src_pad_mask = src_pad_mask.repeat_interleave(copies, 0)
+            memories = [memory.repeat_interleave(copies, 0) for memory in memories]  # each (B*copies, S, D)
+            src_pad_mask = src_pad_mask.repeat_interleave(copies, 0)  # (B*copies, S)
         self.src_pad_mask = src_pad_mask
         self.caches = [m.init_cache(memory) for m, memory in zip(self.models, memories)] if use_cache else None
         # With the cache, the memory is used only through the keys/values the cache already holds.
@@ -132,7 +132,7 @@ class _StepDecoder:
             logits = outputs[0]
         else:
             log_probs = torch.stack([output.float().log_softmax(-1) for output in outputs])  # (M, N, V)
-            logits = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))
+            logits = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))  # (N, V)
         logits[:, _NEVER_EMITTED] = float("-inf")
         return logits
 
@@ -166,7 +166,7 @@ def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengt
     batch, device = src.shape[0] * copies, src.device
     if batch == 0:
         return []
-    max_lengths = max_lengths.to(device).repeat_interleave(copies)
+    max_lengths = max_lengths.to(device).repeat_interleave(copies)  # (B*copies,)
     if prefixes is not None:
         prefixes = [p for p in prefixes for _ in range(copies)]
     _check_lengths(max_lengths, prefixes)
@@ -193,6 +193,7 @@ def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengt
         done = ended | (row_max <= step + 1)
         if bool(done.all()):
             break
+        # (N, step + 2) when every step reads the whole prefix, else (N, 1): the cache holds the rest
         prefix = torch.cat([prefix, next_token[:, None]], dim=1) if step_decoder.recompute else next_token[:, None]
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
@@ -325,7 +326,7 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
             forced_ids, forced_lengths = forced
             token = forced_ids[sentences, step].repeat_interleave(k)[:, None]  # (n*k, 1)
             only_forced = torch.full_like(logits, neg_inf).scatter(1, token, logits.gather(1, token))
-            in_prefix = (step < forced_lengths[sentences]).repeat_interleave(k)[:, None]
+            in_prefix = (step < forced_lengths[sentences]).repeat_interleave(k)[:, None]  # (n*k, 1)
             logits = torch.where(in_prefix, only_forced, logits)
         top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
         row_log_probs = top_logits - log_norm
@@ -335,6 +336,7 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
             only_eos[:, :1] = logits[:, EOS_ID: EOS_ID + 1] - log_norm
             row_log_probs = torch.where(at_max[:, None], only_eos, row_log_probs)
             top_tokens = torch.where(at_max[:, None], torch.full_like(top_tokens, EOS_ID), top_tokens)
+        # (n, k, 1) + (n, k, width) -> (n, k*width): beam b's candidates at columns b*width ... b*width + width - 1
         candidates = (scores[:, :, None] + row_log_probs.view(n, k, width)).view(n, k * width)
         cand_scores, cand_index = candidates.topk(min(2 * k, k * width), dim=1)  # (n, 2k), best first
         cand_origin = beam_offset[:n] + cand_index // width  # (n, 2k) working row each candidate extends
@@ -347,7 +349,7 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
         finishing[:, k:] = False
         penalty = gnmt_length_penalty(float(step + 1), length_penalty)
         if bool(finishing.any()):
-            which, _ = finishing.nonzero().unbind(1)
+            which, _ = finishing.nonzero().unbind(1)  # (f,) the working sentence of each finishing candidate
             histories = prefix[cand_origin[finishing], 1:].tolist()
             log_prob_list = cand_scores[finishing].tolist()
             updated = {}
@@ -364,8 +366,8 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
         # moves the EOS ones behind). Fewer than k such (a tiny vocabulary, max length) leave -inf.
         open_first = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (n, k)
         live_scores = scores
-        scores = cand_scores.masked_fill(is_eos, neg_inf).gather(1, open_first)
-        origin, tokens = cand_origin.gather(1, open_first), cand_tokens.gather(1, open_first)
+        scores = cand_scores.masked_fill(is_eos, neg_inf).gather(1, open_first)  # (n, k)
+        origin, tokens = cand_origin.gather(1, open_first), cand_tokens.gather(1, open_first)  # each (n, k)
 
         best_open = scores.max(dim=1).values  # (n,)
         bound = best_open / gnmt_length_penalty(row_max + 1.0, length_penalty)
@@ -381,11 +383,12 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
             sentences, row_max, worst_kept = sentences[keep], row_max[keep], worst_kept[keep]
             scores, origin, tokens = scores[keep], origin[keep], tokens[keep]
             step_decoder.keep_sentences(keep)
-        rows = origin.reshape(-1)  # one gather both reorders the beams and drops finished sentences
-        prefix = torch.cat([prefix[rows], tokens.reshape(-1, 1)], dim=1)
+        rows = origin.reshape(-1)  # (n'*k,) one gather both reorders the beams and drops finished sentences
+        prefix = torch.cat([prefix[rows], tokens.reshape(-1, 1)], dim=1)  # (n'*k, t + 1)
         step_decoder.keep_rows(rows)
         step += 1
     return finished
 
 
-__all__ = ["Hypothesis", "Models", "SearchObserver", "BeamCandidates", "max_output_lengths", "forced_tokens", "greedy_search", "sample_search", "beam_search"]
+__all__ = ["Hypothesis", "Models", "SearchObserver", "BeamCandidates", "max_output_lengths", "forced_tokens",
+           "greedy_search", "sample_search", "beam_search"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -37,6 +38,35 @@ def max_output_lengths(src_lengths: Tensor, a: float, b: int, hard_cap: int) -> 
 
 
 Models = Transformer | Sequence[Transformer]  # one model, or an ensemble searched as one
+
+
+class SearchObserver(Protocol):
+    """Watches a search of one sentence step by step (trace.py records it for a learner). A search
+    without an observer pays nothing for this: the calls and their copies happen only with one."""
+
+    def token_step(self, step: int, logits: Tensor, chosen: Tensor) -> None:
+        """Greedy search: (1, V) next-token logits at `step` and the (1,) token taken."""
+
+    def beam_step(self, step: int, prefix: Tensor, scores: Tensor, candidates: "BeamCandidates") -> None:
+        """Beam search: the (k, t) live prefixes (BOS first) and their (k,) summed log-probs (-inf: no
+        beam), and what this step made of them."""
+
+
+@dataclass
+class BeamCandidates:
+    """One beam-search step of one sentence, as the search decided it: the 2k best (beam, token)
+    candidates best first, which of them finished and which became the next step's beams, and the
+    stopping rule's two sides after the step."""
+
+    log_probs: Tensor  # (2k,) summed log-prob of each candidate (-inf: none)
+    tokens: Tensor  # (2k,)
+    beams: Tensor  # (2k,) index of the live beam each extends
+    finishing: Tensor  # (2k,) bool: ends in EOS among the k best, so finished here
+    kept: Tensor  # (k,) indices of the candidates that are the next step's beams (-inf ones excepted)
+    length_penalty: float  # lp(step + 1): what a hypothesis finishing at this step is divided by
+    bound: float  # the best score an open beam could still reach
+    nth_finished: float  # the n_best-th finished score so far (-inf: fewer finished)
+    stopped: bool
 
 
 def _as_list(models: Models) -> list[Transformer]:
@@ -76,8 +106,8 @@ class _StepDecoder:
         self.models = _as_list(models)
         memories = [model.encode(src, src_pad_mask) for model in self.models]  # each (B, S, D)
         if copies > 1:
-            memories = [memory.repeat_interleave(copies, 0) for memory in memories]
-            src_pad_mask = src_pad_mask.repeat_interleave(copies, 0)
+            memories = [memory.repeat_interleave(copies, 0) for memory in memories]  # each (B*copies, S, D)
+            src_pad_mask = src_pad_mask.repeat_interleave(copies, 0)  # (B*copies, S)
         self.src_pad_mask = src_pad_mask
         self.caches = [m.init_cache(memory) for m, memory in zip(self.models, memories)] if use_cache else None
         # With the cache, the memory is used only through the keys/values the cache already holds.
@@ -102,7 +132,7 @@ class _StepDecoder:
             logits = outputs[0]
         else:
             log_probs = torch.stack([output.float().log_softmax(-1) for output in outputs])  # (M, N, V)
-            logits = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))
+            logits = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))  # (N, V)
         logits[:, _NEVER_EMITTED] = float("-inf")
         return logits
 
@@ -129,14 +159,14 @@ def _check_lengths(max_lengths: Tensor, prefixes: Sequence[Sequence[int]] | None
 
 def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
                     choose: Callable[[Tensor], Tensor], prefixes: Sequence[Sequence[int]] | None,
-                    use_cache: bool, copies: int = 1) -> list[list[int]]:
+                    use_cache: bool, copies: int = 1, observer: SearchObserver | None = None) -> list[list[int]]:
     """One token per step for each row, picked by `choose` ((N, V) logits -> (N,) ids) unless a
     prefix forces it; `copies` rows per sentence (B * copies rows, those of a sentence consecutive).
     A row stops at EOS or at its max length, and then leaves the working batch."""
     batch, device = src.shape[0] * copies, src.device
     if batch == 0:
         return []
-    max_lengths = max_lengths.to(device).repeat_interleave(copies)
+    max_lengths = max_lengths.to(device).repeat_interleave(copies)  # (B*copies,)
     if prefixes is not None:
         prefixes = [p for p in prefixes for _ in range(copies)]
     _check_lengths(max_lengths, prefixes)
@@ -150,16 +180,20 @@ def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengt
     row_max = max_lengths
     prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
     for step in range(longest):
-        next_token = choose(step_decoder.logits(prefix))  # (N,)
+        logits = step_decoder.logits(prefix)  # (N, V)
+        next_token = choose(logits)  # (N,)
         if forced is not None and step < forced[0].shape[1]:
             forced_ids, forced_lengths = forced
             next_token = torch.where(step < forced_lengths[rows], forced_ids[rows, step], next_token)
+        if observer is not None:
+            observer.token_step(step, logits, next_token)
         ended = next_token == EOS_ID
         output[rows, step] = next_token
         lengths[rows] = step + 1 - ended.long()  # an EOS is written but not counted
         done = ended | (row_max <= step + 1)
         if bool(done.all()):
             break
+        # (N, step + 2) when every step reads the whole prefix, else (N, 1): the cache holds the rest
         prefix = torch.cat([prefix, next_token[:, None]], dim=1) if step_decoder.recompute else next_token[:, None]
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
@@ -171,7 +205,8 @@ def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengt
 
 @torch.inference_mode()
 def greedy_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
-                  use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
+                  use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None,
+                  observer: SearchObserver | None = None) -> list[list[int]]:
     """Pick the most probable token at each step (the model, or each of an ensemble, in eval mode).
 
     src (B, S) ids with EOS, src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most
@@ -179,9 +214,16 @@ def greedy_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths:
     must start with (fairseq's prefix_tokens: forced one step at a time, so the decoder reads them
     as if it had chosen them), at most its max length. Returns B id lists without BOS/EOS, prefix
     included. A sentence stops at EOS or at its max length, and then leaves the working batch.
+    `observer` watches every step of a search of one sentence.
     """
+    _check_observed(observer, src)
     return _token_by_token(model, src, src_pad_mask, max_lengths, lambda logits: logits.argmax(-1), prefixes,
-                           use_cache)
+                           use_cache, observer=observer)
+
+
+def _check_observed(observer: SearchObserver | None, src: Tensor) -> None:
+    if observer is not None and src.shape[0] != 1:
+        raise ValueError(f"a search is observed one sentence at a time, not {src.shape[0]}")
 
 
 def _sampler(generator: torch.Generator, top_k: int, top_p: float, temperature: float
@@ -224,7 +266,8 @@ def sample_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths:
 @torch.inference_mode()
 def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int,
                 length_penalty: float, max_lengths: Tensor, n_best: int = 1,
-                use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+                use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None,
+                observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
     """Beam search over B sentences at once, k = beam_size rows each (the model, or each of an
     ensemble, in eval mode).
 
@@ -246,8 +289,10 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
     log-prob s can only finish with log_prob <= s and length <= max_length + 1, hence with a score
     <= s / lp(max_length + 1) (= s when alpha = 0). A sentence stops once its n_best-th finished
     score is >= that bound for its best open beam, or no open beam is left; it then leaves the
-    working batch. With k = 1 and alpha = 0 this is exactly greedy search.
+    working batch. With k = 1 and alpha = 0 this is exactly greedy search. `observer` watches every
+    step of a search of one sentence.
     """
+    _check_observed(observer, src)
     batch, device, k = src.shape[0], src.device, beam_size
     if batch == 0:
         return []
@@ -281,7 +326,7 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
             forced_ids, forced_lengths = forced
             token = forced_ids[sentences, step].repeat_interleave(k)[:, None]  # (n*k, 1)
             only_forced = torch.full_like(logits, neg_inf).scatter(1, token, logits.gather(1, token))
-            in_prefix = (step < forced_lengths[sentences]).repeat_interleave(k)[:, None]
+            in_prefix = (step < forced_lengths[sentences]).repeat_interleave(k)[:, None]  # (n*k, 1)
             logits = torch.where(in_prefix, only_forced, logits)
         top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
         row_log_probs = top_logits - log_norm
@@ -291,6 +336,7 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
             only_eos[:, :1] = logits[:, EOS_ID: EOS_ID + 1] - log_norm
             row_log_probs = torch.where(at_max[:, None], only_eos, row_log_probs)
             top_tokens = torch.where(at_max[:, None], torch.full_like(top_tokens, EOS_ID), top_tokens)
+        # (n, k, 1) + (n, k, width) -> (n, k*width): beam b's candidates at columns b*width ... b*width + width - 1
         candidates = (scores[:, :, None] + row_log_probs.view(n, k, width)).view(n, k * width)
         cand_scores, cand_index = candidates.topk(min(2 * k, k * width), dim=1)  # (n, 2k), best first
         cand_origin = beam_offset[:n] + cand_index // width  # (n, 2k) working row each candidate extends
@@ -301,11 +347,11 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
         # All of this step's have the same length: step + 1 with EOS.
         finishing = is_eos.clone()
         finishing[:, k:] = False
+        penalty = gnmt_length_penalty(float(step + 1), length_penalty)
         if bool(finishing.any()):
-            which, _ = finishing.nonzero().unbind(1)
+            which, _ = finishing.nonzero().unbind(1)  # (f,) the working sentence of each finishing candidate
             histories = prefix[cand_origin[finishing], 1:].tolist()
             log_prob_list = cand_scores[finishing].tolist()
-            penalty = gnmt_length_penalty(float(step + 1), length_penalty)
             updated = {}
             for i, history, log_prob in zip(which.tolist(), histories, log_prob_list):
                 kept = finished[int(sentences[i])]
@@ -319,12 +365,17 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
         # The next beams: the k best candidates that do not end in EOS, in rank order (a stable sort
         # moves the EOS ones behind). Fewer than k such (a tiny vocabulary, max length) leave -inf.
         open_first = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (n, k)
-        scores = cand_scores.masked_fill(is_eos, neg_inf).gather(1, open_first)
-        origin, tokens = cand_origin.gather(1, open_first), cand_tokens.gather(1, open_first)
+        live_scores = scores
+        scores = cand_scores.masked_fill(is_eos, neg_inf).gather(1, open_first)  # (n, k)
+        origin, tokens = cand_origin.gather(1, open_first), cand_tokens.gather(1, open_first)  # each (n, k)
 
         best_open = scores.max(dim=1).values  # (n,)
         bound = best_open / gnmt_length_penalty(row_max + 1.0, length_penalty)
         done = (best_open == neg_inf) | (worst_kept >= bound)
+        if observer is not None:
+            observer.beam_step(step, prefix, live_scores[0], BeamCandidates(
+                cand_scores[0], cand_tokens[0], cand_index[0] // width, finishing[0], open_first[0], penalty,
+                float(bound[0]), float(worst_kept[0]), bool(done[0])))
         if bool(done.all()):
             break
         if bool(done.any()):
@@ -332,11 +383,12 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
             sentences, row_max, worst_kept = sentences[keep], row_max[keep], worst_kept[keep]
             scores, origin, tokens = scores[keep], origin[keep], tokens[keep]
             step_decoder.keep_sentences(keep)
-        rows = origin.reshape(-1)  # one gather both reorders the beams and drops finished sentences
-        prefix = torch.cat([prefix[rows], tokens.reshape(-1, 1)], dim=1)
+        rows = origin.reshape(-1)  # (n'*k,) one gather both reorders the beams and drops finished sentences
+        prefix = torch.cat([prefix[rows], tokens.reshape(-1, 1)], dim=1)  # (n'*k, t + 1)
         step_decoder.keep_rows(rows)
         step += 1
     return finished
 
 
-__all__ = ["Hypothesis", "Models", "max_output_lengths", "forced_tokens", "greedy_search", "sample_search", "beam_search"]
+__all__ = ["Hypothesis", "Models", "SearchObserver", "BeamCandidates", "max_output_lengths", "forced_tokens",
+           "greedy_search", "sample_search", "beam_search"]

@@ -62,7 +62,7 @@ class Translator:
         return translate_texts(self, texts, n_best, prefixes=prefixes)
 
     @contextlib.contextmanager
-    def _eval(self):
+    def eval_mode(self):
         """The models in eval mode and inference mode within the block; their modes are restored."""
         modes = [model.training for model in self.models]
         for model in self.models:
@@ -87,7 +87,7 @@ class Translator:
         `sampling` is set, else greedy search when decode.beam_size is 1, else beam search; each output
         starts with its prefix when `prefixes` are given."""
         decode = self.decode
-        with self._eval():
+        with self.eval_mode():
             src, src_pad_mask = source_tensor(sources)
             src, src_pad_mask = src.to(self.device), src_pad_mask.to(self.device)
             max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), decode.max_length_a,
@@ -110,7 +110,7 @@ class Translator:
         batch = make_batch(sources, targets)
         src, tgt_in, tgt_out = batch.src.to(self.device), batch.tgt_in.to(self.device), batch.tgt_out.to(self.device)
         src_pad_mask = src == PAD_ID
-        with self._eval():
+        with self.eval_mode():
             log_probs = torch.stack([F.log_softmax(model(src, tgt_in, src_pad_mask).float(), dim=-1)
                                      for model in self.models])  # (M, B, T, V)
             log_probs = torch.logsumexp(log_probs, dim=0) - math.log(len(self.models))

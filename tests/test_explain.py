@@ -48,6 +48,13 @@ def section(out: str, number: int) -> list[str]:
     return lines[start:end]
 
 
+def table_rows(lines: list[str], first_column: str) -> list[str]:
+    """The rows of the table whose column names start with `first_column`, up to the first blank line."""
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == [first_column]) + 1
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return lines[start:end]
+
+
 def unpiece(rendered: str) -> str:
     """The text of a hypothesis as the explanation shows it, subword boundaries ("·") removed."""
     return rendered.replace("·", "").strip()
@@ -95,8 +102,7 @@ def test_greedy_explanation_takes_the_greedy_translation(trained_run: Path, caps
     assert code == 0
     code, out, err = translate(capsys, trained_run, "--explain", "--greedy", SENTENCE)
     assert code == 0
-    rows = section(out, 3)[4:]  # after the header lines and the table's column names
-    taken = [row.split()[1] for row in rows if row.strip()]
+    taken = [row.split()[1] for row in table_rows(section(out, 3), "step")]
     text = "".join(piece for piece in taken if piece != "</s>").replace("\u2581", " ").strip()
     assert text == translation.strip()
 
@@ -104,9 +110,9 @@ def test_greedy_explanation_takes_the_greedy_translation(trained_run: Path, caps
 def finished_rows(out: str) -> list[tuple[float, float, str]]:
     """(score, log-prob, text) of each row of an explanation's table of finished hypotheses."""
     rows = []
-    for line in section(out, 4)[3:]:
+    for line in table_rows(section(out, 4), "rank"):
         cells = line.split(None, 6)
-        if len(cells) < 7 or not cells[0].isdigit():
+        if not cells[0].isdigit():  # the verdict
             break
         rows.append((float(cells[1]), float(cells[2]), cells[6].split("  ", 1)[-1].strip()))
     return rows
@@ -166,7 +172,7 @@ def test_explanation_lists_the_subwords_and_says_why(trained_run: Path, capsys):
 def test_explain_with_a_prefix_starts_with_it(trained_run: Path, capsys):
     code, out, _ = translate(capsys, trained_run, "--explain", "--greedy", "--prefix", "Il", SENTENCE)
     assert code == 0
-    first = section(out, 3)[4].split()
+    first = table_rows(section(out, 3), "step")[0].split()
     assert first[:2] == ["1", "\u2581Il"]
 
 

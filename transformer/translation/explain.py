@@ -7,6 +7,7 @@ as text. The torch engine only; no printing here (translate.py --explain prints)
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, TextIO
@@ -18,6 +19,7 @@ from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID
 from transformer.model import Transformer
 from transformer.translation.torch_engine import Translator
+from transformer.translation.texts import gnmt_length_penalty
 from transformer.translation.trace import CHOSEN, FINISHED, LIVE, PRUNED, SearchStep, SearchTrace, trace_search
 
 
@@ -34,62 +36,64 @@ class Stage(NamedTuple):
 
 @dataclass(frozen=True)
 class _Probe:
-    """A module to watch: its path, the shape's letters and what its output is."""
+    """A module to watch: its path, the shape's letters and what its output is; for an attention module
+    also the letters and meaning of its probabilities."""
 
     module: nn.Module
     name: str
     dims: str
     what: str
-    weights: Callable[[nn.Module, tuple, dict], Tensor] | None = None  # attention probabilities, if any
-    weights_dims: str = ""
+    weights_dims: str = ""  # an attention module's probabilities (B, H, queries, keys)
+    weights_what: str = ""
 
 
 def _probes(model: Transformer, side: str) -> list[_Probe]:
     """The modules whose outputs `stage_shapes` reports, for the encoder (side "encoder") or the
     decoder ("decoder"), first to last."""
-    weights = _attention_weights
-    if side == "encoder":
-        probes = [_Probe(model.src_embedding, "src_embedding", "(B, S, D)", "source subword embeddings"),
-                  _Probe(model.dropout, "dropout", "(B, S, D)",
-                         "embeddings × √D + sinusoidal positions (Section 3.4, 3.5)")]
-        for i, layer in enumerate(model.encoder_layers):
-            path = f"encoder_layers.{i}"
+    x, stack, layers = ("S", "encoder", model.encoder_layers) if side == "encoder" else \
+        ("T", "decoder", model.decoder_layers)
+    embedding = model.src_embedding if side == "encoder" else model.tgt_embedding
+    shared = side == "decoder" and model.tgt_embedding is model.src_embedding
+    residual = ("x + sublayer(LayerNorm(x)) around each sublayer (pre-norm)" if model.config.pre_norm else
+                "LayerNorm(x + sublayer(x)) around each sublayer (post-norm)")
+    softmax = "softmax(q·kᵀ / √(D/H))"
+    probes = [_Probe(embedding, f"{'src' if side == 'encoder' else 'tgt'}_embedding", f"(B, {x}, D)",
+                     f"{'source' if side == 'encoder' else 'target'} subword embeddings"
+                     + (" (the source's matrix, shared)" if shared else "")),
+              _Probe(model.dropout, "dropout", f"(B, {x}, D)",
+                     "embeddings × √D + sinusoidal positions (Sections 3.4, 3.5), through dropout")]
+    for i, layer in enumerate(layers):
+        path = f"{stack}_layers.{i}"
+        if side == "encoder":
             probes += [
                 _Probe(layer.attention.in_proj, f"{path}.attention.in_proj", "(B, S, 3D)",
-                       "queries, keys, values of self-attention, one matmul"),
-                _Probe(layer.attention, f"{path}.attention", "(B, S, D)",
-                       "self-attention: heads merged and projected", weights, "(B, H, S, S)"),
-                _Probe(layer.feed_forward.linear1, f"{path}.feed_forward.linear1", "(B, S, F)",
-                       "feed-forward inner layer, before the ReLU"),
-                _Probe(layer.feed_forward, f"{path}.feed_forward", "(B, S, D)", "feed-forward output"),
-                _Probe(layer, path, "(B, S, D)", "layer output: each sublayer inside residual + LayerNorm")]
+                       "self-attention's q, k, v in one matmul; each splits into H heads (B, H, S, D/H)"),
+                _Probe(layer.attention, f"{path}.attention", "(B, S, D)", "self-attention: heads merged, projected",
+                       "(B, H, S, S)", f"{softmax}: each source position over all of them")]
+        else:
+            probes += [
+                _Probe(layer.cross_attention.kv_proj, f"{path}.cross_attention.kv_proj", "(B, S, 2D)",
+                       "cross-attention's k, v: from the memory, once per sentence"),
+                _Probe(layer.self_attention.in_proj, f"{path}.self_attention.in_proj", "(B, T, 3D)",
+                       "masked self-attention's q, k, v; each splits into H heads (B, H, T, D/H)"),
+                _Probe(layer.self_attention, f"{path}.self_attention", "(B, T, D)",
+                       "masked self-attention: heads merged, projected",
+                       "(B, H, T, T)", f"{softmax}: each target position over itself and those before (causal)"),
+                _Probe(layer.cross_attention.q_proj, f"{path}.cross_attention.q_proj", "(B, T, D)",
+                       "cross-attention's q, from the decoder"),
+                _Probe(layer.cross_attention, f"{path}.cross_attention", "(B, T, D)",
+                       "cross-attention: heads merged, projected",
+                       "(B, H, T, S)", f"{softmax}: each target position over the source positions")]
+        probes += [_Probe(layer.feed_forward.linear1, f"{path}.feed_forward.linear1", f"(B, {x}, F)",
+                          "feed-forward inner layer, before its ReLU (Section 3.3)"),
+                   _Probe(layer.feed_forward, f"{path}.feed_forward", f"(B, {x}, D)", "feed-forward output"),
+                   _Probe(layer, path, f"(B, {x}, D)", f"layer output: {residual}")]
+    if side == "encoder":
         return probes + [_Probe(model.encoder_norm, "encoder_norm", "(B, S, D)",
-                                "memory: the encoder output every cross-attention reads")]
-    shared = model.tgt_embedding is model.src_embedding
-    probes = [_Probe(model.tgt_embedding, "tgt_embedding", "(B, T, D)",
-                     "target subword embeddings" + (" (the same matrix as the source's)" if shared else "")),
-              _Probe(model.dropout, "dropout", "(B, T, D)",
-                     "embeddings × √D + sinusoidal positions (Section 3.4, 3.5)")]
-    for i, layer in enumerate(model.decoder_layers):
-        path = f"decoder_layers.{i}"
-        probes += [
-            _Probe(layer.cross_attention.kv_proj, f"{path}.cross_attention.kv_proj", "(B, S, 2D)",
-                   "keys, values of the memory for cross-attention"),
-            _Probe(layer.self_attention.in_proj, f"{path}.self_attention.in_proj", "(B, T, 3D)",
-                   "queries, keys, values of masked self-attention"),
-            _Probe(layer.self_attention, f"{path}.self_attention", "(B, T, D)",
-                   "masked self-attention: heads merged and projected", weights, "(B, H, T, T)"),
-            _Probe(layer.cross_attention.q_proj, f"{path}.cross_attention.q_proj", "(B, T, D)",
-                   "queries of cross-attention"),
-            _Probe(layer.cross_attention, f"{path}.cross_attention", "(B, T, D)",
-                   "cross-attention: heads merged and projected", weights, "(B, H, T, S)"),
-            _Probe(layer.feed_forward.linear1, f"{path}.feed_forward.linear1", "(B, T, F)",
-                   "feed-forward inner layer, before the ReLU"),
-            _Probe(layer.feed_forward, f"{path}.feed_forward", "(B, T, D)", "feed-forward output"),
-            _Probe(layer, path, "(B, T, D)", "layer output: each sublayer inside residual + LayerNorm")]
+                                "memory: the encoder output, read by every cross-attention")]
     return probes + [_Probe(model.decoder_norm, "decoder_norm", "(B, T, D)", "decoder states"),
                      _Probe(model.output, "output", "(B, T, V)",
-                            "logits: a score for every target subword, at every position")]
+                            "logits: at each position, a score for every target subword (the next one)")]
 
 
 def _attention_weights(module: nn.Module, args: tuple, kwargs: dict) -> Tensor:
@@ -121,14 +125,14 @@ def stage_shapes(model: Transformer, src: Tensor, tgt_in: Tensor, src_pad_mask: 
         probe = probes[side[0]].get(id(module))
         if probe is None or recomputing[0]:  # e.g. a shared embedding, watched on the other side
             return
-        if probe.weights is not None:
+        if probe.weights_dims:
             recomputing[0] = True
             try:
-                weights = probe.weights(module, args, kwargs)
+                weights = _attention_weights(module, args, kwargs)
             finally:
                 recomputing[0] = False
             stages.append(Stage(probe.name + " (weights)", tuple(weights.shape), probe.weights_dims,
-                                "attention probabilities, per head: softmax(q·kᵀ / √(D/H))"))
+                                probe.weights_what))
         stages.append(Stage(probe.name, tuple(output.shape), probe.dims, probe.what))
         if module is model.encoder_norm:
             side[0] = "decoder"
@@ -201,6 +205,12 @@ def _text(pieces: list[str]) -> str:
     return "".join(p.replace("\u2581", " ", 1) if p.startswith("\u2581") else "·" + p for p in pieces).strip(" ·")
 
 
+def _prose(heading: str, *paragraphs: str, width: int = 110) -> list[str]:
+    """A numbered heading and its paragraphs, wrapped at `width` and indented under it."""
+    return [heading] + [line for paragraph in paragraphs
+                        for line in textwrap.wrap(paragraph, width, initial_indent="   ", subsequent_indent="   ")]
+
+
 def _table(rows: list[list[str]], right: set[int] = frozenset(), indent: str = "  ") -> list[str]:
     """Rows of cells as aligned lines; columns in `right` are right-aligned."""
     widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(max(map(len, rows)))]
@@ -233,14 +243,15 @@ def _layer_of(name: str) -> tuple[str, str] | None:
 
 def _render_stages(explanation: Explanation) -> list[str]:
     sizes, trace = explanation.sizes, explanation.trace
-    out = [f"2. The model, stage by stage: one forward pass over this sentence and its translation, as in "
-           f"training (shapes read from the model's tensors with forward hooks)",
-           f"   B = {sizes['B']} sentence; S = {sizes['S']} source positions ({len(trace.source_ids)} subwords + "
-           f"{EOS}); T = {sizes['T']} target positions ({BOS} + {len(trace.output_ids)} subwords);",
-           f"   D = d_model {sizes['D']}; H = {sizes['H']} heads of D/H = {sizes['D'] // sizes['H']}; "
-           f"F = d_ff {sizes['F']}; V = {sizes['V']} target subwords.",
-           "   The search itself runs the decoder one position at a time (a cache keeps the earlier ones): "
-           "there T = 1 and B = the live hypotheses."]
+    out = _prose("2. The model, stage by stage: one forward pass over this sentence and its translation, as in "
+                 "training",
+                 f"Shapes read from the model's own tensors with forward hooks. B = {sizes['B']} sentence; S = "
+                 f"{sizes['S']} source positions ({len(trace.source_ids)} subwords + {EOS}); T = {sizes['T']} target "
+                 f"positions ({BOS} + {len(trace.output_ids)} subwords); D = d_model {sizes['D']}; H = {sizes['H']} "
+                 f"heads of D/H = {sizes['D'] // sizes['H']}; F = d_ff {sizes['F']}; V = {sizes['V']} target "
+                 "subwords.",
+                 "The search itself runs the decoder one position at a time (a cache keeps the earlier ones' keys "
+                 "and values): there T = 1 and B = the live hypotheses.")
     # Layers after the first whose stages have the same shapes as the first's are named, not repeated.
     by_layer: dict[tuple[str, str], list[tuple[str, tuple[int, ...]]]] = {}
     for stage in explanation.stages:
@@ -265,23 +276,23 @@ def _render_stages(explanation: Explanation) -> list[str]:
     return out + _table(rows)
 
 
-def _percent(log_prob: float) -> str:
-    return f"{math.exp(log_prob):.3f}"
+def _probability(log_prob: float) -> str:
+    probability = math.exp(log_prob)
+    return f"{probability:.3f}" if probability >= 0.001 else "<0.001"
 
 
 def _render_greedy(trace: SearchTrace) -> list[str]:
-    out = ["3. The search, step by step: greedy search. At each step the decoder reads <s> and the subwords "
-           "taken so far,",
-           "   and the most probable next subword is taken (p = its probability under the model, given all before "
-           "it).",
-           f"   At most {trace.max_length} subwords; the search stops at {EOS}."]
-    rows = [["step", "taken", "p", "log-prob so far", "the next most probable (p)", "text so far"]]
+    out = _prose(f"3. The search, step by step: greedy search, at most {trace.max_length} output subwords",
+                 f"At each step the decoder reads {BOS} and the subwords taken so far and gives every subword a "
+                 "probability p of coming next; the most probable is taken (a target prefix forces its own). "
+                 f"The search stops at {EOS}. log-prob so far = the sum of the log p taken.")
+    rows = [["step", "taken", "p", "log-prob so far", "the next most probable, with their p", "text so far"]]
     taken: list[str] = []
     for step in trace.steps:
         chosen = next(c for c in step.candidates if c.fate == CHOSEN)
-        others = "  ".join(f"{c.piece} {_percent(c.token_log_prob)}" for c in step.candidates if c is not chosen)
+        others = "  ".join(f"{c.piece} {_probability(c.token_log_prob)}" for c in step.candidates if c is not chosen)
         taken.append(chosen.piece)
-        rows.append([str(step.step + 1), chosen.piece, _percent(chosen.token_log_prob), f"{chosen.log_prob:.3f}",
+        rows.append([str(step.step + 1), chosen.piece, _probability(chosen.token_log_prob), f"{chosen.log_prob:.3f}",
                      others, _text([p for p in taken if p != EOS])])
     return out + _table(rows, right={0, 2, 3})
 
@@ -290,7 +301,7 @@ def _render_beam_step(step: SearchStep, trace: SearchTrace, pruned_shown: int = 
     live = len(step.beams)
     out = [f"  Step {step.step + 1}: {live} live hypothes{'is' if live == 1 else 'es'}; "
            f"the {len(step.candidates)} best continuations:"]
-    rows = [["", "fate", "log-prob", "= hypothesis", "+ log p(subword)", "hypothesis + subword", ""]]
+    rows = [["", "fate", "log-prob", "= hypothesis's", "+ log p(subword)", "hypothesis + subword", ""]]
     pruned = [c for c in step.candidates if c.fate == PRUNED]
     for candidate in step.candidates:
         if candidate.fate == PRUNED:
@@ -313,24 +324,28 @@ def _render_beam_step(step: SearchStep, trace: SearchTrace, pruned_shown: int = 
                      f"fewer than {trace.n_best} finished hypotheses yet")
         else:
             which = "the best" if trace.n_best == 1 else f"the {trace.n_best}th best"
+            longest = gnmt_length_penalty(trace.max_length + 1.0, trace.alpha)
+            best_open = max((c.log_prob for c in step.candidates if c.fate == LIVE), default=-math.inf)
             check = (f"{which} finished score {step.nth_finished:.3f} {'≥' if step.stopped else '<'} "
-                     f"{step.bound:.3f}, the best an open hypothesis could still reach" if step.bound > -math.inf
+                     f"{step.bound:.3f} = {best_open:.3f} / {longest:.3f}, the most an open hypothesis could "
+                     "still score" if step.bound > -math.inf
                      else f"{which} finished score is {step.nth_finished:.3f}, and no hypothesis is open")
         out.append(f"      {check}: {'stop' if step.stopped else 'go on'}")
     return out
 
 
 def _render_beam(trace: SearchTrace) -> list[str]:
-    out = [f"3. The search, step by step: beam search, beam {trace.beam_size}. At each step every live "
-           f"hypothesis is extended by its best subwords;",
-           f"   the {2 * trace.beam_size} best (hypothesis, subword) pairs by summed log-prob are kept as "
-           f"candidates. Of these, the {trace.beam_size} best",
-           f"   not ending in {EOS} live on; one ending in {EOS} among the {trace.beam_size} best is finished, "
-           f"scored log-prob / lp, where",
-           f"   lp = ((5 + length with {EOS}) / 6) ** {trace.alpha:g} is the length penalty; the rest are pruned. "
-           f"At most {trace.max_length} subwords.",
-           f"   The search stops when the best finished score is at least the best score an open hypothesis "
-           f"could still reach."]
+    k = trace.beam_size
+    out = _prose(f"3. The search, step by step: beam search, beam k = {k}, length penalty alpha = {trace.alpha:g}, "
+                 f"at most {trace.max_length} output subwords",
+                 "Each step extends every live hypothesis by one subword; a hypothesis's log-prob is the sum of "
+                 f"log p(subword) over its subwords. Of all (hypothesis, subword) pairs, the {2 * k} (2k) with the "
+                 f"highest log-prob are the candidates: those ending in {EOS} among the first {k} are finished, the "
+                 f"{k} best of the others live on, the rest are pruned. A finished hypothesis is ranked by its score "
+                 f"= log-prob / lp, where the length penalty lp = ((5 + its subwords with {EOS}) / 6) ** alpha (GNMT) "
+                 "spares longer ones. The search stops once the best finished score is at least the most an open "
+                 "hypothesis could still score: the best open log-prob (adding a subword can only lower it) divided "
+                 "by the lp of the longest output allowed.")
     for step in trace.steps:
         out += _render_beam_step(step, trace)
     return out
@@ -344,9 +359,9 @@ def _render_verdict(trace: SearchTrace) -> list[str]:
         for rank, finished in enumerate(ranked, start=1):
             rows.append([str(rank), f"{finished.score:.3f}", f"{finished.log_prob:.3f}",
                          f"{finished.length_penalty:.3f}", f"{len(finished.tokens)} + {EOS}", finished.text])
-        out += ["   Every hypothesis that finished, ranked by score (higher is better; log-probs are negative):"]
+        out += ["   Every hypothesis that finished, ranked by score (the higher the better; log-probs are negative):"]
         out += _table(rows, right={0, 1, 2, 3})
-    out.append("   " + trace.verdict())
+    out += _prose("", trace.verdict())[1:]
     return out
 
 
@@ -354,8 +369,8 @@ def render(explanation: Explanation) -> str:
     """The explanation as text for a terminal: subwords and ids, the stages' shapes, the search step by
     step and why the translation won; every number labelled."""
     trace = explanation.trace
-    out = [f"=== {explanation.text}", "", "1. Subwords: the text as the model reads it and writes it "
-           f"(ids index the {explanation.sizes['V']}-subword vocabulary)"]
+    out = [f"=== {explanation.text}", "", "1. Subwords: the text as the model reads and writes it (\u2581 starts a "
+           f"word; ids are rows of the embedding matrix)"]
     out += _subword_rows(f"source, as the encoder reads it ({len(trace.source_ids)} subwords + {EOS}):",
                          [*trace.source_pieces, EOS], [*trace.source_ids, EOS_ID])
     out += _subword_rows(f"translation, as the search wrote it ({len(trace.output_ids)} subwords + {EOS}): "

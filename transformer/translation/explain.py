@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple, TextIO
 
@@ -54,46 +54,45 @@ def _probes(model: Transformer, side: str) -> list[_Probe]:
         ("T", "decoder", model.decoder_layers)
     embedding = model.src_embedding if side == "encoder" else model.tgt_embedding
     shared = side == "decoder" and model.tgt_embedding is model.src_embedding
-    residual = ("x + sublayer(LayerNorm(x)) around each sublayer (pre-norm)" if model.config.pre_norm else
-                "LayerNorm(x + sublayer(x)) around each sublayer (post-norm)")
-    softmax = "softmax(q·kᵀ / √(D/H))"
+    residual = "x + sublayer(LayerNorm(x))" if model.config.pre_norm else "LayerNorm(x + sublayer(x))"
+    softmax = "softmax(q·kᵀ/√(D/H))"
     probes = [_Probe(embedding, f"{'src' if side == 'encoder' else 'tgt'}_embedding", f"(B, {x}, D)",
                      f"{'source' if side == 'encoder' else 'target'} subword embeddings"
-                     + (" (the source's matrix, shared)" if shared else "")),
+                     + (" (the source's matrix)" if shared else "")),
               _Probe(model.dropout, "dropout", f"(B, {x}, D)",
-                     "embeddings × √D + sinusoidal positions (Sections 3.4, 3.5), through dropout")]
+                     "embeddings × √D + sinusoidal positions, dropout (§3.4, 3.5)")]
     for i, layer in enumerate(layers):
         path = f"{stack}_layers.{i}"
         if side == "encoder":
             probes += [
                 _Probe(layer.attention.in_proj, f"{path}.attention.in_proj", "(B, S, 3D)",
-                       "self-attention's q, k, v in one matmul; each splits into H heads (B, H, S, D/H)"),
-                _Probe(layer.attention, f"{path}.attention", "(B, S, D)", "self-attention: heads merged, projected",
-                       "(B, H, S, S)", f"{softmax}: each source position over all of them")]
+                       "q, k, v in one matmul, each split into heads (B, H, S, D/H)"),
+                _Probe(layer.attention, f"{path}.attention", "(B, S, D)", "self-attention output: heads merged, projected",
+                       "(B, H, S, S)", f"{softmax}: each source position over all")]
         else:
             probes += [
                 _Probe(layer.cross_attention.kv_proj, f"{path}.cross_attention.kv_proj", "(B, S, 2D)",
-                       "cross-attention's k, v: from the memory, once per sentence"),
+                       "cross-attention's k, v of the memory, once a sentence"),
                 _Probe(layer.self_attention.in_proj, f"{path}.self_attention.in_proj", "(B, T, 3D)",
-                       "masked self-attention's q, k, v; each splits into H heads (B, H, T, D/H)"),
+                       "q, k, v in one matmul, each split into heads (B, H, T, D/H)"),
                 _Probe(layer.self_attention, f"{path}.self_attention", "(B, T, D)",
-                       "masked self-attention: heads merged, projected",
-                       "(B, H, T, T)", f"{softmax}: each target position over itself and those before (causal)"),
+                       "masked self-attention output",
+                       "(B, H, T, T)", f"{softmax}, causal: each position over those up to it"),
                 _Probe(layer.cross_attention.q_proj, f"{path}.cross_attention.q_proj", "(B, T, D)",
                        "cross-attention's q, from the decoder"),
                 _Probe(layer.cross_attention, f"{path}.cross_attention", "(B, T, D)",
-                       "cross-attention: heads merged, projected",
-                       "(B, H, T, S)", f"{softmax}: each target position over the source positions")]
+                       "cross-attention output",
+                       "(B, H, T, S)", f"{softmax}: each target position over the source")]
         probes += [_Probe(layer.feed_forward.linear1, f"{path}.feed_forward.linear1", f"(B, {x}, F)",
-                          "feed-forward inner layer, before its ReLU (Section 3.3)"),
+                          "feed-forward inner layer, before its ReLU (§3.3)"),
                    _Probe(layer.feed_forward, f"{path}.feed_forward", f"(B, {x}, D)", "feed-forward output"),
-                   _Probe(layer, path, f"(B, {x}, D)", f"layer output: {residual}")]
+                   _Probe(layer, path, f"(B, {x}, D)", f"layer output, each sublayer as {residual}")]
     if side == "encoder":
         return probes + [_Probe(model.encoder_norm, "encoder_norm", "(B, S, D)",
-                                "memory: the encoder output, read by every cross-attention")]
+                                "memory: the encoder output every cross-attention reads")]
     return probes + [_Probe(model.decoder_norm, "decoder_norm", "(B, T, D)", "decoder states"),
                      _Probe(model.output, "output", "(B, T, V)",
-                            "logits: at each position, a score for every target subword (the next one)")]
+                            "logits: a score per target subword, at each position")]
 
 
 def _attention_weights(module: nn.Module, args: tuple, kwargs: dict) -> Tensor:
@@ -207,7 +206,8 @@ def _text(pieces: list[str]) -> str:
 
 def _prose(heading: str, *paragraphs: str, width: int = 110) -> list[str]:
     """A numbered heading and its paragraphs, wrapped at `width` and indented under it."""
-    return [heading] + [line for paragraph in paragraphs
+    # A no-break space holds "D = 256" together on one line (textwrap does not break at it).
+    return [heading] + [line.replace("\u00a0", " ") for paragraph in paragraphs
                         for line in textwrap.wrap(paragraph, width, initial_indent="   ", subsequent_indent="   ")]
 
 
@@ -245,11 +245,13 @@ def _render_stages(explanation: Explanation) -> list[str]:
     sizes, trace = explanation.sizes, explanation.trace
     out = _prose("2. The model, stage by stage: one forward pass over this sentence and its translation, as in "
                  "training",
-                 f"Shapes read from the model's own tensors with forward hooks. B = {sizes['B']} sentence; S = "
-                 f"{sizes['S']} source positions ({len(trace.source_ids)} subwords + {EOS}); T = {sizes['T']} target "
-                 f"positions ({BOS} + {len(trace.output_ids)} subwords); D = d_model {sizes['D']}; H = {sizes['H']} "
-                 f"heads of D/H = {sizes['D'] // sizes['H']}; F = d_ff {sizes['F']}; V = {sizes['V']} target "
-                 "subwords.",
+                 "Shapes read from the model's own tensors with forward hooks. " + "; ".join(
+                     part.replace(" ", "\u00a0") for part in (
+                         f"B = {sizes['B']} sentence",
+                         f"S = {sizes['S']} source positions ({len(trace.source_ids)} subwords + {EOS})",
+                         f"T = {sizes['T']} target positions ({BOS} + {len(trace.output_ids)} subwords)",
+                         f"D = d_model {sizes['D']}", f"H = {sizes['H']} heads of D/H = {sizes['D'] // sizes['H']}",
+                         f"F = d_ff {sizes['F']}", f"V = {sizes['V']} target subwords")) + ".",
                  "The search itself runs the decoder one position at a time (a cache keeps the earlier ones' keys "
                  "and values): there T = 1 and B = the live hypotheses.")
     # Layers after the first whose stages have the same shapes as the first's are named, not repeated.
@@ -379,3 +381,7 @@ def render(explanation: Explanation) -> str:
     out += _render_greedy(trace) if trace.method == "greedy" else _render_beam(trace)
     out += ["", *_render_verdict(trace)]
     return "\n".join(out)
+
+
+__all__ = ["Stage", "stage_shapes", "dimension_sizes", "evaluate_dims", "Explanation", "explain", "explain_lines",
+           "render"]

@@ -205,3 +205,9 @@ def test_translating_without_explain_loads_none_of_it(trained_run: Path):
                "print(code, sorted(m for m in sys.modules if m.endswith(('.explain', '.trace'))))")
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, cwd=ROOT)
     assert result.stdout.splitlines()[-1] == "0 []"
+
+
+def test_each_sentence_is_explained_in_turn(trained_run: Path, capsys):
+    code, out, _ = translate(capsys, trained_run, "--explain", "--greedy", SENTENCE, "Go.")
+    assert code == 0
+    assert [line for line in out.splitlines() if line.startswith("=== ")] == [f"=== {SENTENCE}", "=== Go."]

@@ -189,11 +189,14 @@ def explain(translator: Translator, text: str, prefix: str = "", n_best: int = 1
 
 def explain_lines(translator: Translator, lines: Iterable[str], out: TextIO, prefix: str | None = None,
                   n_best: int = 1) -> None:
-    """Write the explanation (`render`) of every non-blank line to `out`, each as soon as it is made."""
+    """Write the explanation (`render`) of every non-blank line to `out`, each as soon as it is made, a
+    blank line between two."""
+    first = True
     for line in lines:
         if line.strip():
-            out.write(render(explain(translator, line, prefix or "", n_best)) + "\n")
+            out.write(("" if first else "\n") + render(explain(translator, line, prefix or "", n_best)) + "\n")
             out.flush()
+            first = False
 
 
 # Rendering. Step numbers are 1-based here (step N picks the N-th output subword); trace.py's are 0-based.

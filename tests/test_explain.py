@@ -211,3 +211,13 @@ def test_each_sentence_is_explained_in_turn(trained_run: Path, capsys):
     code, out, _ = translate(capsys, trained_run, "--explain", "--greedy", SENTENCE, "Go.")
     assert code == 0
     assert [line for line in out.splitlines() if line.startswith("=== ")] == [f"=== {SENTENCE}", "=== Go."]
+
+
+def test_stage_shapes_of_a_padded_batch(trained_run: Path):
+    model = load_translator(trained_run, device="cpu").model
+    src, src_pad_mask = source_tensor([[10, 11, 12], [13]])
+    tgt_in = torch.tensor([[BOS_ID, 10], [BOS_ID, 0]])
+    sizes = dimension_sizes(model, src, tgt_in)
+    assert (sizes["B"], sizes["S"], sizes["T"]) == (2, 4, 2)
+    for stage in stage_shapes(model, src, tgt_in, src_pad_mask):
+        assert evaluate_dims(stage.dims, sizes) == stage.shape, stage

@@ -211,7 +211,8 @@ def _prose(heading: str, *paragraphs: str, width: int = 110) -> list[str]:
     """A numbered heading and its paragraphs, wrapped at `width` and indented under it."""
     # A no-break space holds "D = 256" together on one line (textwrap does not break at it).
     return [heading] + [line.replace("\u00a0", " ") for paragraph in paragraphs
-                        for line in textwrap.wrap(paragraph, width, initial_indent="   ", subsequent_indent="   ")]
+                        for line in textwrap.wrap(paragraph, width, initial_indent="   ", subsequent_indent="   ",
+                                                      break_on_hyphens=False)]
 
 
 def _table(rows: list[list[str]], right: set[int] = frozenset(), indent: str = "  ") -> list[str]:

@@ -11,10 +11,11 @@
   python translate.py --score --input file.en --targets file.fr   # log-prob, per token, perplexity
   python translate.py --run runs/a --run runs/b "I am cold."       # an ensemble of two runs
   python translate.py --format jsonl "I am cold."       # one JSON object per line
+  python translate.py --explain "I am cold."            # subwords, tensor shapes, the search step by step
 
 Default model: the best checkpoint of the newest run under runs/. Default engine (--engine auto):
 CTranslate2, the faster, exported into the run on first use; the torch engine where CTranslate2 is not
-installed or cannot do what is asked (--attention, --alignment, --bf16, an ensemble, --device mps),
+installed or cannot do what is asked (--attention, --alignment, --explain, --bf16, an ensemble, --device mps),
 with a note saying why. Translations go to stdout, one line per input line (empty lines stay empty);
 logs, progress and scores go to stderr.
 """
@@ -43,7 +44,7 @@ FLAGS = {"n_best": "--n-best", "length_penalty": "--length-penalty", "max_length
          "top_p": "--top-p", "temperature": "--temperature", "seed": "--seed", "threads": "--threads",
          "engine": "--engine", "int8": "--int8", "bf16": "--bf16", "device": "--device", "run": "--run",
          "ensemble": "--run given more than once", "alignment_layer": "--alignment-layer", "input": "--input",
-         "targets": "--targets"}
+         "targets": "--targets", "explain": "--explain"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,6 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--targets", type=Path, metavar="FILE", help="with --score and --input: the target lines")
     add("--format", choices=["text", "jsonl"], default="text",
         help="text (default), or jsonl: one JSON object per input line, for programs")
+    add("--explain", action="store_true", help="for learners: instead of the translations, show how each sentence "
+        "is translated: its subwords and ids, the tensor shape after every stage of the model, the greedy or beam "
+        "search step by step, and why the translation won (torch engine)")
     add("--interactive", action="store_true", help="translate each line as it is typed")
     add("--quiet", action="store_true", help="no log lines or progress bar")
     return parser.parse_args(argv)
@@ -130,10 +134,18 @@ def check_arguments(args: argparse.Namespace) -> None:
                  "--n-best": args.n_best != 1, "--length-penalty": args.length_penalty is not None,
                  "--prefix": args.prefix is not None, "--prefix-column": args.prefix_column,
                  "--reference": bool(args.reference), "--attention": args.attention is not None,
-                 "--alignment": args.alignment, "--interactive": args.interactive}
+                 "--alignment": args.alignment, "--interactive": args.interactive, "--explain": args.explain}
     clashes = [flag for flag, value in searching.items() if value]
     if args.score and clashes:
         raise UserError(f"--score scores the given translations and searches for none: leave out {clashes[0]}")
+    if args.explain:
+        clashes = {"--sample": args.sample, "--attention": args.attention is not None, "--alignment": args.alignment,
+                   "--reference": bool(args.reference), "--prefix-column": args.prefix_column,
+                   "--format jsonl": args.format == "jsonl"}
+        clash = next((flag for flag, given in clashes.items() if given), None)
+        if clash:
+            why = "shows greedy or beam search, not sampling" if clash == "--sample" else "writes a report of its own"
+            raise UserError(f"--explain {why}: leave out {clash}")
     if args.targets is not None and args.input is None:
         raise UserError("--targets needs --input, the source of each target line")
     for flag, path in [("--input", args.input), ("--targets", args.targets)] + [("--reference", path) for path in
@@ -152,7 +164,7 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
                             args.attention is not None or args.alignment, args.threads, args.n_best, sampling,
                             dict(beam_size=1 if args.greedy else args.beam, length_penalty=args.length_penalty,
                                  max_length_a=args.max_length_a, max_length_b=args.max_length_b,
-                                 batch_size=args.batch_size), args.score)
+                                 batch_size=args.batch_size), args.score, explain=args.explain)
     translator = open_engine(request, lambda text: args.quiet or print(f"note: {name_options(text, names)}",
                                                                        file=sys.stderr))
     layer = lines.alignment_layer(translator, args.alignment_layer) if args.alignment else None
@@ -163,6 +175,11 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
     with contextlib.ExitStack() as stack:
         # Written to a temporary and renamed at the end: a failed run leaves an earlier --output as it was.
         out = stack.enter_context(lines.output_file(args.output, "--output")) if args.output else sys.stdout
+        if args.explain:  # the explain module loads only here
+            from transformer.translation.explain import explain_lines
+
+            explain_lines(translator, source.lines, out, args.prefix, args.n_best)
+            return
         if args.score:
             print(lines.score_pairs(translator, out, source, args.targets, args.input, args.format == "jsonl")
                   .summary(), file=sys.stderr)

@@ -48,6 +48,7 @@ class EngineRequest:
     sampling: Sampling | None = None
     decode: dict[str, Any] = field(default_factory=dict)  # overrides of the run's decode config
     scoring: bool = False  # scores given translations: no search, so no n-best and no note on searching
+    explain: bool = False  # the search is traced step by step and the model's stages read (torch engine)
     device_key: str = option("device")  # the device setting's name in errors
 
     def __post_init__(self) -> None:
@@ -57,6 +58,9 @@ class EngineRequest:
             raise UserError(f"{option('threads')} must be 0 (the engine's default) or more, got {self.threads}")
         if self.ensemble and self.attention:
             raise UserError(f"{option('attention')} shows one model's attention: not with an ensemble "
+                            f"({option('ensemble')})")
+        if self.ensemble and self.explain:
+            raise UserError(f"{option('explain')} shows one model's stages: not with an ensemble "
                             f"({option('ensemble')})")
         check_overrides(self.sampling, **self.decode)  # before any model loads; the engine applies them
         if not self.scoring:
@@ -68,6 +72,8 @@ class EngineRequest:
             return f"{option('ensemble')}: an ensemble runs on the torch engine only"
         if self.attention:
             return f"{option('attention')} reads the model's attention, which only the torch engine returns"
+        if self.explain:
+            return f"{option('explain')} traces the search step by step, which only the torch engine can"
         if self.bf16:
             return f"{option('bf16')} is the torch engine's: CTranslate2 offers no bf16 on a CPU"
         return None

@@ -26,11 +26,12 @@ def _attend_mask(src_pad_mask: Tensor) -> Tensor:
 
 def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
     """(max_len, d_model) table of Section 3.5: sin on even features, cos on odd ones."""
-    position = torch.arange(max_len, dtype=torch.float32)[:, None]
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (max_len, 1)
+    # (ceil(D/2),): one frequency per sin/cos pair of features
     inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
     table = torch.zeros(max_len, d_model)
-    table[:, 0::2] = torch.sin(position * inv_freq)
-    table[:, 1::2] = torch.cos(position * inv_freq)[:, : d_model // 2]
+    table[:, 0::2] = torch.sin(position * inv_freq)  # (max_len, ceil(D/2))
+    table[:, 1::2] = torch.cos(position * inv_freq)[:, : d_model // 2]  # an odd D has one cos column fewer
     return table
 
 
@@ -80,8 +81,8 @@ def attention_probabilities(q: Tensor, k: Tensor, attend_mask: Tensor | None = N
     The inspection path calls this, and `attend` on 16-bit CPU tensors. Elsewhere training and
     search use F.scaled_dot_product_attention, which never materialises these weights.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
+    allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)  # (T, S), broadcast over B, H
     if causal:
         allowed = allowed.tril()
     if attend_mask is not None:
@@ -115,12 +116,12 @@ class _Heads(nn.Module):
     def _heads(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, Dh)"""
         batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)
+        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, T, H, Dh) -> (B, H, T, Dh)
 
     def _merge(self, x: Tensor) -> Tensor:
         """(B, H, T, Dh) -> (B, T, D), then the output projection."""
         batch, _, length, _ = x.shape
-        return self.out_proj(x.transpose(1, 2).reshape(batch, length, self.d_model))
+        return self.out_proj(x.transpose(1, 2).reshape(batch, length, self.d_model))  # (B, T, H, Dh) -> (B, T, D)
 
 
 class SelfAttention(_Heads):
@@ -135,14 +136,15 @@ class SelfAttention(_Heads):
                  ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, bool]:
         """q (B, H, T, Dh) and k, v (B, H, t + T, Dh) with the cached positions first, and the mask
         and causal flag that make each query see what `forward` lets it see. Reads the cache only."""
+        # (B, T, 3D) -> three (B, T, D) -> each (B, H, T, Dh)
         q, k, v = (self._heads(t) for t in self.in_proj(x).chunk(3, -1))
         if cache is not None:
             if cache.self_k is not None:
-                k = torch.cat([cache.self_k, k], dim=2)
+                k = torch.cat([cache.self_k, k], dim=2)  # (B, H, t, Dh) + (B, H, T, Dh) -> (B, H, t + T, Dh)
                 v = torch.cat([cache.self_v, v], dim=2)
             new, total = q.shape[2], k.shape[2]
             if new > 1:  # several new positions: each sees the cache and the new ones up to itself
-                attend_mask = torch.ones(new, total, dtype=torch.bool, device=x.device).tril(total - new)
+                attend_mask = torch.ones(new, total, dtype=torch.bool, device=x.device).tril(total - new)  # (T, t + T)
             causal = False
         return q, k, v, attend_mask, causal
 
@@ -174,7 +176,7 @@ class CrossAttention(_Heads):
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of the encoder output (B, S, D), each (B, H, S, Dh)."""
-        k, v = self.kv_proj(memory).chunk(2, -1)
+        k, v = self.kv_proj(memory).chunk(2, -1)  # (B, S, 2D) -> two (B, S, D)
         return self._heads(k), self._heads(v)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor) -> Tensor:
@@ -185,8 +187,8 @@ class CrossAttention(_Heads):
         attention treats every query on its own, so this is exact and needs no G copies.
         """
         rows, length, d_model = x.shape
-        out = self._merge(attend(self._queries(x, k), k, v, attend_mask))
-        return out.reshape(rows, length, d_model)
+        out = self._merge(attend(self._queries(x, k), k, v, attend_mask))  # (B, G*T, D)
+        return out.reshape(rows, length, d_model)  # (B*G, T, D)
 
     def _queries(self, x: Tensor, k: Tensor) -> Tensor:
         """x (B*G, T, D) -> queries (B, H, G*T, Dh): each sentence's G rows as one longer sequence."""
@@ -194,6 +196,7 @@ class CrossAttention(_Heads):
         sentences = k.shape[0]
         if rows % sentences:
             raise ValueError(f"{rows} decoder rows do not divide into {sentences} source sentences")
+        # (B*G, T, D) -> (B, G*T, D) -> (B, H, G*T, Dh)
         return self._heads(self.q_proj(x).reshape(sentences, rows // sentences * length, d_model))
 
     def attention_weights(self, x: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor) -> Tensor:
@@ -202,8 +205,8 @@ class CrossAttention(_Heads):
         rows, length, _ = x.shape
         weights = attention_probabilities(self._queries(x, k), k, attend_mask)  # (B, H, G*T, S)
         sentences, heads, _, keys = weights.shape
-        weights = weights.view(sentences, heads, rows // sentences, length, keys).transpose(1, 2)
-        return weights.reshape(rows, heads, length, keys)
+        weights = weights.view(sentences, heads, rows // sentences, length, keys).transpose(1, 2)  # (B, G, H, T, S)
+        return weights.reshape(rows, heads, length, keys)  # (B*G, H, T, S)
 
 
 class FeedForward(nn.Module):
@@ -311,6 +314,7 @@ class Transformer(nn.Module):
         length = tokens.shape[1]
         if offset + length > self.config.max_len:
             raise ValueError(f"sequence of {offset + length} tokens exceeds model.max_len={self.config.max_len}")
+        # (B, T, D) + (T, D): the same positions for every row
         x = embedding(tokens) * math.sqrt(self.config.d_model) + self.positions[offset: offset + length]
         return self.dropout(x)
 

@@ -7,6 +7,7 @@ steps, the winner and the verdict for a typed sentence."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -204,5 +205,36 @@ def test_the_page_shows_the_search_step_by_step_in_a_browser(translator: Transla
                 if pruned:
                     assert body.locator("tr.pruned td").last.inner_text().startswith(f"{pruned} pruned: ")
             assert page.locator("#error").inner_text() == "" and page.locator("#search-error").inner_text() == ""
+        finally:
+            browser.close()
+
+
+@pytest.mark.slow
+def test_the_page_shows_greedy_search_step_by_step_when_the_run_searches_greedily(translator: Translator):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium)")
+    greedy = dataclasses.replace(translator, decode=dataclasses.replace(translator.decode, beam_size=1))
+    text = TEXTS[0]
+    with local_client(create_app(greedy, torch_engine=greedy)) as client:
+        expected = explain(client, text=text)
+    assert expected["method"] == "greedy"
+    with running(create_app(greedy, torch_engine=greedy)) as port, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_function("() => document.querySelector('#search-title').textContent.startsWith('Greedy')")
+            page.locator("#source").press_sequentially(text, delay=20)
+            page.wait_for_selector("#verdict:not(:empty)", timeout=30_000)
+            assert page.locator("#verdict").inner_text() == expected["verdict"]
+            assert page.locator("#steps tbody").count() == len(expected["steps"])
+            # One chosen subword a step, the others shown not taken, with their probabilities.
+            assert page.locator("#steps tr.chosen").count() == len(expected["steps"])
+            assert page.locator("#steps tr.finished, #steps tr.winner").count() == 0
+            first = expected["steps"][0]["candidates"]
+            others = page.locator("#steps tbody").first.locator("tr.pruned td").last.inner_text()
+            assert others.startswith("not taken: ") and others.count("(p ") == len(first) - 1
         finally:
             browser.close()

@@ -1,12 +1,11 @@
 """The HTTP face of a translation engine: `POST /translate` (texts in, translations with their n-best
 scores out; beam, target prefixes and seeded sampling as translate.py's, and, when asked, the
 cross-attention of the best one), `POST /explain` (one text's search step by step, explain.py),
-`GET /health`, and the web page at `/`. Requests are strict
-pydantic models that refuse unknown fields and wrong types; every refusal is a 4xx JSON
-`{"error": ...}`: a request whose Host is not an allowed name a 400 before anything else, a body above
-MAX_BODY_BYTES a 413 before it is read, one not whole within BODY_TIMEOUT seconds a 408. Translation
-runs on one worker thread that batches concurrent requests (batcher.py). No model loading here
-(serve.py), nor the server's connection limits (server.py).
+`GET /health`, and the web page at `/`. Requests are strict pydantic models that refuse unknown fields
+and wrong types; every refusal is a 4xx JSON `{"error": ...}`: a request whose Host is not an allowed
+name a 400 before anything else, a body above MAX_BODY_BYTES a 413 before it is read, one not whole
+within BODY_TIMEOUT seconds a 408. Translation runs on one worker thread that batches concurrent requests
+(batcher.py). No model loading here (serve.py), nor the server's connection limits (server.py).
 """
 
 from __future__ import annotations
@@ -164,8 +163,8 @@ class Translations:
     """The batcher's work function: the (text, prefix) pairs of one group of requests through the text
     path. Plain requests run on `engine`; those with alignment or sampling on the torch Translator,
     which alone gives attention and reseeds exactly per call (CTranslate2's random generator, once
-    used, ignores a new seed), and so do /explain's traces (ExplainOptions). Engines at other beams than the run's are made once and kept. Runs on
-    the worker thread only."""
+    used, ignores a new seed), and so do /explain's traces (ExplainOptions). Engines at other beams than
+    the run's are made once and kept. Runs on the worker thread only."""
 
     def __init__(self, engine: Engine, torch_engine: Translator | None) -> None:
         self.engine, self.torch_engine = engine, torch_engine
@@ -418,5 +417,5 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
 
 
 __all__ = ["MAX_TEXTS", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "BODY_TIMEOUT", "LOCAL_HOSTS", "BATCH_TEXTS",
-           "BATCH_WINDOW", "DecodeOptions", "TranslateRequest", "ExplainRequest", "TranslateResponse", "Translations", "BodyLimit",
-           "AllowedHosts", "allowed_host", "create_app"]
+           "BATCH_WINDOW", "DecodeOptions", "TranslateRequest", "ExplainRequest", "TranslateResponse", "Translations",
+           "BodyLimit", "AllowedHosts", "allowed_host", "create_app"]

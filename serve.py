@@ -8,7 +8,8 @@ Needs the serve extra: pip install -e ".[serve]". The port is taken first, then 
 the server answers: a port in use or a run that cannot be loaded stops here with one error line. Engines
 as in translate.py: plain requests run on CTranslate2 where it imports (--engine auto, exported into the
 run on first use), requests with "alignment" or "sampling" on the torch engine, which alone returns the
-attention the page draws and draws the same samples for the same seed.
+attention the page draws and draws the same samples for the same seed, and so does POST /explain, the
+search of one sentence step by step that the page shows beside the attention.
 
 Requests whose Host is not 127.0.0.1, localhost, [::1], the --host address or an --allow-host name get
 400: a web page elsewhere cannot reach the server by pointing a name of its own at this machine (DNS

@@ -1,8 +1,8 @@
 """The README's picture of the web page: serve.py on a trained run, a sentence typed into the page in
-Debian's chromium (through Playwright), and a screenshot once the translation and its attention are
-drawn.
+Debian's chromium (through Playwright), and a screenshot once the translation, its attention and the
+search step by step are drawn.
 
-    python bench/screenshot.py --run runs/base --out docs/serve.png
+    python bench/screenshot.py --run runs/base --out docs/serve_beam.png --colors 256
     python bench/screenshot.py --run runs/base --text "Where is the station?" --out /tmp/page.png
 
 Needs the serve extra and chromium (Debian: apt-get install chromium). The server runs as a user
@@ -51,13 +51,23 @@ def main() -> None:
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
     parser.add_argument("--text", default="The cat is sleeping on the sofa.", help="what is typed into the page")
-    parser.add_argument("--width", type=int, default=900)
+    parser.add_argument("--width", type=int, default=1200, help="the window's width: at 1200 the search is "
+                                                                 "beside the attention, narrower below it")
     parser.add_argument("--height", type=int, default=700)
+    parser.add_argument("--colors", type=int, default=0, help="store the PNG with a palette of this many colours "
+                                                                "(needs Pillow): a third of the size (default: 0, all)")
     args = parser.parse_args()
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         sys.exit("error: playwright is not installed: pip install playwright")
+    if args.colors:
+        if not 2 <= args.colors <= 256:
+            sys.exit(f"error: --colors must be from 2 to 256 (0: all), got {args.colors}")
+        try:
+            from PIL import Image
+        except ImportError:
+            sys.exit("error: --colors needs Pillow: pip install pillow")
     chromium = shutil.which("chromium")
     if chromium is None:
         sys.exit("error: no chromium on PATH (Debian: apt-get install chromium)")
@@ -73,10 +83,16 @@ def main() -> None:
                 page.goto(f"http://127.0.0.1:{port}/")
                 page.locator("#source").press_sequentially(args.text, delay=30)  # typed: the page's debounce runs
                 page.wait_for_selector("#heatmap td", timeout=30_000)
-                page.wait_for_timeout(500)  # the last keystroke's answer drawn
+                page.wait_for_selector("#verdict:not(:empty)", timeout=60_000)  # asked once the translation is in
+                page.wait_for_timeout(500)  # the last keystroke's answers drawn
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(args.out), full_page=True)
+                if args.colors:
+                    with Image.open(args.out) as shot:
+                        paletted = shot.convert("RGB").quantize(args.colors, method=Image.Quantize.MEDIANCUT)
+                    paletted.save(args.out, optimize=True)
                 print(f"{args.out}: {args.text!r} -> {page.locator('#translation').inner_text()!r}")
+                print(page.locator("#verdict").inner_text())
             finally:
                 browser.close()
     finally:

@@ -647,7 +647,7 @@ def test_the_page_translates_as_you_type_in_a_browser(server: str, tmp_path: Pat
             columns = page.locator("#heatmap thead th").count() - 1
             assert rows >= 1 and columns >= 2 and cells == rows * columns
             assert page.locator("#error").inner_text() == ""
-            shot = Path(os.environ.get("SERVE_SCREENSHOT", tmp_path / "serve.png"))  # docs/serve.png is one
+            shot = Path(os.environ.get("SERVE_SCREENSHOT", tmp_path / "serve.png"))
             page.screenshot(path=str(shot), full_page=True)
             assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         finally:

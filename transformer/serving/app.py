@@ -1,11 +1,11 @@
 """The HTTP face of a translation engine: `POST /translate` (texts in, translations with their n-best
 scores out; beam, target prefixes and seeded sampling as translate.py's, and, when asked, the
-cross-attention of the best one), `GET /health`, and the web page at `/`. Requests are strict
-pydantic models that refuse unknown fields and wrong types; every refusal is a 4xx JSON
-`{"error": ...}`: a request whose Host is not an allowed name a 400 before anything else, a body above
-MAX_BODY_BYTES a 413 before it is read, one not whole within BODY_TIMEOUT seconds a 408. Translation
-runs on one worker thread that batches concurrent requests (batcher.py). No model loading here
-(serve.py), nor the server's connection limits (server.py).
+cross-attention of the best one), `POST /explain` (one text's search step by step, explain.py),
+`GET /health`, and the web page at `/`. Requests are strict pydantic models that refuse unknown fields
+and wrong types; every refusal is a 4xx JSON `{"error": ...}`: a request whose Host is not an allowed
+name a 400 before anything else, a body above MAX_BODY_BYTES a 413 before it is read, one not whole
+within BODY_TIMEOUT seconds a 408. Translation runs on one worker thread that batches concurrent requests
+(batcher.py). No model loading here (serve.py), nor the server's connection limits (server.py).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformer.checkpoints.lookup import run_dir_of
 from transformer.errors import DecodeOptionError, UserError
 from transformer.serving.batcher import Batcher
+from transformer.serving.explain import ExplainOptions, ExplainResponse, explain_options, explain_texts
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
 from transformer.translation.options import Sampling, check_n_best, check_overrides
 from transformer.translation.texts import Engine, translate_scored
@@ -99,6 +100,19 @@ class TranslateRequest(BaseModel):
         return self
 
 
+class ExplainRequest(BaseModel):
+    """One text whose search is shown step by step, with /translate's options of a search (checked alike)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: Text
+    beam: int | None = Field(default=None, le=MAX_BEAM, description="beam size (default: the run's; 1: greedy)")
+    length_penalty: float | None = Field(default=None, description="the GNMT alpha (default: the run's)")
+    n_best: int = Field(default=1, le=MAX_BEAM, description="finished hypotheses beam search keeps before it "
+                                                            "may stop, as /translate's n_best")
+    prefix: Text = Field(default="", description="the translation starts with it")
+
+
 class Candidate(BaseModel):
     text: str
     score: float | None  # log-probability of the subwords and EOS; None for a blank text
@@ -149,8 +163,8 @@ class Translations:
     """The batcher's work function: the (text, prefix) pairs of one group of requests through the text
     path. Plain requests run on `engine`; those with alignment or sampling on the torch Translator,
     which alone gives attention and reseeds exactly per call (CTranslate2's random generator, once
-    used, ignores a new seed). Engines at other beams than the run's are made once and kept. Runs on
-    the worker thread only."""
+    used, ignores a new seed), and so do /explain's traces (ExplainOptions). Engines at other beams than
+    the run's are made once and kept. Runs on the worker thread only."""
 
     def __init__(self, engine: Engine, torch_engine: Translator | None) -> None:
         self.engine, self.torch_engine = engine, torch_engine
@@ -169,7 +183,10 @@ class Translations:
                                                                                         beam_size=options.beam))
         return self._engines[key]
 
-    def __call__(self, options: DecodeOptions, items: list[tuple[str, str]]) -> list[Translation]:
+    def __call__(self, options: DecodeOptions | ExplainOptions, items: list[tuple[str, str]]
+                 ) -> list[Translation] | list[ExplainResponse]:
+        if isinstance(options, ExplainOptions):
+            return explain_texts(self.torch_engine, options, items)
         engine = self._engine_for(options)
         texts = [text for text, _ in items]
         prefixes = [prefix for _, prefix in items] if any(prefix for _, prefix in items) else None
@@ -386,9 +403,19 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
         future = http.app.state.batcher.submit(options, list(zip(request.texts, prefixes)))
         return TranslateResponse(translations=await asyncio.wrap_future(future))
 
+    @app.post("/explain", response_model=ExplainResponse)
+    async def explain(request: ExplainRequest, http: Request) -> ExplainResponse:
+        """The search of one text step by step, on the torch engine (translate.py --explain's record)."""
+        if torch_engine is None:
+            raise UserError("this server translates without the torch engine, which alone shows its search "
+                            "step by step")
+        options = explain_options(torch_engine, request.beam, request.length_penalty, request.n_best)
+        future = http.app.state.batcher.submit(options, [(request.text, request.prefix)])
+        return (await asyncio.wrap_future(future))[0]
+
     return app
 
 
 __all__ = ["MAX_TEXTS", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "BODY_TIMEOUT", "LOCAL_HOSTS", "BATCH_TEXTS",
-           "BATCH_WINDOW", "DecodeOptions", "TranslateRequest", "TranslateResponse", "Translations", "BodyLimit",
-           "AllowedHosts", "allowed_host", "create_app"]
+           "BATCH_WINDOW", "DecodeOptions", "TranslateRequest", "ExplainRequest", "TranslateResponse", "Translations",
+           "BodyLimit", "AllowedHosts", "allowed_host", "create_app"]

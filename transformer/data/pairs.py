@@ -27,6 +27,7 @@ from transformer.errors import DataError, disk_full
 from transformer.data.readers import describe_input, line_numbers, read_pairs_file
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import Tokenizers
+from transformer.data.token_files import write_directory
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ _LINES_SHOWN = 5  # line numbers named in a warning about dropped rows
 # bench/data_memory.py` measures the data stage). Smaller corpora take seconds anyway, not worth the
 # workers' start-up and one cache file per worker.
 PARALLEL_ROWS = 1_000_000
+
+# A split longer than this is encoded in shards of this many rows, each a cache file of its own.
+ENCODE_SHARD_ROWS = 1_000_000
 
 
 # --------------------------------------------------------------------------- loading
@@ -268,6 +272,48 @@ def split_pairs(pairs: datasets.Dataset, config: DataConfig) -> Splits:
     random order (a hash), so the split depends only on the seed and the set of pairs, not on row
     order; a group larger than a split's size stays in train. Memory: a few 8-byte numbers a row.
     """
+    stored = _split_directory(pairs, config)
+    found = _load_split(stored) if stored else None
+    row_side, fingerprint = found or _assign_sides(pairs, config)
+    if stored and not found:
+        _save_split(stored, row_side, fingerprint)
+    train, valid, test = (int(count) for count in np.bincount(row_side, minlength=3)[:3])
+    logger.info("split by groups of pairs that share a sentence: %d train, %d valid, %d test pairs",
+                train, valid, test)
+    return Splits(*(_subset(pairs, row_side, split_id, f"taking the {name} split")
+                    for split_id, name in enumerate(("train", "valid", "test"))), fingerprint=fingerprint)
+
+
+_SPLIT_DIR = "splits"  # beside the datasets cache: each row's split and the fingerprint, per setting
+
+
+def _split_directory(pairs: datasets.Dataset, config: DataConfig) -> Path | None:
+    if not pairs.cache_files or not getattr(pairs, "_fingerprint", None):
+        return None
+    key = hashlib.sha256(f"{pairs._fingerprint} {config.split_seed} {config.valid_pairs} {config.test_pairs} "
+                         f"{_CODE_DIGEST}".encode()).hexdigest()[:24]
+    return Path(pairs.cache_files[0]["filename"]).parent / _SPLIT_DIR / key
+
+
+def _load_split(directory: Path) -> tuple[np.ndarray, str] | None:
+    # Read into memory (a byte a row), not mapped: the filters' cache keys hash the array, and a
+    # memmap would hash as another type than the array the first run computed.
+    try:
+        return np.load(directory / "sides.npy"), (directory / "fingerprint").read_text()
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _save_split(directory: Path, row_side: np.ndarray, fingerprint: str) -> None:
+    def fill(scratch: Path) -> None:
+        np.save(scratch / "sides.npy", row_side)
+        (scratch / "fingerprint").write_text(fingerprint)
+
+    write_directory(directory, fill)
+
+
+def _assign_sides(pairs: datasets.Dataset, config: DataConfig) -> tuple[np.ndarray, str]:
+    """(N,) int8: 0 train, 1 valid, 2 test for every row; and the fingerprint of the set of pairs."""
     source_hashes, target_hashes = _sentence_hashes(pairs)
     group = _groups(source_hashes, target_hashes)
     # A group's place in the order: the smallest seeded hash of its source sentences.
@@ -295,12 +341,8 @@ def split_pairs(pairs: datasets.Dataset, config: DataConfig) -> Splits:
             f"data.valid_pairs={config.valid_pairs} and data.test_pairs={config.test_pairs} "
             "with pairs left for training; lower them"
         )
-    logger.info("split by groups of pairs that share a sentence: %d train, %d valid, %d test pairs",
-                train, valid, test)
     both = np.stack([source_hashes, target_hashes])
-    fingerprint = hashlib.sha256(both[:, np.lexsort(both[::-1])].tobytes()).hexdigest()
-    return Splits(*(_subset(pairs, row_side, split_id, f"taking the {name} split")
-                    for split_id, name in enumerate(("train", "valid", "test"))), fingerprint=fingerprint)
+    return row_side, hashlib.sha256(both[:, np.lexsort(both[::-1])].tobytes()).hexdigest()
 
 
 def _take(chunks: list[pa.RecordBatch], starts: np.ndarray, rows: np.ndarray) -> pa.Table:
@@ -389,12 +431,26 @@ def _encode(dataset: datasets.Dataset, tokenizers: Tokenizers, name: str) -> dat
     features = datasets.Features({**dataset.features, **_ENCODED_FEATURES})
     if len(dataset) == 0:  # map() skips an empty dataset and would leave the new columns out
         return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
-    # Large batches: the Rust tokenizer spreads a batch over all cores, small ones leave them idle.
-    # With worker processes (a large corpus), datasets turns that off (TOKENIZERS_PARALLELISM=false)
-    # in the forked workers: one thread each, while the workers keep the cores busy.
-    return dataset.map(_encode_batch, batched=True, batch_size=10_000, features=features,
-                       fn_kwargs={"tokenizers": tokenizers, "code_digest": _CODE_DIGEST},
-                       num_proc=_num_proc(len(dataset)), desc=f"encoding {name}")
+
+    def encode(rows: datasets.Dataset, desc: str) -> datasets.Dataset:
+        # Large batches: the Rust tokenizer spreads a batch over all cores, small ones leave them idle.
+        # With worker processes (a large corpus), datasets turns that off (TOKENIZERS_PARALLELISM=false)
+        # in the forked workers: one thread each, while the workers keep the cores busy.
+        return rows.map(_encode_batch, batched=True, batch_size=10_000, features=features,
+                        fn_kwargs={"tokenizers": tokenizers, "code_digest": _CODE_DIGEST},
+                        num_proc=_num_proc(len(rows)), desc=desc)
+
+    if len(dataset) <= ENCODE_SHARD_ROWS:
+        return encode(dataset, f"encoding {name}")
+    # Shard by shard, each cached on its own: a run killed while encoding loses only the shard at
+    # hand, and the next run finds the others in the cache.
+    starts = range(0, len(dataset), ENCODE_SHARD_ROWS)
+    shards = []
+    for number, start in enumerate(starts, 1):
+        rows = range(start, min(start + ENCODE_SHARD_ROWS, len(dataset)))
+        shards.append(encode(dataset.select(rows), f"encoding {name}, shard {number} of {len(starts)}"))
+        logger.debug("encoded %s: shard %d of %d (rows %d to %d)", name, number, len(starts), rows[0], rows[-1])
+    return datasets.concatenate_datasets(shards)
 
 
 @_cache_writes

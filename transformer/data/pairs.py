@@ -28,6 +28,7 @@ from transformer.data.readers import describe_input, line_numbers, read_pairs_fi
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import Tokenizers
 from transformer.data.token_files import write_directory
+from transformer.data.arrow_stream import stream_batches
 
 logger = logging.getLogger(__name__)
 
@@ -120,15 +121,18 @@ def _clean_batch(batch: dict[str, list], source_column: str, target_column: str,
 def _drop_masks(cleaned: datasets.Dataset, config: DataConfig,
                 header_names: tuple[str, str] | None) -> dict[str, np.ndarray]:
     """(N,) boolean masks of the rows to drop, by reason, computed on the Arrow columns."""
-    table = cleaned.data
-    sources, targets = table.column(SOURCE), table.column(TARGET)
-    source_chars = pc.utf8_length(sources).to_numpy()
-    target_chars = pc.utf8_length(targets).to_numpy()
+    source_chars, target_chars = np.empty(len(cleaned), np.int32), np.empty(len(cleaned), np.int32)
+    header = np.zeros(len(cleaned), dtype=bool)
+    start = 0
+    for batch in arrow_batches(cleaned, [SOURCE, TARGET], batch_size=100_000):
+        rows = slice(start, start + batch.num_rows)
+        sources, targets = batch.column(SOURCE), batch.column(TARGET)
+        source_chars[rows], target_chars[rows] = pc.utf8_length(sources).to_numpy(), pc.utf8_length(targets).to_numpy()
+        if header_names is not None:
+            header[rows] = (pc.equal(sources, clean_text(header_names[0])).to_numpy(zero_copy_only=False)
+                            & pc.equal(targets, clean_text(header_names[1])).to_numpy(zero_copy_only=False))
+        start += batch.num_rows
     empty = (source_chars == 0) | (target_chars == 0)
-    header = np.zeros(len(table), dtype=bool)
-    if header_names is not None:
-        header = (pc.equal(sources, clean_text(header_names[0])).to_numpy(zero_copy_only=False)
-                  & pc.equal(targets, clean_text(header_names[1])).to_numpy(zero_copy_only=False))
     limit = config.max_length * MAX_CHARS_PER_TOKEN
     long = ~empty & ((source_chars > limit) | (target_chars > limit))
     return {"empty": empty, "header": header & ~empty, "long": long & ~header}
@@ -370,6 +374,10 @@ def arrow_batches(dataset: datasets.Dataset, columns: list[str], batch_size: int
     it in a fraction of that. The mapping is datasets' private `_indices`; were it ever gone,
     reading falls back to `Dataset.iter`, which is slow but right.
     """
+    streamed = stream_batches(dataset, columns, batch_size) if hasattr(dataset, "_indices") else None
+    if streamed is not None:
+        yield from streamed
+        return
     if not hasattr(dataset, "_indices"):
         yield from dataset.select_columns(columns).with_format("arrow").iter(batch_size=batch_size)
         return
@@ -432,13 +440,15 @@ def _encode(dataset: datasets.Dataset, tokenizers: Tokenizers, name: str) -> dat
     if len(dataset) == 0:  # map() skips an empty dataset and would leave the new columns out
         return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
 
+    num_proc = _num_proc(len(dataset))  # of the whole split: its shards are as worth spreading
+
     def encode(rows: datasets.Dataset, desc: str) -> datasets.Dataset:
         # Large batches: the Rust tokenizer spreads a batch over all cores, small ones leave them idle.
         # With worker processes (a large corpus), datasets turns that off (TOKENIZERS_PARALLELISM=false)
         # in the forked workers: one thread each, while the workers keep the cores busy.
         return rows.map(_encode_batch, batched=True, batch_size=10_000, features=features,
                         fn_kwargs={"tokenizers": tokenizers, "code_digest": _CODE_DIGEST},
-                        num_proc=_num_proc(len(rows)), desc=desc)
+                        num_proc=num_proc, desc=desc)
 
     if len(dataset) <= ENCODE_SHARD_ROWS:
         return encode(dataset, f"encoding {name}")

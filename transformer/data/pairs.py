@@ -401,6 +401,16 @@ def iter_texts(dataset: datasets.Dataset, column: str, batch_size: int = 10_000)
         yield from batch.column(0).to_pylist()
 
 
+def sample_pairs(dataset: datasets.Dataset, size: int, seed: int) -> datasets.Dataset:
+    """`size` rows of `dataset` drawn without replacement, seeded, in the dataset's order; the whole
+    dataset if it has no more rows than that."""
+    if len(dataset) <= size:
+        return dataset
+    chosen = np.zeros(len(dataset), dtype=bool)
+    chosen[np.random.default_rng(seed).choice(len(dataset), size, replace=False)] = True
+    return _subset(dataset, chosen, True, "sampling pairs")
+
+
 # --------------------------------------------------------------------------- encoding
 
 
@@ -501,6 +511,6 @@ def token_lengths(dataset: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
 
 __all__ = [
     "SOURCE", "TARGET", "SRC_IDS", "TGT_IDS", "SRC_LEN", "TGT_LEN",
-    "LoadReport", "load_pairs", "Splits", "split_pairs", "arrow_batches", "iter_texts",
+    "LoadReport", "load_pairs", "Splits", "split_pairs", "arrow_batches", "iter_texts", "sample_pairs",
     "EncodedSplits", "encode_splits", "token_lengths",
 ]

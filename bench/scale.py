@@ -190,7 +190,8 @@ def main() -> None:
     try:
         cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                     if line.startswith("model name")), platform.processor())
-        print(f"CPU: {cpu}, {len(os.sched_getaffinity(0))} cores; train.py of {args.repo.resolve()}")
+        bf16 = ", avx512_bf16" if re.search(r"\bavx512_bf16\b", Path("/proc/cpuinfo").read_text()) else ""
+        print(f"CPU: {cpu}, {len(os.sched_getaffinity(0))} cores{bf16}; train.py of {args.repo.resolve()}")
         scaled = work / f"x{args.scale}.csv"
         started = time.time()
         if args.scale == 1:

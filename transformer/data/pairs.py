@@ -53,6 +53,12 @@ _LINES_SHOWN = 5  # line numbers named in a warning about dropped rows
 # workers' start-up and one cache file per worker.
 PARALLEL_ROWS = 1_000_000
 
+# Rows per record batch of the Arrow files our maps and filters write (datasets' default is 1,000).
+# Opening a cached file reads every record batch's header, and each read faults in the pages
+# around it: with small batches, that is nearly the whole file, resident in every process that
+# opens it, even when no row is read.
+WRITER_BATCH_ROWS = 10_000
+
 # A split longer than this is encoded in shards of this many rows, each a cache file of its own.
 ENCODE_SHARD_ROWS = 1_000_000
 
@@ -97,6 +103,7 @@ def _subset(dataset: datasets.Dataset, labels: np.ndarray, wanted: int, desc: st
     memory-mapped cache file, batch by batch, and finds it there on the next run.
     """
     return dataset.filter(_rows_labelled, with_indices=True, input_columns=[], batched=True, batch_size=100_000,
+                          writer_batch_size=WRITER_BATCH_ROWS,
                           fn_kwargs={"labels": labels, "wanted": wanted, "code_digest": _CODE_DIGEST}, desc=desc)
 
 
@@ -174,6 +181,8 @@ def load_pairs(config: DataConfig, cache_dir: str | Path | None = None) -> tuple
     cleaned = table.map(
         _clean_batch,
         batched=True,
+        batch_size=WRITER_BATCH_ROWS,
+        writer_batch_size=WRITER_BATCH_ROWS,
         fn_kwargs={"source_column": raw.source_column, "target_column": raw.target_column,
                    "code_digest": _CODE_DIGEST},
         remove_columns=table.column_names,
@@ -456,7 +465,8 @@ def _encode(dataset: datasets.Dataset, tokenizers: Tokenizers, name: str) -> dat
         # Large batches: the Rust tokenizer spreads a batch over all cores, small ones leave them idle.
         # With worker processes (a large corpus), datasets turns that off (TOKENIZERS_PARALLELISM=false)
         # in the forked workers: one thread each, while the workers keep the cores busy.
-        return rows.map(_encode_batch, batched=True, batch_size=10_000, features=features,
+        return rows.map(_encode_batch, batched=True, batch_size=10_000, writer_batch_size=WRITER_BATCH_ROWS,
+                        features=features,
                         fn_kwargs={"tokenizers": tokenizers, "code_digest": _CODE_DIGEST},
                         num_proc=num_proc, desc=desc)
 
@@ -482,7 +492,8 @@ def encode_splits(splits: Splits, tokenizers: Tokenizers, max_length: int) -> En
     """
     limit = max_length - 1
     train = _encode(splits.train, tokenizers, "train")
-    kept = train.filter(_fits, batched=True, input_columns=[SRC_LEN, TGT_LEN],
+    kept = train.filter(_fits, batched=True, batch_size=WRITER_BATCH_ROWS, writer_batch_size=WRITER_BATCH_ROWS,
+                        input_columns=[SRC_LEN, TGT_LEN],
                         fn_kwargs={"limit": limit, "code_digest": _CODE_DIGEST}, desc="dropping long pairs")
     too_long = len(train) - len(kept)
     if too_long:

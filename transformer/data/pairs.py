@@ -381,7 +381,9 @@ def arrow_batches(dataset: datasets.Dataset, columns: list[str], batch_size: int
     gathering each one as its own slice: ~10 µs and a table chunk per row, so whole-split reads
     took a minute and hundreds of MB at 1.6M pairs. A vectorised take per batch (see _take) does
     it in a fraction of that. The mapping is datasets' private `_indices`; were it ever gone,
-    reading falls back to `Dataset.iter`, which is slow but right.
+    reading falls back to `Dataset.iter`, which is slow but right. A dataset whose rows are exactly
+    its cache files in order (through ascending mappings) is read from those files with plain reads
+    (arrow_stream.py), so a pass over a large corpus leaves none of it mapped into the process.
     """
     streamed = stream_batches(dataset, columns, batch_size) if hasattr(dataset, "_indices") else None
     if streamed is not None:

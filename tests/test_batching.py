@@ -38,7 +38,7 @@ def test_every_pair_once_per_epoch_within_the_budget(pairs, batch_tokens, seed, 
     tgt_lengths = np.array([t for _, t in pairs], dtype=np.int64)
     batches = token_batches(src_lengths, tgt_lengths, batch_tokens, seed, epoch, shuffle)
     if not pairs:
-        assert batches == []
+        assert len(batches) == 0
         return
     assert all(len(b) >= 1 for b in batches)
     everything = np.concatenate(batches)

@@ -444,3 +444,19 @@ def test_a_datasets_cache_on_a_full_disk_is_one_line_naming_it(tiny_config, tmp_
     monkeypatch.setattr(datasets.Dataset, "map", full)
     with pytest.raises(DataError, match=f"^the datasets cache {tmp_path / 'cache'} is on a full disk"):
         load_pairs(tiny_config.data, cache_dir=tmp_path / "cache")
+
+
+# --------------------------------------------------------------------------- sample_pairs
+
+
+def test_sample_pairs_is_a_seeded_subset_in_order(tiny_splits):
+    train = tiny_splits.train
+    assert data.sample_pairs(train, len(train), seed=1) is train
+    sample = data.sample_pairs(train, 10, seed=1)
+    rows = rows_of(train)
+    sampled = rows_of(sample)
+    assert len(sampled) == 10 and len(set(sampled)) == 10
+    positions = [rows.index(row) for row in sampled]
+    assert positions == sorted(positions)  # the corpus's order, not the draw's
+    assert rows_of(data.sample_pairs(train, 10, seed=1)) == sampled
+    assert rows_of(data.sample_pairs(train, 10, seed=2)) != sampled

@@ -173,6 +173,10 @@ class TokenizerConfig:
     # and translation never use it. Batches are formed from the lengths without dropout, so they may
     # hold somewhat more than train.batch_tokens. 0 = off; 0.1 is the paper's value.
     dropout: float = _range(0.0, 0.0, 1.0, high_open=True)
+    # BPE learns its merges from at most this many training pairs, a sample seeded by train.seed (as
+    # SentencePiece's input_sentence_size): on a corpus of tens of millions of pairs, training on all
+    # of them costs minutes and changes little. The default is above the shipped corpus's size.
+    sample_pairs: int = _range(2_000_000, 1)
 
     def __post_init__(self) -> None:
         _check_fields(self)

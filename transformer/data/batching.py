@@ -8,7 +8,9 @@ Every sequence is right-padded with PAD_ID, per batch (never to a global length)
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -84,8 +86,68 @@ def make_batch(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]
     )
 
 
+class BatchPlan(Sequence[np.ndarray]):
+    """An epoch's batches of pair indices as two arrays, not a list of small ones: `order` (N,),
+    every pair once, and `bounds` (n_batches, 2), batch i being order[bounds[i, 0]:bounds[i, 1]].
+    Both may be memory-mapped (token_files.py). Indexing gives a batch; a slice, a list of them."""
+
+    def __init__(self, order: np.ndarray, bounds: np.ndarray) -> None:
+        self.order, self.bounds = order, bounds
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        start, end = self.bounds[index]
+        return np.asarray(self.order[start:end])
+
+
+def plan_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens: int,
+                 seed: int, epoch: int, shuffle: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(order, bounds) of `token_batches`: the arrays a BatchPlan is made of."""
+    if len(src_lengths) != len(tgt_lengths):
+        raise ValueError("source and target length arrays differ in size")
+    n = len(src_lengths)
+    if n == 0:
+        return np.empty(0, dtype=np.int64), np.empty((0, 2), dtype=np.int64)
+    # + 1: EOS / BOS. int32 keeps these transient arrays small; sorting on them orders as int64 would.
+    src_lengths = np.asarray(src_lengths).astype(np.int32) + 1
+    tgt_lengths = np.asarray(tgt_lengths).astype(np.int32) + 1
+    rng = np.random.default_rng([seed, epoch])
+    tie_break = rng.random(n) if shuffle else np.arange(n)
+    # lexsort sorts by the last key first: source length, then target length, then chance.
+    order = np.lexsort((tie_break, tgt_lengths, src_lengths))
+    del tie_break
+    longest = np.maximum(src_lengths, tgt_lengths)
+    del src_lengths, tgt_lengths
+    longest = longest[order]
+    starts = _greedy_starts(longest, batch_tokens)
+    bounds = np.stack([starts, np.append(starts[1:], n)], axis=1)
+    if shuffle:
+        bounds = bounds[rng.permutation(len(bounds))]
+    return order, bounds
+
+
+def _greedy_starts(longest: np.ndarray, batch_tokens: int) -> np.ndarray:
+    """Where each batch starts in `longest` (the sorted pairs' widths): a batch takes pairs while
+    (its widest pair) x (its pairs) stays within `batch_tokens`; its first pair always goes in.
+
+    Batch by batch on a window of the pairs that could still fit (each is at least 1 wide), so the
+    work is a few numpy calls per batch rather than Python per pair."""
+    n, window = len(longest), max(batch_tokens, 1) + 1
+    starts, start = [], 0
+    while start < n:
+        starts.append(start)
+        widths = np.maximum.accumulate(longest[start: start + window])
+        over = np.flatnonzero(widths[1:] * np.arange(2, len(widths) + 1) > batch_tokens)
+        start += int(over[0]) + 1 if len(over) else len(widths)
+    return np.asarray(starts, dtype=np.int64)
+
+
 def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens: int,
-                  seed: int, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
+                  seed: int, epoch: int, shuffle: bool = True) -> BatchPlan:
     """Group pair indices into batches of at most `batch_tokens` padded tokens per side.
 
     A batch of n pairs costs n * (longest sequence in it, source or target, with its EOS/BOS).
@@ -97,32 +159,7 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens
     with it the number of batches, depends on the lengths and batch_tokens alone: every epoch has
     as many batches (budgets count an epoch's steps without planning it).
     """
-    src_lengths = np.asarray(src_lengths, dtype=np.int64) + 1
-    tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64) + 1
-    if len(src_lengths) != len(tgt_lengths):
-        raise ValueError("source and target length arrays differ in size")
-    n = len(src_lengths)
-    if n == 0:
-        return []
-    rng = np.random.default_rng([seed, epoch])
-    tie_break = rng.random(n) if shuffle else np.arange(n)
-    # lexsort sorts by the last key first: source length, then target length, then chance.
-    order = np.lexsort((tie_break, tgt_lengths, src_lengths))
-    longest = np.maximum(src_lengths, tgt_lengths)[order]
-
-    batches: list[np.ndarray] = []
-    start, width = 0, 0
-    for position in range(n):
-        new_width = max(width, int(longest[position]))
-        if position > start and new_width * (position - start + 1) > batch_tokens:
-            batches.append(order[start:position])
-            start, new_width = position, int(longest[position])
-        width = new_width
-    batches.append(order[start:])
-    if shuffle:
-        permutation = rng.permutation(len(batches))
-        batches = [batches[i] for i in permutation]
-    return batches
+    return BatchPlan(*plan_batches(src_lengths, tgt_lengths, batch_tokens, seed, epoch, shuffle))
 
 
 def shard_batch(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
@@ -137,15 +174,30 @@ def shard_batch(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 class PairCorpus:
     """Tokenized pairs held as two flat arrays of ids (int32, or uint16 from a dataset whose ids
-    fit) plus offsets: compact, and a batch is a few slices (no per-pair Python objects, so
-    memory stays small for large corpora)."""
+    fit) plus offsets: a batch is a few slices, with no per-pair Python objects. Built from a
+    cached dataset, the arrays are memory-mapped files (token_files.py), so the ids stay on disk
+    and the process holds only the pages a batch reads; so are its batch plans, which a resume
+    then reads back instead of planning again."""
 
     def __init__(self, src_tokens: np.ndarray, src_offsets: np.ndarray,
-                 tgt_tokens: np.ndarray, tgt_offsets: np.ndarray) -> None:
+                 tgt_tokens: np.ndarray, tgt_offsets: np.ndarray, directory: Path | None = None) -> None:
         self.src_tokens, self.src_offsets = src_tokens, src_offsets
         self.tgt_tokens, self.tgt_offsets = tgt_tokens, tgt_offsets
-        self.src_lengths = np.diff(src_offsets)
-        self.tgt_lengths = np.diff(tgt_offsets)
+        self.directory = directory  # where the token files and plans are; None: all in memory
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        """(N,) tokens of each source side, computed on each call (not held: 8 bytes a pair)."""
+        return np.diff(self.src_offsets)
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        return np.diff(self.tgt_offsets)
+
+    @property
+    def n_tokens(self) -> int:
+        """Source plus target tokens of all pairs, without EOS/BOS."""
+        return int(self.src_offsets[-1] - self.src_offsets[0] + self.tgt_offsets[-1] - self.tgt_offsets[0])
 
     @classmethod
     def from_lists(cls, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) -> "PairCorpus":
@@ -162,40 +214,31 @@ class PairCorpus:
                      batch_size: int = 100_000) -> "PairCorpus":
         """From a HuggingFace `datasets.Dataset` with list-of-int columns, via Arrow, without Python lists.
 
-        Streamed in batches of rows (following any select/filter indices mapping), in two passes:
-        lengths, then ids into arrays of the final size. So memory peaks at the result plus one
-        batch, not at a copy of the whole table with its text columns. Ids are stored as uint16
-        when all fit (vocabularies up to 65,536), halving the largest array; else int32.
+        A dataset in datasets' cache has its ids written once to token files beside it (a later
+        run finds them there) and memory-mapped; one held in memory is copied into arrays. Either
+        way it is streamed in batches of rows (following any select/filter indices mapping), in two
+        passes: lengths and the largest id, then the ids. Ids are stored as uint16 when all fit
+        (vocabularies up to 65,536), else int32.
         """
         # Imported here: translate.py uses this module and need not load datasets and pyarrow (slow to import).
-        import pyarrow.compute as pc
-
         from transformer.data.pairs import arrow_batches
+        from transformer.data.token_files import open_token_files, token_directory, write_token_files
 
-        columns = [src_column, tgt_column]
-        offsets = {column: np.zeros(len(dataset) + 1, dtype=np.int64) for column in columns}
-        largest, start = 0, 0
-        for batch in arrow_batches(dataset, columns, batch_size):
-            for column, column_offsets in offsets.items():
-                lengths = pc.list_value_length(batch.column(column)).to_numpy()
-                column_offsets[start + 1: start + 1 + len(lengths)] = lengths
-                largest = max(largest, pc.max(pc.list_flatten(batch.column(column))).as_py() or 0)
-            start += batch.num_rows
-        dtype = np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32
-        tokens = {}
-        for column, column_offsets in offsets.items():
-            np.cumsum(column_offsets, out=column_offsets)
-            tokens[column] = np.empty(int(column_offsets[-1]), dtype=dtype)
-        start = 0
-        for batch in arrow_batches(dataset, columns, batch_size):
-            for column, column_offsets in offsets.items():
-                values = pc.list_flatten(batch.column(column)).to_numpy()
-                tokens[column][column_offsets[start]: column_offsets[start + batch.num_rows]] = values
-            start += batch.num_rows
-        return cls(tokens[src_column], offsets[src_column], tokens[tgt_column], offsets[tgt_column])
+        def batches():
+            return arrow_batches(dataset, [src_column, tgt_column], batch_size)
+
+        directory = token_directory(dataset)
+        if directory is None:
+            with tempfile.TemporaryDirectory() as scratch:
+                write_token_files(Path(scratch) / "ids", batches, (src_column, tgt_column))
+                arrays = open_token_files(Path(scratch) / "ids")
+                return cls(*(np.array(array) for array in arrays))
+        if open_token_files(directory) is None:
+            write_token_files(directory, batches, (src_column, tgt_column))
+        return cls(*open_token_files(directory), directory=directory)
 
     def __len__(self) -> int:
-        return len(self.src_lengths)
+        return len(self.src_offsets) - 1
 
     def source(self, index: int) -> np.ndarray:
         return self.src_tokens[self.src_offsets[index]: self.src_offsets[index + 1]]
@@ -206,5 +249,18 @@ class PairCorpus:
     def batch(self, indices: Sequence[int]) -> Batch:
         return make_batch([self.source(i) for i in indices], [self.target(i) for i in indices])
 
-    def batches(self, batch_tokens: int, seed: int, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
-        return token_batches(self.src_lengths, self.tgt_lengths, batch_tokens, seed, epoch, shuffle)
+    def batches(self, batch_tokens: int, seed: int, epoch: int, shuffle: bool = True) -> BatchPlan:
+        """`token_batches` of these pairs; with token files, stored beside them once planned and read
+        back from there (memory-mapped) on the next call, in this run or a later one."""
+        if self.directory is None or len(self) == 0:
+            return token_batches(self.src_lengths, self.tgt_lengths, batch_tokens, seed, epoch, shuffle)
+        from transformer.data.token_files import load_plan, save_plan
+
+        setting = f"tokens{batch_tokens}-seed{seed}-shuffle{int(shuffle)}-"
+        key = f"{setting}epoch{epoch}"
+        stored = load_plan(self.directory, key)
+        if stored is None:
+            save_plan(self.directory, key, *plan_batches(self.src_lengths, self.tgt_lengths, batch_tokens, seed,
+                                                         epoch, shuffle), stale=setting)
+            stored = load_plan(self.directory, key)
+        return BatchPlan(*stored)

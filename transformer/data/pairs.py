@@ -27,6 +27,8 @@ from transformer.errors import DataError, disk_full
 from transformer.data.readers import describe_input, line_numbers, read_pairs_file
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import Tokenizers
+from transformer.data.token_files import write_directory
+from transformer.data.arrow_stream import stream_batches
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,15 @@ _LINES_SHOWN = 5  # line numbers named in a warning about dropped rows
 # bench/data_memory.py` measures the data stage). Smaller corpora take seconds anyway, not worth the
 # workers' start-up and one cache file per worker.
 PARALLEL_ROWS = 1_000_000
+
+# Rows per record batch of the Arrow files our maps and filters write (datasets' default is 1,000).
+# Opening a cached file reads every record batch's header, and each read faults in the pages
+# around it: with small batches, that is nearly the whole file, resident in every process that
+# opens it, even when no row is read.
+WRITER_BATCH_ROWS = 10_000
+
+# A split longer than this is encoded in shards of this many rows, each a cache file of its own.
+ENCODE_SHARD_ROWS = 1_000_000
 
 
 # --------------------------------------------------------------------------- loading
@@ -92,6 +103,7 @@ def _subset(dataset: datasets.Dataset, labels: np.ndarray, wanted: int, desc: st
     memory-mapped cache file, batch by batch, and finds it there on the next run.
     """
     return dataset.filter(_rows_labelled, with_indices=True, input_columns=[], batched=True, batch_size=100_000,
+                          writer_batch_size=WRITER_BATCH_ROWS,
                           fn_kwargs={"labels": labels, "wanted": wanted, "code_digest": _CODE_DIGEST}, desc=desc)
 
 
@@ -116,15 +128,18 @@ def _clean_batch(batch: dict[str, list], source_column: str, target_column: str,
 def _drop_masks(cleaned: datasets.Dataset, config: DataConfig,
                 header_names: tuple[str, str] | None) -> dict[str, np.ndarray]:
     """(N,) boolean masks of the rows to drop, by reason, computed on the Arrow columns."""
-    table = cleaned.data
-    sources, targets = table.column(SOURCE), table.column(TARGET)
-    source_chars = pc.utf8_length(sources).to_numpy()
-    target_chars = pc.utf8_length(targets).to_numpy()
+    source_chars, target_chars = np.empty(len(cleaned), np.int32), np.empty(len(cleaned), np.int32)
+    header = np.zeros(len(cleaned), dtype=bool)
+    start = 0
+    for batch in arrow_batches(cleaned, [SOURCE, TARGET], batch_size=100_000):
+        rows = slice(start, start + batch.num_rows)
+        sources, targets = batch.column(SOURCE), batch.column(TARGET)
+        source_chars[rows], target_chars[rows] = pc.utf8_length(sources).to_numpy(), pc.utf8_length(targets).to_numpy()
+        if header_names is not None:
+            header[rows] = (pc.equal(sources, clean_text(header_names[0])).to_numpy(zero_copy_only=False)
+                            & pc.equal(targets, clean_text(header_names[1])).to_numpy(zero_copy_only=False))
+        start += batch.num_rows
     empty = (source_chars == 0) | (target_chars == 0)
-    header = np.zeros(len(table), dtype=bool)
-    if header_names is not None:
-        header = (pc.equal(sources, clean_text(header_names[0])).to_numpy(zero_copy_only=False)
-                  & pc.equal(targets, clean_text(header_names[1])).to_numpy(zero_copy_only=False))
     limit = config.max_length * MAX_CHARS_PER_TOKEN
     long = ~empty & ((source_chars > limit) | (target_chars > limit))
     return {"empty": empty, "header": header & ~empty, "long": long & ~header}
@@ -166,6 +181,8 @@ def load_pairs(config: DataConfig, cache_dir: str | Path | None = None) -> tuple
     cleaned = table.map(
         _clean_batch,
         batched=True,
+        batch_size=WRITER_BATCH_ROWS,
+        writer_batch_size=WRITER_BATCH_ROWS,
         fn_kwargs={"source_column": raw.source_column, "target_column": raw.target_column,
                    "code_digest": _CODE_DIGEST},
         remove_columns=table.column_names,
@@ -268,6 +285,48 @@ def split_pairs(pairs: datasets.Dataset, config: DataConfig) -> Splits:
     random order (a hash), so the split depends only on the seed and the set of pairs, not on row
     order; a group larger than a split's size stays in train. Memory: a few 8-byte numbers a row.
     """
+    stored = _split_directory(pairs, config)
+    found = _load_split(stored) if stored else None
+    row_side, fingerprint = found or _assign_sides(pairs, config)
+    if stored and not found:
+        _save_split(stored, row_side, fingerprint)
+    train, valid, test = (int(count) for count in np.bincount(row_side, minlength=3)[:3])
+    logger.info("split by groups of pairs that share a sentence: %d train, %d valid, %d test pairs",
+                train, valid, test)
+    return Splits(*(_subset(pairs, row_side, split_id, f"taking the {name} split")
+                    for split_id, name in enumerate(("train", "valid", "test"))), fingerprint=fingerprint)
+
+
+_SPLIT_DIR = "splits"  # beside the datasets cache: each row's split and the fingerprint, per setting
+
+
+def _split_directory(pairs: datasets.Dataset, config: DataConfig) -> Path | None:
+    if not pairs.cache_files or not getattr(pairs, "_fingerprint", None):
+        return None
+    key = hashlib.sha256(f"{pairs._fingerprint} {config.split_seed} {config.valid_pairs} {config.test_pairs} "
+                         f"{_CODE_DIGEST}".encode()).hexdigest()[:24]
+    return Path(pairs.cache_files[0]["filename"]).parent / _SPLIT_DIR / key
+
+
+def _load_split(directory: Path) -> tuple[np.ndarray, str] | None:
+    # Read into memory (a byte a row), not mapped: the filters' cache keys hash the array, and a
+    # memmap would hash as another type than the array the first run computed.
+    try:
+        return np.load(directory / "sides.npy"), (directory / "fingerprint").read_text()
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _save_split(directory: Path, row_side: np.ndarray, fingerprint: str) -> None:
+    def fill(scratch: Path) -> None:
+        np.save(scratch / "sides.npy", row_side)
+        (scratch / "fingerprint").write_text(fingerprint)
+
+    write_directory(directory, fill)
+
+
+def _assign_sides(pairs: datasets.Dataset, config: DataConfig) -> tuple[np.ndarray, str]:
+    """(N,) int8: 0 train, 1 valid, 2 test for every row; and the fingerprint of the set of pairs."""
     source_hashes, target_hashes = _sentence_hashes(pairs)
     group = _groups(source_hashes, target_hashes)
     # A group's place in the order: the smallest seeded hash of its source sentences.
@@ -295,12 +354,8 @@ def split_pairs(pairs: datasets.Dataset, config: DataConfig) -> Splits:
             f"data.valid_pairs={config.valid_pairs} and data.test_pairs={config.test_pairs} "
             "with pairs left for training; lower them"
         )
-    logger.info("split by groups of pairs that share a sentence: %d train, %d valid, %d test pairs",
-                train, valid, test)
     both = np.stack([source_hashes, target_hashes])
-    fingerprint = hashlib.sha256(both[:, np.lexsort(both[::-1])].tobytes()).hexdigest()
-    return Splits(*(_subset(pairs, row_side, split_id, f"taking the {name} split")
-                    for split_id, name in enumerate(("train", "valid", "test"))), fingerprint=fingerprint)
+    return row_side, hashlib.sha256(both[:, np.lexsort(both[::-1])].tobytes()).hexdigest()
 
 
 def _take(chunks: list[pa.RecordBatch], starts: np.ndarray, rows: np.ndarray) -> pa.Table:
@@ -326,8 +381,14 @@ def arrow_batches(dataset: datasets.Dataset, columns: list[str], batch_size: int
     gathering each one as its own slice: ~10 µs and a table chunk per row, so whole-split reads
     took a minute and hundreds of MB at 1.6M pairs. A vectorised take per batch (see _take) does
     it in a fraction of that. The mapping is datasets' private `_indices`; were it ever gone,
-    reading falls back to `Dataset.iter`, which is slow but right.
+    reading falls back to `Dataset.iter`, which is slow but right. A dataset whose rows are exactly
+    its cache files in order (through ascending mappings) is read from those files with plain reads
+    (arrow_stream.py), so a pass over a large corpus leaves none of it mapped into the process.
     """
+    streamed = stream_batches(dataset, columns, batch_size) if hasattr(dataset, "_indices") else None
+    if streamed is not None:
+        yield from streamed
+        return
     if not hasattr(dataset, "_indices"):
         yield from dataset.select_columns(columns).with_format("arrow").iter(batch_size=batch_size)
         return
@@ -349,6 +410,16 @@ def iter_texts(dataset: datasets.Dataset, column: str, batch_size: int = 10_000)
     """Stream one text column in Arrow batches (iterating `dataset[column]` is far slower)."""
     for batch in arrow_batches(dataset, [column], batch_size):
         yield from batch.column(0).to_pylist()
+
+
+def sample_pairs(dataset: datasets.Dataset, size: int, seed: int) -> datasets.Dataset:
+    """`size` rows of `dataset` drawn without replacement, seeded, in the dataset's order; the whole
+    dataset if it has no more rows than that."""
+    if len(dataset) <= size:
+        return dataset
+    chosen = np.zeros(len(dataset), dtype=bool)
+    chosen[np.random.default_rng(seed).choice(len(dataset), size, replace=False)] = True
+    return _subset(dataset, chosen, True, "sampling pairs")
 
 
 # --------------------------------------------------------------------------- encoding
@@ -389,12 +460,29 @@ def _encode(dataset: datasets.Dataset, tokenizers: Tokenizers, name: str) -> dat
     features = datasets.Features({**dataset.features, **_ENCODED_FEATURES})
     if len(dataset) == 0:  # map() skips an empty dataset and would leave the new columns out
         return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
-    # Large batches: the Rust tokenizer spreads a batch over all cores, small ones leave them idle.
-    # With worker processes (a large corpus), datasets turns that off (TOKENIZERS_PARALLELISM=false)
-    # in the forked workers: one thread each, while the workers keep the cores busy.
-    return dataset.map(_encode_batch, batched=True, batch_size=10_000, features=features,
-                       fn_kwargs={"tokenizers": tokenizers, "code_digest": _CODE_DIGEST},
-                       num_proc=_num_proc(len(dataset)), desc=f"encoding {name}")
+
+    num_proc = _num_proc(len(dataset))  # of the whole split: its shards are as worth spreading
+
+    def encode(rows: datasets.Dataset, desc: str) -> datasets.Dataset:
+        # Large batches: the Rust tokenizer spreads a batch over all cores, small ones leave them idle.
+        # With worker processes (a large corpus), datasets turns that off (TOKENIZERS_PARALLELISM=false)
+        # in the forked workers: one thread each, while the workers keep the cores busy.
+        return rows.map(_encode_batch, batched=True, batch_size=10_000, writer_batch_size=WRITER_BATCH_ROWS,
+                        features=features,
+                        fn_kwargs={"tokenizers": tokenizers, "code_digest": _CODE_DIGEST},
+                        num_proc=num_proc, desc=desc)
+
+    if len(dataset) <= ENCODE_SHARD_ROWS:
+        return encode(dataset, f"encoding {name}")
+    # Shard by shard, each cached on its own: a run killed while encoding loses only the shard at
+    # hand, and the next run finds the others in the cache.
+    starts = range(0, len(dataset), ENCODE_SHARD_ROWS)
+    shards = []
+    for number, start in enumerate(starts, 1):
+        rows = range(start, min(start + ENCODE_SHARD_ROWS, len(dataset)))
+        shards.append(encode(dataset.select(rows), f"encoding {name}, shard {number} of {len(starts)}"))
+        logger.debug("encoded %s: shard %d of %d (rows %d to %d)", name, number, len(starts), rows[0], rows[-1])
+    return datasets.concatenate_datasets(shards)
 
 
 @_cache_writes
@@ -406,7 +494,8 @@ def encode_splits(splits: Splits, tokenizers: Tokenizers, max_length: int) -> En
     """
     limit = max_length - 1
     train = _encode(splits.train, tokenizers, "train")
-    kept = train.filter(_fits, batched=True, input_columns=[SRC_LEN, TGT_LEN],
+    kept = train.filter(_fits, batched=True, batch_size=WRITER_BATCH_ROWS, writer_batch_size=WRITER_BATCH_ROWS,
+                        input_columns=[SRC_LEN, TGT_LEN],
                         fn_kwargs={"limit": limit, "code_digest": _CODE_DIGEST}, desc="dropping long pairs")
     too_long = len(train) - len(kept)
     if too_long:
@@ -435,6 +524,6 @@ def token_lengths(dataset: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
 
 __all__ = [
     "SOURCE", "TARGET", "SRC_IDS", "TGT_IDS", "SRC_LEN", "TGT_LEN",
-    "LoadReport", "load_pairs", "Splits", "split_pairs", "arrow_batches", "iter_texts",
+    "LoadReport", "load_pairs", "Splits", "split_pairs", "arrow_batches", "iter_texts", "sample_pairs",
     "EncodedSplits", "encode_splits", "token_lengths",
 ]

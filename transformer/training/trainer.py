@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from transformer.checkpoints.manager import CheckpointManager
 from transformer.config import Config
-from transformer.data.batching import Batch, PairCorpus, make_batch, shard_batch
+from transformer.data.batching import Batch, BatchPlan, PairCorpus, make_batch, shard_batch
 from transformer.data.tokenizer import UNK_ID, Tokenizers
 from transformer.errors import CheckpointError, UserError
 from transformer.model import Transformer
@@ -123,7 +123,7 @@ class Trainer:
         self.show_progress = show_progress and distributed.is_main()
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.grad_scaler = build_grad_scaler(self.train_config.precision, device)
-        self._batch_lists: dict[int, list] = {}
+        self._batch_lists: dict[int, BatchPlan] = {}
         # Training runs through one module, the model with its loss. Under torchrun DDP wraps it: it
         # copies rank 0's weights to every rank, then averages gradients over ranks during backward.
         self._loss: torch.nn.Module = TrainingLoss(model, self.train_config.label_smoothing)
@@ -140,7 +140,7 @@ class Trainer:
         return Budget(self.train_config, self.state.budget, self.state.position, batches_per_epoch,
                       self._tokens_per_step(batches_per_epoch))
 
-    def _batches(self, epoch: int) -> list:
+    def _batches(self, epoch: int) -> BatchPlan:
         """The global batches of `epoch`: every rank builds the same ones, world_size times the
         per-rank budget (with one process: exactly the batches of a plain run)."""
         if epoch not in self._batch_lists:
@@ -151,7 +151,7 @@ class Trainer:
     def _tokens_per_step(self, batches_per_epoch: int) -> float:
         """Source + target tokens (with EOS) of an average step over an epoch, all ranks."""
         corpus = self.data.corpus
-        tokens = int(corpus.src_lengths.sum() + corpus.tgt_lengths.sum()) + 2 * len(corpus)
+        tokens = corpus.n_tokens + 2 * len(corpus)
         return tokens / math.ceil(batches_per_epoch / self.train_config.accumulate_batches)
 
     def finished(self) -> bool:
@@ -238,7 +238,7 @@ class Trainer:
         progress = tqdm(total=state.end_step or None, initial=state.step, unit="step", dynamic_ncols=True,
                         disable=not self.show_progress, desc=self.config.name)
         try:
-            stop = False
+            stop, first = False, True
             while not stop:
                 batches = self._batches(state.epoch)
                 indices = batches[state.batch_in_epoch: state.batch_in_epoch + self.train_config.accumulate_batches]
@@ -249,6 +249,9 @@ class Trainer:
                 if state.batch_in_epoch >= len(batches):  # the epoch ran to its end
                     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
                 stop = self._end_step(metrics, time.monotonic() - started, should_stop, progress)
+                if first:  # the log's mark of when data, model and batch plan were ready
+                    log.info("step %d: the first step of this session", state.step)
+                    first = False
         finally:
             progress.close()
             self.tensorboard.flush()

@@ -1,0 +1,224 @@
+"""The whole training command on a corpus N times the shipped CSV: time of each stage and peak memory.
+
+    python bench/scale.py --scale 30 [--steps 20] [--resume-steps 3] [--config configs/base.yaml]
+                          [--data data/eng_-french.csv] [--work DIR] [--repo DIR] [--keep]
+
+Synthesises the Nx CSV (every row repeated N times, copy k > 0 with " (copy k)" appended to both
+sides, so every pair stays its own group), then runs, as a subprocess in a fresh datasets cache and
+a fresh run directory, `python train.py --config CONFIG --set data.path=Nx.csv --set
+train.max_steps=STEPS --set train.log_every=1 --no-progress`, and then the resume: the same command
+with max_steps raised by --resume-steps, on the cache and run the first one left.
+
+Per run it prints the stages, read from the timestamps of train.log (start-up to the first line,
+reading and cleaning, split, BPE, encoding and the training corpus, model and batch plan up to the
+first step, the remaining steps and the final validation), the peak RSS of the main process
+(VmHWM) with the peaks of its anonymous and file-backed parts (RssAnon, RssFile, sampled every 50
+ms), the same for the largest worker process (datasets' map workers), and the size of the datasets
+cache. RssFile is pages of memory-mapped files (Arrow, token ids) that the kernel may drop under
+pressure; RssAnon is what the process really holds.
+--repo runs train.py of another checkout (e.g. `git worktree add /tmp/before main`) to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from data_memory import write_scaled_csv  # noqa: E402
+
+MIB = 1024 * 1024
+
+# (stage name, pattern of the train.log line that ends it); a stage missing from a run (a resume
+# trains no BPE) is skipped, and its time counts in the next one found.
+STAGES = (
+    ("start-up (imports)", r"INFO train: |INFO transformer\."),
+    ("read + clean", r"sentence pairs$"),
+    ("split", r"split by groups"),
+    ("BPE", r"trained (joint|separate) BPE|tokenizers: reusing"),
+    ("encode + corpus", r"INFO transformer\.training\.run: model: "),
+    ("model + batch plan -> step 1", r"the first step of this session"),
+    ("steps 2.. + validation", r"trainer: step \d+  valid"),
+)
+
+
+@dataclass
+class Peak:
+    hwm: int = 0  # VmHWM, bytes
+    anon: int = 0
+    file: int = 0
+
+
+@dataclass
+class Sampler:
+    """Polls /proc/<pid>/status of a process and every descendant until stopped."""
+
+    pid: int
+    main: Peak = field(default_factory=Peak)
+    workers: Peak = field(default_factory=Peak)  # the largest of each figure over the worker processes
+    n_workers: int = 0
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._seen: set[int] = set()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _status(pid: int) -> dict[str, int]:
+        try:
+            text = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return {}
+        values = {}
+        for key in ("VmHWM", "RssAnon", "RssFile"):
+            match = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
+            if match:
+                values[key] = int(match.group(1)) * 1024
+        return values
+
+    @staticmethod
+    def _add(peak: Peak, values: dict[str, int]) -> None:
+        peak.hwm = max(peak.hwm, values.get("VmHWM", 0))
+        peak.anon = max(peak.anon, values.get("RssAnon", 0))
+        peak.file = max(peak.file, values.get("RssFile", 0))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                children = psutil.Process(self.pid).children(recursive=True)
+            except psutil.Error:
+                children = []
+            self._add(self.main, self._status(self.pid))
+            for child in children:
+                self._seen.add(child.pid)
+                self._add(self.workers, self._status(child.pid))
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.n_workers = len(self._seen)
+
+
+def _log_time(line: str) -> float:
+    stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp()
+
+
+def stage_times(log: Path, offset: int, started: float, ended: float) -> list[tuple[str, float]]:
+    """(stage, seconds) from the lines train.log gained after byte `offset`."""
+    lines = log.read_bytes()[offset:].decode("utf-8").splitlines()
+    stamped = [(line, _log_time(line)) for line in lines if re.match(r"\d{4}-\d\d-\d\d ", line)]
+    times, previous, position = [], started, 0
+    for name, pattern in STAGES:
+        for index in range(position, len(stamped)):
+            if re.search(pattern, stamped[index][0]):
+                times.append((name, stamped[index][1] - previous))
+                previous, position = stamped[index][1], index + 1
+                break
+    times.append(("exit", ended - previous))
+    return times
+
+
+def directory_size(path: Path) -> int:
+    return sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file())
+
+
+def run_train(command: list[str], env: dict[str, str], run_dir: Path, cwd: Path) -> dict:
+    log = run_dir / "train.log"
+    offset = log.stat().st_size if log.exists() else 0
+    started = time.time()
+    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sampler = Sampler(process.pid)
+    _, stderr = process.communicate()
+    ended = time.time()
+    sampler.stop()
+    if process.returncode:
+        sys.exit(f"train.py failed ({process.returncode}):\n{stderr.decode()[-3000:]}")
+    stages = stage_times(log, offset, started, ended)
+    first_step = sum(seconds for name, seconds in stages[: [n for n, _ in stages].index(STAGES[5][0]) + 1]) \
+        if any(name == STAGES[5][0] for name, _ in stages) else float("nan")
+    return {"stages": stages, "wall": ended - started, "first_step": first_step, "sampler": sampler}
+
+
+def report(title: str, result: dict, cache: Path) -> None:
+    sampler: Sampler = result["sampler"]
+    print(f"\n== {title}")
+    for name, seconds in result["stages"]:
+        print(f"  {name:32s} {seconds:8.1f} s")
+    print(f"  {'wall':32s} {result['wall']:8.1f} s   (to step 1: {result['first_step']:.1f} s)")
+    main, workers = sampler.main, sampler.workers
+    print(f"  main process: peak RSS {main.hwm / MIB:8.0f} MiB   RssAnon peak {main.anon / MIB:6.0f} MiB   "
+          f"RssFile peak {main.file / MIB:6.0f} MiB")
+    if sampler.n_workers:
+        print(f"  {sampler.n_workers} worker processes, the largest: peak RSS {workers.hwm / MIB:6.0f} MiB   "
+              f"RssAnon {workers.anon / MIB:6.0f} MiB   RssFile {workers.file / MIB:6.0f} MiB")
+    print(f"  datasets cache: {directory_size(cache) / MIB:8.0f} MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--resume-steps", type=int, default=3, help="steps the resume adds (0: no resume)")
+    parser.add_argument("--config", default="configs/base.yaml")
+    parser.add_argument("--data", type=Path, default=ROOT / "data" / "eng_-french.csv", help="the 1x CSV")
+    parser.add_argument("--work", type=Path, help="work directory (default: a temporary one, removed)")
+    parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose train.py runs")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="more config overrides for both runs")
+    args = parser.parse_args()
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), platform.processor())
+        bf16 = ", avx512_bf16" if re.search(r"\bavx512_bf16\b", Path("/proc/cpuinfo").read_text()) else ""
+        print(f"CPU: {cpu}, {len(os.sched_getaffinity(0))} cores{bf16}; train.py of {args.repo.resolve()}")
+        scaled = work / f"x{args.scale}.csv"
+        started = time.time()
+        if args.scale == 1:
+            shutil.copy(args.data, scaled)
+        else:
+            write_scaled_csv(args.data, scaled, args.scale)
+        rows = sum(1 for _ in scaled.open("rb")) - 1
+        print(f"{args.scale}x corpus: {rows} rows, {scaled.stat().st_size / MIB:.0f} MiB CSV "
+              f"(written in {time.time() - started:.0f} s)")
+        cache, run_dir = work / "datasets-cache", work / "run"
+        env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "PYTHONPATH": str(args.repo.resolve())}
+        sets = [f"data.path={scaled}", "train.log_every=1", *args.overrides]
+        command = [sys.executable, "train.py", "--config", str((ROOT / args.config).resolve())
+                   if not Path(args.config).is_absolute() else args.config,
+                   "--run-dir", str(run_dir), "--no-progress"]
+        first = run_train(command + [w for s in sets + [f"train.max_steps={args.steps}"] for w in ("--set", s)],
+                          env, run_dir, args.repo)
+        report(f"{args.scale}x: a new run to step {args.steps}", first, cache)
+        if args.resume_steps:
+            steps = args.steps + args.resume_steps
+            resumed = run_train(command + [w for s in sets + [f"train.max_steps={steps}"] for w in ("--set", s)],
+                                env, run_dir, args.repo)
+            report(f"{args.scale}x: the resume, to step {steps}", resumed, cache)
+    finally:
+        if not args.keep and not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Tests of the data stage at scale, in child processes: an encode killed part-way loses none of the
+shards it finished, and the memory the data stage holds does not grow with the corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import write_csv
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A child: the data stage on CSV argv[1] with datasets' cache argv[2] and the tokenizer of argv[3];
+# the split encoded in shards of argv[4] rows. With argv[5] = K, it kills itself (SIGKILL, as the OOM
+# killer or `kill -9` would) the moment the K-th shard of the training split is encoded.
+# It prints a JSON line: the cache files of the encoded training split, and its ids.
+_ENCODE_CHILD = textwrap.dedent("""
+    import json, logging, os, signal, sys
+    from transformer.config import DataConfig
+    from transformer.data import pairs
+    from transformer.data.tokenizer import load_tokenizers
+
+    csv, cache, tokenizer_dir, shard_rows, kill_after = sys.argv[1:6]
+    pairs.ENCODE_SHARD_ROWS = int(shard_rows)
+
+    class KillAfterShard(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith(f"encoded train: shard {kill_after} of"):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    pairs.logger.setLevel(logging.DEBUG)
+    pairs.logger.addHandler(KillAfterShard())
+    config = DataConfig(path=csv, valid_pairs=20, test_pairs=20)
+    loaded, _ = pairs.load_pairs(config, cache_dir=cache)
+    encoded = pairs.encode_splits(pairs.split_pairs(loaded, config), load_tokenizers(tokenizer_dir), config.max_length)
+    print(json.dumps({"files": [f["filename"] for f in encoded.train.cache_files],
+                      "ids": encoded.train["src_ids"][:] + encoded.train["tgt_ids"][:]}))
+""")
+
+
+def _child(script: str, *args: object) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _synthetic_rows(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """`n` distinct pairs of made-up sentences (every pair its own group)."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyzéè") for _ in range(rng.randint(2, 8))) for _ in range(400)]
+    return [(" ".join(rng.choices(words, k=rng.randint(3, 12))) + f" {i}.",
+             " ".join(rng.choices(words, k=rng.randint(3, 12))) + f" {i} !") for i in range(n)]
+
+
+@pytest.mark.slow
+def test_an_encode_killed_part_way_loses_no_finished_shard(tmp_path, tiny_tokenizers):
+    from transformer.data.tokenizer import save_tokenizers
+
+    csv = write_csv(tmp_path / "pairs.csv", _synthetic_rows(600))
+    tokenizer_dir = tmp_path / "tokenizer"
+    save_tokenizers(tiny_tokenizers, tokenizer_dir)
+    cache = tmp_path / "cache"
+    killed = _child(_ENCODE_CHILD, csv, cache, tokenizer_dir, 100, 3)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    arrow_files = {path: path.stat().st_mtime_ns for path in cache.rglob("*.arrow")}
+
+    rerun = _child(_ENCODE_CHILD, csv, cache, tokenizer_dir, 100, 0)
+    assert rerun.returncode == 0, rerun.stderr
+    result = json.loads(rerun.stdout.splitlines()[-1])
+    files = [Path(name) for name in result["files"]]
+    assert len(files) == 7  # 560 training pairs in 6 shards of up to 100, and the long pairs' filter
+    reused = [path for path in files if path in arrow_files]
+    assert len(reused) == 3  # the three shards the killed run finished, read back
+    assert all(path.stat().st_mtime_ns == arrow_files[path] for path in reused)  # not written again
+
+    fresh = _child(_ENCODE_CHILD, csv, tmp_path / "fresh-cache", tokenizer_dir, 100, 0)
+    assert json.loads(fresh.stdout.splitlines()[-1])["ids"] == result["ids"]
+
+
+# A child: the data stage of a run (load, split, encode, the training corpus, one epoch's batch plan)
+# on CSV argv[1]; prints the growth of its peak anonymous memory over the stage, in bytes.
+_MEMORY_CHILD = textwrap.dedent("""
+    import re, sys
+    from pathlib import Path
+    import numpy as np
+    from transformer.config import DataConfig
+    from transformer.data import pairs
+    from transformer.data.batching import PairCorpus
+    from transformer.data.tokenizer import load_tokenizers
+
+    def anon():
+        return int(re.search(r"RssAnon:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+
+    csv, cache, tokenizer_dir = sys.argv[1:4]
+    tokenizers = load_tokenizers(tokenizer_dir)
+    config = DataConfig(path=csv, valid_pairs=100, test_pairs=100)
+    np.lexsort((np.random.default_rng(0).random(1000), np.arange(1000)))  # numpy's first-call costs
+    before = anon()
+    peak = before
+    loaded, _ = pairs.load_pairs(config, cache_dir=cache)
+    peak = max(peak, anon())
+    splits = pairs.split_pairs(loaded, config)
+    peak = max(peak, anon())
+    encoded = pairs.encode_splits(splits, tokenizers, config.max_length)
+    peak = max(peak, anon())
+    corpus = PairCorpus.from_dataset(encoded.train)
+    plan = corpus.batches(1024, seed=1, epoch=0)
+    peak = max(peak, anon())
+    print(peak - before, len(corpus), len(plan))
+""")
+
+
+@pytest.mark.slow
+def test_data_stage_memory_does_not_grow_with_the_corpus(tmp_path, tiny_tokenizers):
+    """The anonymous memory the data stage holds, at 2x and 8x a synthetic corpus (200,000 and 800,000
+    pairs): the token ids and the batch plan are files, so what grows with the corpus is a few
+    bytes a pair (the split's labels, datasets' bookkeeping), a fraction of what holding the ids
+    and the plan in memory took."""
+    from transformer.data.tokenizer import save_tokenizers
+
+    tokenizer_dir = tmp_path / "tokenizer"
+    save_tokenizers(tiny_tokenizers, tokenizer_dir)
+    base = _synthetic_rows(100_000)  # batches of the data stage are 100,000 rows: several of them
+    added = {}
+    for scale in (2, 8):
+        rows = [(s + f" ({copy})", t + f" ({copy})") for copy in range(scale) for s, t in base]
+        csv = write_csv(tmp_path / f"x{scale}.csv", rows)
+        child = _child(_MEMORY_CHILD, csv, tmp_path / f"cache{scale}", tokenizer_dir)
+        assert child.returncode == 0, child.stderr
+        grown, n_pairs, _ = map(int, child.stdout.split()[-3:])
+        added[scale] = (grown, n_pairs)
+    (small, small_pairs), (large, large_pairs) = added[2], added[8]
+    per_pair = (large - small) / (large_pairs - small_pairs)
+    assert per_pair < 150, added  # holding ids and plan in memory grew by some 300 bytes a pair

@@ -1,0 +1,125 @@
+"""Tests for transformer/data/token_files.py and the memory-mapped PairCorpus built on it: exactly the
+ids, batches and tensors of the in-memory corpus and of the per-pair batch loop it replaced, the
+plans stored and read back, and files that are only ever complete."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transformer.data.batching import BatchPlan, PairCorpus, token_batches
+from transformer.data.token_files import TOKEN_DIR, load_plan, open_token_files, token_directory
+
+PROPERTY = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+
+
+def loop_token_batches(src_lengths, tgt_lengths, batch_tokens, seed, epoch, shuffle=True) -> list[np.ndarray]:
+    """The batch plan as it was computed before it became arrays: one Python step per pair."""
+    src_lengths = np.asarray(src_lengths, dtype=np.int64) + 1
+    tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64) + 1
+    n = len(src_lengths)
+    if n == 0:
+        return []
+    rng = np.random.default_rng([seed, epoch])
+    tie_break = rng.random(n) if shuffle else np.arange(n)
+    order = np.lexsort((tie_break, tgt_lengths, src_lengths))
+    longest = np.maximum(src_lengths, tgt_lengths)[order]
+    batches, start, width = [], 0, 0
+    for position in range(n):
+        new_width = max(width, int(longest[position]))
+        if position > start and new_width * (position - start + 1) > batch_tokens:
+            batches.append(order[start:position])
+            start, new_width = position, int(longest[position])
+        width = new_width
+    batches.append(order[start:])
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def assert_same_batches(plan, expected: list[np.ndarray]) -> None:
+    assert len(plan) == len(expected)
+    for ours, theirs in zip(plan, expected):
+        assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
+
+
+@PROPERTY
+@given(pairs=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), max_size=300),
+       batch_tokens=st.integers(1, 700), seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 100),
+       shuffle=st.booleans())
+def test_array_plan_equals_the_per_pair_loop(pairs, batch_tokens, seed, epoch, shuffle):
+    src_lengths = np.array([s for s, _ in pairs], dtype=np.int64)
+    tgt_lengths = np.array([t for _, t in pairs], dtype=np.int64)
+    assert_same_batches(token_batches(src_lengths, tgt_lengths, batch_tokens, seed, epoch, shuffle),
+                        loop_token_batches(src_lengths, tgt_lengths, batch_tokens, seed, epoch, shuffle))
+
+
+def test_plan_slices_are_lists_of_batches():
+    plan = token_batches(np.arange(40) % 7, np.arange(40) % 5, 24, seed=1, epoch=0)
+    assert isinstance(plan, BatchPlan) and len(plan) > 4
+    assert [b.tolist() for b in plan[1:4]] == [plan[i].tolist() for i in (1, 2, 3)]
+    tail = plan[len(plan) - 1:len(plan) + 5]
+    assert len(tail) == 1 and np.array_equal(tail[0], plan[len(plan) - 1])
+
+
+def test_mapped_corpus_gives_the_in_memory_corpus_batches_and_tensors(tiny_encoded):
+    """The training corpus read from token files: the same ids, the same batches of two epochs (planned,
+    then read back from their files) and the same tensors as the in-memory corpus and the loop."""
+    dataset = tiny_encoded.train
+    mapped = PairCorpus.from_dataset(dataset)
+    in_memory = PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"])
+    assert mapped.directory is not None and isinstance(mapped.src_tokens, np.memmap)
+    assert mapped.src_tokens.dtype == np.uint16  # the tiny vocabulary fits
+    for name in ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets", "src_lengths", "tgt_lengths"):
+        assert np.array_equal(getattr(mapped, name), getattr(in_memory, name)), name
+    for epoch in (0, 1):
+        expected = loop_token_batches(in_memory.src_lengths, in_memory.tgt_lengths, 256, seed=3, epoch=epoch)
+        planned = mapped.batches(256, seed=3, epoch=epoch)
+        assert_same_batches(planned, expected)
+        assert load_plan(mapped.directory, f"tokens256-seed3-shuffle1-epoch{epoch}") is not None
+        again = PairCorpus.from_dataset(dataset).batches(256, seed=3, epoch=epoch)  # read back, not planned
+        assert isinstance(again.order, np.memmap)
+        assert_same_batches(again, expected)
+        for indices in expected:
+            ours, theirs = mapped.batch(indices), in_memory.batch(indices)
+            for field in ("src", "tgt_in", "tgt_out"):
+                assert torch.equal(getattr(ours, field), getattr(theirs, field))
+    # one epoch's plan is kept per setting: the first epoch's went when the second was stored
+    assert load_plan(mapped.directory, "tokens256-seed3-shuffle1-epoch0") is None
+
+
+def test_token_files_sit_beside_the_cache_under_the_fingerprint(tiny_encoded):
+    directory = token_directory(tiny_encoded.train)
+    assert directory.parent.name == TOKEN_DIR and directory.name == tiny_encoded.train._fingerprint
+    PairCorpus.from_dataset(tiny_encoded.train)
+    assert open_token_files(directory) is not None
+    assert token_directory(tiny_encoded.valid) != directory
+
+
+def test_half_written_token_files_are_never_read(tiny_encoded, monkeypatch, tmp_path):
+    """A writer killed half-way leaves only its scratch directory: the next run writes the files anew."""
+    import transformer.data.token_files as token_files
+
+    dataset = tiny_encoded.test
+    directory = token_directory(dataset)
+    shutil.rmtree(directory, ignore_errors=True)  # as if no run had written them yet
+    calls = []
+
+    def failing_rename(source, target):
+        calls.append(target)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(token_files.os, "rename", failing_rename)
+    try:
+        PairCorpus.from_dataset(dataset)
+    except KeyboardInterrupt:
+        pass
+    assert calls and open_token_files(directory) is None
+    assert not list(directory.parent.glob(f".{directory.name}.*"))  # no scratch left behind
+    monkeypatch.undo()
+    corpus = PairCorpus.from_dataset(dataset)
+    assert np.array_equal(corpus.tgt_tokens, PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"]).tgt_tokens)

@@ -1,0 +1,134 @@
+"""Token ids of an encoded split as flat binary files on disk, memory-mapped (as fairseq's binarized
+data): written once beside the split's datasets cache, then read per batch, never copied into the
+process. Also the batch plans of the epochs, so that a resume neither re-encodes nor re-plans.
+What the files hold and how batches are formed live in batching.py; this module only stores arrays.
+
+Layout of a split's directory (named by the dataset's fingerprint, so a change of data, cleaning,
+tokenizer or max_length gets a directory of its own):
+    src.ids, tgt.ids     the ids of every row, concatenated (uint16 when they fit, else int32)
+    src.offsets, ...     int64 (N + 1,): row i is ids[offsets[i]:offsets[i + 1]]
+    dtype                the ids' dtype name
+    plans/<key>/         order.npy, bounds.npy of one epoch's batch plan
+Everything is written to a temporary name and renamed into place, so a killed writer leaves no
+half-written file that a later run would trust.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+TOKEN_DIR = "token-ids"  # beside the datasets cache's Arrow files
+SIDES = ("src", "tgt")
+
+
+def token_directory(dataset) -> Path | None:
+    """Where the token files of `dataset` (a datasets.Dataset) belong: None for a dataset held in
+    memory, which has no cache to sit beside."""
+    if not dataset.cache_files or not getattr(dataset, "_fingerprint", None):
+        return None
+    return Path(dataset.cache_files[0]["filename"]).parent / TOKEN_DIR / dataset._fingerprint
+
+
+def write_directory(final: Path, fill: Callable[[Path], None]) -> None:
+    """Every write of this module and of the cached split (pairs.py): fill a fresh temporary directory beside `final`, then rename it to `final`. Another process
+    (a torchrun rank) that got there first wins: its files are the same."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        fill(scratch)
+        try:
+            os.rename(scratch, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_token_files(directory: Path, batches, columns: tuple[str, str]) -> None:
+    """Write the ids of the list-of-int `columns` (source, target) to `directory`.
+
+    `batches` is a callable returning a fresh iterator of Arrow tables holding those columns, in row
+    order: it is read twice (offsets and the largest id, then the ids in their final dtype), so that
+    memory holds one batch at a time, never a whole column.
+    """
+    import pyarrow.compute as pc
+
+    def fill(scratch: Path) -> None:
+        largest = 0
+        ends = dict.fromkeys(SIDES, 0)
+        with contextlib.ExitStack() as stack:
+            offsets = {side: stack.enter_context(open(scratch / f"{side}.offsets", "wb")) for side in SIDES}
+            for side in SIDES:
+                offsets[side].write(np.zeros(1, dtype=np.int64).tobytes())
+            for batch in batches():
+                for side, column in zip(SIDES, columns):
+                    lengths = pc.list_value_length(batch.column(column)).to_numpy().astype(np.int64)
+                    ends_here = ends[side] + np.cumsum(lengths)
+                    offsets[side].write(ends_here.tobytes())
+                    if len(ends_here):
+                        ends[side] = int(ends_here[-1])
+                    largest = max(largest, pc.max(pc.list_flatten(batch.column(column))).as_py() or 0)
+        dtype = np.dtype(np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32)
+        with contextlib.ExitStack() as stack:
+            ids = {side: stack.enter_context(open(scratch / f"{side}.ids", "wb")) for side in SIDES}
+            for batch in batches():
+                for side, column in zip(SIDES, columns):
+                    ids[side].write(pc.list_flatten(batch.column(column)).to_numpy().astype(dtype).tobytes())
+        (scratch / "dtype").write_text(dtype.name)
+
+    write_directory(directory, fill)
+
+
+def _map(path: Path, dtype, count: int) -> np.ndarray:
+    if count == 0:  # an empty file cannot be mapped
+        return np.empty(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+def open_token_files(directory: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(src_ids, src_offsets, tgt_ids, tgt_offsets), memory-mapped read-only; None if not written."""
+    if not (directory / "dtype").is_file():
+        return None
+    dtype = np.dtype((directory / "dtype").read_text())
+    arrays = []
+    for side in SIDES:
+        offsets_path = directory / f"{side}.offsets"
+        offsets = _map(offsets_path, np.int64, offsets_path.stat().st_size // 8)
+        arrays += [_map(directory / f"{side}.ids", dtype, int(offsets[-1])), offsets]
+    return tuple(arrays)  # type: ignore[return-value]
+
+
+def save_plan(directory: Path, key: str, order: np.ndarray, bounds: np.ndarray, stale: str = "") -> None:
+    """Store one batch plan as plans/<key>/; plans whose key starts with `stale` (an earlier epoch of
+    the same settings) are removed, so the cache keeps one epoch's plan per setting."""
+    plans = directory / "plans"
+
+    def fill(scratch: Path) -> None:
+        np.save(scratch / "order.npy", order)
+        np.save(scratch / "bounds.npy", bounds)
+
+    write_directory(plans / key, fill)
+    if stale:
+        for old in plans.glob(f"{stale}*"):
+            if old.name != key:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def load_plan(directory: Path, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(order, bounds) of a stored plan, memory-mapped; None if there is none."""
+    plan = directory / "plans" / key
+    try:
+        return np.load(plan / "order.npy", mmap_mode="r"), np.load(plan / "bounds.npy", mmap_mode="r")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+__all__ = ["TOKEN_DIR", "token_directory", "write_directory", "write_token_files", "open_token_files", "save_plan", "load_plan"]

@@ -1,6 +1,6 @@
 """Every module the project's text names exists: paths such as `transformer/training/allocator.py`
 or `tests/test_cli.py` and dotted names such as `transformer.data.pairs.iter_texts`, wherever they
-appear (README, bench notes, docstrings, comments, --help text), so that a move leaves no stale name."""
+appear (README, docs, bench notes, docstrings, comments, --help text), so that a move leaves no stale name."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ DOTTED = re.compile(r"(?<![\w/.])(transformer(?:\.[A-Za-z_]\w*)+)")
 
 
 def texts() -> list[Path]:
-    found = [ROOT / "README.md", *sorted((ROOT / "bench").rglob("*.md")), *sorted(ROOT.glob("*.py"))]
+    found = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "bench").rglob("*.md")),
+             *sorted(ROOT.glob("*.py"))]
     for folder in ("transformer", "tests", "bench"):
         found += sorted((ROOT / folder).rglob("*.py"))
     return [path for path in found if path != Path(__file__).resolve()]  # its own examples name nothing

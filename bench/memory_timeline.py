@@ -1,8 +1,7 @@
 """Where a training run's memory goes over time: run `train.py` in this process and sample, every
 --every seconds, the resident set (VmRSS), glibc's heap (in use and free inside it, from mallinfo2)
 and the optimiser step reached. Writes a CSV and prints a summary: the resident set at a few
-steps, how much of the growth came while training steps ran and how much while they did not
-(validation, checkpoints), and at the peak how much of the heap held live blocks.
+steps, and at the peak how much of the heap held live blocks.
 
     python bench/memory_timeline.py --out /tmp/rss.csv -- --config configs/base.yaml \\
         --run-dir /tmp/rss-run --no-progress --set train.max_minutes=0 --set train.max_steps=1500
@@ -31,6 +30,7 @@ from transformer.hardware import onednn_cache_setting  # noqa: E402 (no torch: b
 
 os.environ.setdefault(*onednn_cache_setting())  # as train.py does, before torch loads
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+
 FIELDS = ["seconds", "step", "rss_mib", "heap_mib", "heap_in_use_mib", "heap_free_mib", "mmapped_mib"]
 
 
@@ -93,16 +93,6 @@ def summary(rows: list[dict]) -> list[str]:
         at = next((row for row in rows if row["step"] >= mark), None)
         if at is not None:
             lines.append(f"step {at['step']:>6}: resident {at['rss_mib']:8.1f} MiB")
-    training = idle = 0.0
-    for before, after in zip(rows, rows[1:]):
-        growth = after["rss_mib"] - before["rss_mib"]
-        if growth > 0:
-            if after["step"] > before["step"]:
-                training += growth
-            else:
-                idle += growth
-    lines.append(f"resident growth while steps ran: {training:.0f} MiB; while none did (validation, "
-                 f"checkpoints, start-up): {idle:.0f} MiB")
     lines.append(f"peak resident {peak['rss_mib']:.0f} MiB at step {peak['step']}")
     if "heap_mib" in peak:
         lines.append(f"  glibc heap there: {peak['heap_mib']:.0f} MiB, of which live blocks "
@@ -111,13 +101,22 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
+def positive_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--every", type=float, default=2.0, help="seconds between samples")
+    parser.add_argument("--every", type=positive_seconds, default=2.0, help="seconds between samples")
     parser.add_argument("--out", type=Path, required=True, help="the CSV of samples")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then train.py's arguments")
     args = parser.parse_args()
     train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    if not args.out.parent.is_dir():  # said now, not after the whole run
+        parser.error(f"--out {args.out}: no such directory {args.out.parent}")
 
     sampler = Sampler(args.every)
     thread = threading.Thread(target=sampler.run, daemon=True)

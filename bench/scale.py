@@ -11,8 +11,8 @@ with max_steps raised by --resume-steps, on the cache and run the first one left
 
 Per run it prints the stages, read from the timestamps of train.log (start-up to the first line,
 reading and cleaning, split, BPE, encoding and the training corpus, model and batch plan up to the
-first step, the remaining steps and the final validation), the peak RSS of the main process
-(VmHWM) with the peaks of its anonymous and file-backed parts (RssAnon, RssFile, sampled every 50
+first step, the remaining steps and the final validation), with the main process's peak resident
+memory during each; the peak RSS of the main process (VmHWM) with the peaks of its anonymous and file-backed parts (RssAnon, RssFile, sampled every 50
 ms), the same for the largest worker process (datasets' map workers), and the size of the datasets
 cache. RssFile is pages of memory-mapped files (Arrow, token ids) that the kernel may drop under
 pressure; RssAnon is what the process really holds.
@@ -71,6 +71,7 @@ class Sampler:
     main: Peak = field(default_factory=Peak)
     workers: Peak = field(default_factory=Peak)  # the largest of each figure over the worker processes
     n_workers: int = 0
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (time, RssAnon, RssFile) of the main process
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -103,7 +104,10 @@ class Sampler:
                 children = psutil.Process(self.pid).children(recursive=True)
             except psutil.Error:
                 children = []
-            self._add(self.main, self._status(self.pid))
+            status = self._status(self.pid)
+            self._add(self.main, status)
+            if status:
+                self.timeline.append((time.time(), status.get("RssAnon", 0), status.get("RssFile", 0)))
             for child in children:
                 self._seen.add(child.pid)
                 self._add(self.workers, self._status(child.pid))
@@ -120,18 +124,18 @@ def _log_time(line: str) -> float:
     return stamp.timestamp()
 
 
-def stage_times(log: Path, offset: int, started: float, ended: float) -> list[tuple[str, float]]:
-    """(stage, seconds) from the lines train.log gained after byte `offset`."""
+def stage_times(log: Path, offset: int, started: float, ended: float) -> list[tuple[str, float, float]]:
+    """(stage, seconds, time it ended) from the lines train.log gained after byte `offset`."""
     lines = log.read_bytes()[offset:].decode("utf-8").splitlines()
     stamped = [(line, _log_time(line)) for line in lines if re.match(r"\d{4}-\d\d-\d\d ", line)]
     times, previous, position = [], started, 0
     for name, pattern in STAGES:
         for index in range(position, len(stamped)):
             if re.search(pattern, stamped[index][0]):
-                times.append((name, stamped[index][1] - previous))
+                times.append((name, stamped[index][1] - previous, stamped[index][1]))
                 previous, position = stamped[index][1], index + 1
                 break
-    times.append(("exit", ended - previous))
+    times.append(("exit", ended - previous, ended))
     return times
 
 
@@ -151,16 +155,20 @@ def run_train(command: list[str], env: dict[str, str], run_dir: Path, cwd: Path)
     if process.returncode:
         sys.exit(f"train.py failed ({process.returncode}):\n{stderr.decode()[-3000:]}")
     stages = stage_times(log, offset, started, ended)
-    first_step = sum(seconds for name, seconds in stages[: [n for n, _ in stages].index(STAGES[5][0]) + 1]) \
-        if any(name == STAGES[5][0] for name, _ in stages) else float("nan")
+    first_step = sum(seconds for name, seconds, _ in stages[: [n for n, _, _ in stages].index(STAGES[5][0]) + 1]) \
+        if any(name == STAGES[5][0] for name, _, _ in stages) else float("nan")
     return {"stages": stages, "wall": ended - started, "first_step": first_step, "sampler": sampler}
 
 
 def report(title: str, result: dict, cache: Path) -> None:
     sampler: Sampler = result["sampler"]
     print(f"\n== {title}")
-    for name, seconds in result["stages"]:
-        print(f"  {name:32s} {seconds:8.1f} s")
+    print(f"  {'stage':32s} {'time':>10s}   main process during it, peak of: RssAnon  RssFile  their sum")
+    for name, seconds, end in result["stages"]:
+        during = [(anon, file) for at, anon, file in sampler.timeline if end - seconds <= at <= end]
+        peaks = (f"{max(a for a, _ in during) / MIB:7.0f}  {max(f for _, f in during) / MIB:7.0f}  "
+                 f"{max(a + f for a, f in during) / MIB:7.0f}") if during else f"{'(no sample)':>25s}"
+        print(f"  {name:32s} {seconds:8.1f} s   {'':33s}{peaks}")
     print(f"  {'wall':32s} {result['wall']:8.1f} s   (to step 1: {result['first_step']:.1f} s)")
     main, workers = sampler.main, sampler.workers
     print(f"  main process: peak RSS {main.hwm / MIB:8.0f} MiB   RssAnon peak {main.anon / MIB:6.0f} MiB   "

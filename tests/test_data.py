@@ -446,17 +446,18 @@ def test_a_datasets_cache_on_a_full_disk_is_one_line_naming_it(tiny_config, tmp_
         load_pairs(tiny_config.data, cache_dir=tmp_path / "cache")
 
 
-# --------------------------------------------------------------------------- sample_pairs
+# --------------------------------------------------------------------------- sample_rows
 
 
-def test_sample_pairs_is_a_seeded_subset_in_order(tiny_splits):
+def test_sample_rows_is_a_seeded_subset_read_in_order(tiny_splits):
     train = tiny_splits.train
-    assert data.sample_pairs(train, len(train), seed=1) is train
-    sample = data.sample_pairs(train, 10, seed=1)
-    rows = rows_of(train)
-    sampled = rows_of(sample)
-    assert len(sampled) == 10 and len(set(sampled)) == 10
-    positions = [rows.index(row) for row in sampled]
-    assert positions == sorted(positions)  # the corpus's order, not the draw's
-    assert rows_of(data.sample_pairs(train, 10, seed=1)) == sampled
-    assert rows_of(data.sample_pairs(train, 10, seed=2)) != sampled
+    assert data.sample_rows(len(train), len(train), seed=1) is None  # no more rows than asked: all of them
+    chosen = data.sample_rows(len(train), 10, seed=1)
+    assert chosen.shape == (len(train),) and chosen.sum() == 10
+    assert np.array_equal(data.sample_rows(len(train), 10, seed=1), chosen)
+    assert not np.array_equal(data.sample_rows(len(train), 10, seed=2), chosen)
+    for side in (data.SOURCE, data.TARGET):
+        every = list(data.iter_texts(train, side))
+        # Batches smaller than the split, so the mask is followed across batch boundaries.
+        sampled = list(data.iter_texts(train, side, batch_size=7, rows=chosen))
+        assert sampled == [text for text, keep in zip(every, chosen) if keep]  # the split's order

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transformer.data.token_files import (FileArray, load_plan, open_token_files, save_plan, token_directory,
+                                           write_token_files)
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -89,9 +91,10 @@ def make_batch(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]
 class BatchPlan(Sequence[np.ndarray]):
     """An epoch's batches of pair indices as two arrays, not a list of small ones: `order` (N,),
     every pair once, and `bounds` (n_batches, 2), batch i being order[bounds[i, 0]:bounds[i, 1]].
-    Both may be memory-mapped (token_files.py). Indexing gives a batch; a slice, a list of them."""
+    `order` may stay in its file (a token_files.FileArray). Indexing gives a batch; a slice, a
+    list of them."""
 
-    def __init__(self, order: np.ndarray, bounds: np.ndarray) -> None:
+    def __init__(self, order: np.ndarray | FileArray, bounds: np.ndarray) -> None:
         self.order, self.bounds = order, bounds
 
     def __len__(self) -> int:
@@ -172,15 +175,20 @@ def shard_batch(indices: np.ndarray, rank: int, world_size: int) -> np.ndarray:
     return np.array_split(indices, world_size)[rank]
 
 
+def _diff(offsets: np.ndarray | FileArray) -> np.ndarray:
+    return offsets.diff() if isinstance(offsets, FileArray) else np.diff(offsets)
+
+
 class PairCorpus:
     """Tokenized pairs held as two flat arrays of ids (int32, or uint16 from a dataset whose ids
     fit) plus offsets: a batch is a few slices, with no per-pair Python objects. Built from a
-    cached dataset, the arrays are memory-mapped files (token_files.py), so the ids stay on disk
-    and the process holds only the pages a batch reads; so are its batch plans, which a resume
-    then reads back instead of planning again."""
+    cached dataset, the arrays are files (token_files.FileArray), so the ids stay on disk and a
+    batch reads only its own pairs; its batch plans are stored there too, and a resume reads them
+    back instead of planning again."""
 
-    def __init__(self, src_tokens: np.ndarray, src_offsets: np.ndarray,
-                 tgt_tokens: np.ndarray, tgt_offsets: np.ndarray, directory: Path | None = None) -> None:
+    def __init__(self, src_tokens: np.ndarray | FileArray, src_offsets: np.ndarray | FileArray,
+                 tgt_tokens: np.ndarray | FileArray, tgt_offsets: np.ndarray | FileArray,
+                 directory: Path | None = None) -> None:
         self.src_tokens, self.src_offsets = src_tokens, src_offsets
         self.tgt_tokens, self.tgt_offsets = tgt_tokens, tgt_offsets
         self.directory = directory  # where the token files and plans are; None: all in memory
@@ -188,11 +196,11 @@ class PairCorpus:
     @property
     def src_lengths(self) -> np.ndarray:
         """(N,) tokens of each source side, computed on each call (not held: 8 bytes a pair)."""
-        return np.diff(self.src_offsets)
+        return _diff(self.src_offsets)
 
     @property
     def tgt_lengths(self) -> np.ndarray:
-        return np.diff(self.tgt_offsets)
+        return _diff(self.tgt_offsets)
 
     @property
     def n_tokens(self) -> int:
@@ -222,7 +230,6 @@ class PairCorpus:
         """
         # Imported here: translate.py uses this module and need not load datasets and pyarrow (slow to import).
         from transformer.data.pairs import arrow_batches
-        from transformer.data.token_files import open_token_files, token_directory, write_token_files
 
         def batches():
             return arrow_batches(dataset, [src_column, tgt_column], batch_size)
@@ -241,10 +248,12 @@ class PairCorpus:
         return len(self.src_offsets) - 1
 
     def source(self, index: int) -> np.ndarray:
-        return self.src_tokens[self.src_offsets[index]: self.src_offsets[index + 1]]
+        start, end = self.src_offsets[index: index + 2]  # one read from a file
+        return self.src_tokens[start:end]
 
     def target(self, index: int) -> np.ndarray:
-        return self.tgt_tokens[self.tgt_offsets[index]: self.tgt_offsets[index + 1]]
+        start, end = self.tgt_offsets[index: index + 2]
+        return self.tgt_tokens[start:end]
 
     def batch(self, indices: Sequence[int]) -> Batch:
         return make_batch([self.source(i) for i in indices], [self.target(i) for i in indices])
@@ -254,8 +263,6 @@ class PairCorpus:
         back from there (memory-mapped) on the next call, in this run or a later one."""
         if self.directory is None or len(self) == 0:
             return token_batches(self.src_lengths, self.tgt_lengths, batch_tokens, seed, epoch, shuffle)
-        from transformer.data.token_files import load_plan, save_plan
-
         setting = f"tokens{batch_tokens}-seed{seed}-shuffle{int(shuffle)}-"
         key = f"{setting}epoch{epoch}"
         stored = load_plan(self.directory, key)

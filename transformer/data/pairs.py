@@ -254,15 +254,33 @@ def _mix(values: np.ndarray, seed: int) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def _node_ids(hashes: np.ndarray) -> np.ndarray:
+    """(N,) int32: the rank of each row's hash among the distinct hashes (np.unique's inverse, in
+    int32 and with fewer temporary arrays: at 16M rows, np.unique held about 0.5 GiB more)."""
+    order = np.argsort(hashes)
+    sorted_hashes = hashes[order]
+    new = np.empty(len(hashes), dtype=bool)
+    new[:1] = True
+    np.not_equal(sorted_hashes[1:], sorted_hashes[:-1], out=new[1:])
+    del sorted_hashes
+    ranks = np.cumsum(new, dtype=np.int32)
+    del new
+    ranks -= 1
+    ids = np.empty(len(hashes), dtype=np.int32)
+    ids[order] = ranks
+    return ids
+
+
 def _groups(source_hashes: np.ndarray, target_hashes: np.ndarray) -> np.ndarray:
     """(N,) a group id per row: rows sharing a source or a target sentence, directly or through other
     rows, share a group (the connected components of the graph whose nodes are the distinct
     sentences of each side and whose edges are the pairs). Union-find by label propagation in numpy:
-    each round hooks every root onto the smallest root it is paired with, then compresses paths."""
-    _, source_node = np.unique(source_hashes, return_inverse=True)
-    _, target_node = np.unique(target_hashes, return_inverse=True)
-    target_node = target_node + (int(source_node.max()) + 1 if len(source_node) else 0)
-    parent = np.arange(int(target_node.max()) + 1 if len(target_node) else 0)
+    each round hooks every root onto the smallest root it is paired with, then compresses paths.
+    Node ids are int32 (a corpus has fewer than 2**31 rows), halving these arrays."""
+    source_node = _node_ids(source_hashes)
+    target_node = _node_ids(target_hashes)
+    target_node += source_node.max() + 1 if len(source_node) else 0
+    parent = np.arange(int(target_node.max()) + 1 if len(target_node) else 0, dtype=np.int32)
     while True:
         source_root, target_root = parent[source_node], parent[target_node]
         if np.array_equal(source_root, target_root):
@@ -270,6 +288,7 @@ def _groups(source_hashes: np.ndarray, target_hashes: np.ndarray) -> np.ndarray:
         low = np.minimum(source_root, target_root)
         np.minimum.at(parent, source_root, low)
         np.minimum.at(parent, target_root, low)
+        del source_root, target_root, low
         while not np.array_equal(parent[parent], parent):
             parent = parent[parent]
 
@@ -290,11 +309,24 @@ def split_pairs(pairs: datasets.Dataset, config: DataConfig) -> Splits:
     row_side, fingerprint = found or _assign_sides(pairs, config)
     if stored and not found:
         _save_split(stored, row_side, fingerprint)
-    train, valid, test = (int(count) for count in np.bincount(row_side, minlength=3)[:3])
     logger.info("split by groups of pairs that share a sentence: %d train, %d valid, %d test pairs",
-                train, valid, test)
-    return Splits(*(_subset(pairs, row_side, split_id, f"taking the {name} split")
-                    for split_id, name in enumerate(("train", "valid", "test"))), fingerprint=fingerprint)
+                *(int(count) for count in np.bincount(row_side, minlength=3)[:3]))
+    train, valid, test = (_subset(pairs, row_side, split_id, f"taking the {name} split")
+                          for split_id, name in enumerate(("train", "valid", "test")))
+    return Splits(train, _in_memory(valid), _in_memory(test), fingerprint=fingerprint)
+
+
+def _in_memory(held_out: datasets.Dataset) -> datasets.Dataset:
+    """A held-out split (thousands of rows) read into memory, with plain reads of the corpus files.
+
+    Its rows lie scattered over the whole corpus: read through datasets' memory map, each row would
+    map the pages around it into the process (the kernel's fault-around), hundreds of MB at 16M
+    pairs for a few thousand rows; and every later pass (encoding, references, held-out files)
+    would read the whole corpus again to find them."""
+    tables = list(arrow_batches(held_out, [SOURCE, TARGET]))
+    if not tables:
+        return held_out
+    return datasets.Dataset(pa.concat_tables(tables).combine_chunks(), info=held_out.info)
 
 
 _SPLIT_DIR = "splits"  # beside the datasets cache: each row's split and the fingerprint, per setting
@@ -354,8 +386,19 @@ def _assign_sides(pairs: datasets.Dataset, config: DataConfig) -> tuple[np.ndarr
             f"data.valid_pairs={config.valid_pairs} and data.test_pairs={config.test_pairs} "
             "with pairs left for training; lower them"
         )
-    both = np.stack([source_hashes, target_hashes])
-    return row_side, hashlib.sha256(both[:, np.lexsort(both[::-1])].tobytes()).hexdigest()
+    return row_side, _set_fingerprint(source_hashes, target_hashes)
+
+
+def _set_fingerprint(source_hashes: np.ndarray, target_hashes: np.ndarray, chunk: int = 1 << 20) -> str:
+    """A digest of the set of (source, target) hash pairs, whatever their order: the source hashes
+    sorted by (source, target), then the target hashes in that order. Hashed a chunk at a time
+    rather than from one stacked and reordered copy of both arrays (0.5 GiB at 16M pairs)."""
+    order = np.lexsort((target_hashes, source_hashes))
+    digest = hashlib.sha256()
+    for hashes in (source_hashes, target_hashes):
+        for start in range(0, len(order), chunk):
+            digest.update(hashes[order[start: start + chunk]].tobytes())
+    return digest.hexdigest()
 
 
 def _take(chunks: list[pa.RecordBatch], starts: np.ndarray, rows: np.ndarray) -> pa.Table:
@@ -406,20 +449,30 @@ def arrow_batches(dataset: datasets.Dataset, columns: list[str], batch_size: int
         yield _take(chunks, starts, rows.slice(start, batch_size).to_numpy().astype(np.int64))
 
 
-def iter_texts(dataset: datasets.Dataset, column: str, batch_size: int = 10_000) -> Iterator[str]:
-    """Stream one text column in Arrow batches (iterating `dataset[column]` is far slower)."""
+def iter_texts(dataset: datasets.Dataset, column: str, batch_size: int = 10_000,
+               rows: np.ndarray | None = None) -> Iterator[str]:
+    """Stream one text column in Arrow batches (iterating `dataset[column]` is far slower); with
+    `rows`, a (N,) boolean mask such as `sample_rows` draws, only the rows where it is True."""
+    start = 0
     for batch in arrow_batches(dataset, [column], batch_size):
-        yield from batch.column(0).to_pylist()
+        texts = batch.column(0)
+        if rows is not None:
+            texts = texts.filter(pa.array(rows[start: start + len(texts)]))
+            start += len(batch)
+        yield from texts.to_pylist()
 
 
-def sample_pairs(dataset: datasets.Dataset, size: int, seed: int) -> datasets.Dataset:
-    """`size` rows of `dataset` drawn without replacement, seeded, in the dataset's order; the whole
-    dataset if it has no more rows than that."""
-    if len(dataset) <= size:
-        return dataset
-    chosen = np.zeros(len(dataset), dtype=bool)
-    chosen[np.random.default_rng(seed).choice(len(dataset), size, replace=False)] = True
-    return _subset(dataset, chosen, True, "sampling pairs")
+def sample_rows(n_rows: int, size: int, seed: int) -> np.ndarray | None:
+    """A seeded draw of `size` of `n_rows` rows without replacement, as a (n_rows,) boolean mask for
+    `iter_texts` (a byte a row); None, meaning every row, if there are no more rows than that.
+
+    A mask read along a stream, not a filtered dataset: filtering a split, which is itself an
+    indices mapping over the corpus, gathers every one of its rows one by one (minutes at 16M pairs)."""
+    if n_rows <= size:
+        return None
+    chosen = np.zeros(n_rows, dtype=bool)
+    chosen[np.random.default_rng(seed).choice(n_rows, size, replace=False)] = True
+    return chosen
 
 
 # --------------------------------------------------------------------------- encoding
@@ -524,6 +577,6 @@ def token_lengths(dataset: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
 
 __all__ = [
     "SOURCE", "TARGET", "SRC_IDS", "TGT_IDS", "SRC_LEN", "TGT_LEN",
-    "LoadReport", "load_pairs", "Splits", "split_pairs", "arrow_batches", "iter_texts", "sample_pairs",
+    "LoadReport", "load_pairs", "Splits", "split_pairs", "arrow_batches", "iter_texts", "sample_rows",
     "EncodedSplits", "encode_splits", "token_lengths",
 ]

@@ -1,6 +1,6 @@
-"""Token ids of an encoded split as flat binary files on disk, memory-mapped (as fairseq's binarized
-data): written once beside the split's datasets cache, then read per batch, never copied into the
-process. Also the batch plans of the epochs, so that a resume neither re-encodes nor re-plans.
+"""Token ids of an encoded split as flat binary files on disk (as fairseq's binarized data): written
+once beside the split's datasets cache, then read per batch with positioned reads, never copied into
+the process. Also the batch plans of the epochs, so that a resume neither re-encodes nor re-plans.
 What the files hold and how batches are formed live in batching.py; this module only stores arrays.
 
 Layout of a split's directory (named by the dataset's fingerprint, so a change of data, cleaning,
@@ -87,22 +87,69 @@ def write_token_files(directory: Path, batches, columns: tuple[str, str]) -> Non
     write_directory(directory, fill)
 
 
-def _map(path: Path, dtype, count: int) -> np.ndarray:
-    if count == 0:  # an empty file cannot be mapped
-        return np.empty(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+class FileArray:
+    """A 1-D array stored in a file, read a piece at a time with positioned reads (os.pread): an
+    index or a step-1 slice gives a numpy value or array; the whole array, for numpy functions,
+    only through `np.asarray`.
+
+    Not a memory map: every read of a mapped file also maps the pages around it into the process
+    (the kernel's fault-around, 64 KB), so the random pairs of training batches made the whole
+    file resident within an epoch, counted in the process's RSS; a read leaves nothing mapped.
+    """
+
+    def __init__(self, path: Path, dtype, length: int, offset: int = 0) -> None:
+        self.path, self.dtype, self.offset, self._length = Path(path), np.dtype(dtype), offset, length
+        self._file = open(path, "rb", buffering=0) if length else None  # closed when the array goes
+        self.shape = (length,)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        count = max(stop - start, 0)
+        if not count:
+            return np.empty(0, dtype=self.dtype)
+        size, position = count * self.dtype.itemsize, self.offset + start * self.dtype.itemsize
+        if hasattr(os, "pread"):
+            data = os.pread(self._file.fileno(), size, position)
+        else:  # Windows
+            self._file.seek(position)
+            data = self._file.read(size)
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._length)
+            if step != 1:
+                raise IndexError("FileArray slices have step 1")
+            return self._read(start, stop)
+        position = int(index) + (self._length if int(index) < 0 else 0)
+        if not 0 <= position < self._length:
+            raise IndexError(f"index {index} out of range for {self._length} items")
+        return self._read(position, position + 1)[0]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = self._read(0, self._length)
+        return whole if dtype is None else whole.astype(dtype)
+
+    def diff(self, chunk: int = 1 << 20) -> np.ndarray:
+        """np.diff of the array, read a chunk at a time (int64)."""
+        out = np.empty(max(self._length - 1, 0), dtype=np.int64)
+        for start in range(0, len(out), chunk):
+            out[start: start + chunk] = np.diff(self._read(start, min(start + chunk, len(out)) + 1))
+        return out
 
 
-def open_token_files(directory: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """(src_ids, src_offsets, tgt_ids, tgt_offsets), memory-mapped read-only; None if not written."""
+def open_token_files(directory: Path) -> tuple[FileArray, FileArray, FileArray, FileArray] | None:
+    """(src_ids, src_offsets, tgt_ids, tgt_offsets) as FileArrays; None if not written."""
     if not (directory / "dtype").is_file():
         return None
     dtype = np.dtype((directory / "dtype").read_text())
     arrays = []
     for side in SIDES:
         offsets_path = directory / f"{side}.offsets"
-        offsets = _map(offsets_path, np.int64, offsets_path.stat().st_size // 8)
-        arrays += [_map(directory / f"{side}.ids", dtype, int(offsets[-1])), offsets]
+        offsets = FileArray(offsets_path, np.int64, offsets_path.stat().st_size // 8)
+        arrays += [FileArray(directory / f"{side}.ids", dtype, int(offsets[-1])), offsets]
     return tuple(arrays)  # type: ignore[return-value]
 
 
@@ -122,13 +169,18 @@ def save_plan(directory: Path, key: str, order: np.ndarray, bounds: np.ndarray, 
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def load_plan(directory: Path, key: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """(order, bounds) of a stored plan, memory-mapped; None if there is none."""
+def load_plan(directory: Path, key: str) -> tuple[FileArray, np.ndarray] | None:
+    """(order, bounds) of a stored plan, the order (a number a pair) read from its file as batches
+    need it, the bounds (two a batch) in memory; None if there is none."""
     plan = directory / "plans" / key
     try:
-        return np.load(plan / "order.npy", mmap_mode="r"), np.load(plan / "bounds.npy", mmap_mode="r")
+        mapped = np.load(plan / "order.npy", mmap_mode="r")  # for the header's dtype, length and data offset
+        order = FileArray(plan / "order.npy", mapped.dtype, len(mapped), mapped.offset)
+        del mapped
+        return order, np.load(plan / "bounds.npy")
     except (FileNotFoundError, ValueError):
         return None
 
 
-__all__ = ["TOKEN_DIR", "token_directory", "write_directory", "write_token_files", "open_token_files", "save_plan", "load_plan"]
+__all__ = ["TOKEN_DIR", "FileArray", "token_directory", "write_directory", "write_token_files", "open_token_files",
+           "save_plan", "load_plan"]

@@ -27,7 +27,7 @@ from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config, config_to_dict, config_to_yaml
 from transformer.data.batching import PairCorpus
 from transformer.data.dropout import DropoutBatches
-from transformer.data.pairs import (SOURCE, TARGET, encode_splits, iter_texts, load_pairs, sample_pairs, split_pairs,
+from transformer.data.pairs import (SOURCE, TARGET, encode_splits, iter_texts, load_pairs, sample_rows, split_pairs,
                                      token_lengths)
 from transformer.data.tokenizer import load_tokenizers, save_tokenizers, tokenizer_fingerprint, train_tokenizers
 from transformer.errors import CheckpointError, ConfigError
@@ -222,12 +222,13 @@ def _prepare_data(config: Config, run: RunDirectory, data_cache_dir: Path | None
     else:
         # Trained afresh whenever there is no checkpoint to resume, even if a killed earlier session
         # left tokenizer files: their settings or data may since have changed.
-        texts = sample_pairs(splits.train, config.tokenizer.sample_pairs, config.train.seed)
+        sample = sample_rows(len(splits.train), config.tokenizer.sample_pairs, config.train.seed)
+        sampled = len(splits.train) if sample is None else config.tokenizer.sample_pairs
         log.info("training BPE tokenizers (vocabulary %d, %s) on %d training pairs%s", config.tokenizer.vocab_size,
-                 "joint" if config.tokenizer.joint else "separate", len(texts),
-                 f", a seeded sample of the {len(splits.train)} (tokenizer.sample_pairs)"
-                 if len(texts) < len(splits.train) else "")
-        tokenizers = train_tokenizers(iter_texts(texts, SOURCE), iter_texts(texts, TARGET), config.tokenizer)
+                 "joint" if config.tokenizer.joint else "separate", sampled,
+                 f", a seeded sample of the {len(splits.train)} (tokenizer.sample_pairs)" if sample is not None else "")
+        tokenizers = train_tokenizers(iter_texts(splits.train, SOURCE, rows=sample),
+                                      iter_texts(splits.train, TARGET, rows=sample), config.tokenizer)
         with _writing(run.path):
             run.replace_tokenizer(lambda directory: save_tokenizers(tokenizers, directory))
     fingerprints = {"tokenizer_fingerprint": tokenizer_fingerprint(run.tokenizer_dir),

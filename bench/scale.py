@@ -1,7 +1,7 @@
 """The whole training command on a corpus N times the shipped CSV: time of each stage and peak memory.
 
     python bench/scale.py --scale 30 [--steps 20] [--resume-steps 3] [--config configs/base.yaml]
-                          [--data data/eng_-french.csv] [--work DIR] [--repo DIR] [--keep]
+                          [--data data/eng_-french.csv] [--work DIR] [--repo DIR] [--keep] [--nproc N]
 
 Synthesises the Nx CSV (every row repeated N times, copy k > 0 with " (copy k)" appended to both
 sides, so every pair stays its own group), then runs, as a subprocess in a fresh datasets cache and
@@ -16,6 +16,8 @@ memory during each; the peak RSS of the main process (VmHWM) with the peaks of i
 ms), the same for the largest worker process (datasets' map workers), and the size of the datasets
 cache. RssFile is pages of memory-mapped files (Arrow, token ids) that the kernel may drop under
 pressure; RssAnon is what the process really holds.
+--nproc 2 runs the same under `torchrun --standalone --nproc_per_node=2` and prints each training
+process's peak and their sum.
 --repo runs train.py of another checkout (e.g. `git worktree add /tmp/before main`) to compare.
 """
 
@@ -65,13 +67,17 @@ class Peak:
 
 @dataclass
 class Sampler:
-    """Polls /proc/<pid>/status of a process and every descendant until stopped."""
+    """Polls /proc/<pid>/status of a process and every descendant until stopped. With `ranks`, the
+    process is torchrun's launcher and its children are the training processes: each gets its own
+    peaks, and the timeline sums them."""
 
     pid: int
+    ranks: bool = False
     main: Peak = field(default_factory=Peak)
     workers: Peak = field(default_factory=Peak)  # the largest of each figure over the worker processes
     n_workers: int = 0
-    timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (time, RssAnon, RssFile) of the main process
+    rank_peaks: dict[int, Peak] = field(default_factory=dict)
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (time, RssAnon, RssFile) of training
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -102,15 +108,23 @@ class Sampler:
         while not self._stop.is_set():
             try:
                 children = psutil.Process(self.pid).children(recursive=True)
+                direct = {child.pid for child in psutil.Process(self.pid).children()} if self.ranks else set()
             except psutil.Error:
-                children = []
+                children, direct = [], set()
             status = self._status(self.pid)
             self._add(self.main, status)
-            if status:
-                self.timeline.append((time.time(), status.get("RssAnon", 0), status.get("RssFile", 0)))
+            training = [status] if not self.ranks else []
             for child in children:
-                self._seen.add(child.pid)
-                self._add(self.workers, self._status(child.pid))
+                child_status = self._status(child.pid)
+                if child.pid in direct:
+                    self._add(self.rank_peaks.setdefault(child.pid, Peak()), child_status)
+                    training.append(child_status)
+                else:
+                    self._seen.add(child.pid)
+                    self._add(self.workers, child_status)
+            if any(training):
+                self.timeline.append((time.time(), sum(s.get("RssAnon", 0) for s in training),
+                                      sum(s.get("RssFile", 0) for s in training)))
             self._stop.wait(0.05)
 
     def stop(self) -> None:
@@ -148,7 +162,7 @@ def run_train(command: list[str], env: dict[str, str], run_dir: Path, cwd: Path)
     offset = log.stat().st_size if log.exists() else 0
     started = time.time()
     process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    sampler = Sampler(process.pid)
+    sampler = Sampler(process.pid, ranks=command[1:3] == ["-m", "torch.distributed.run"])
     _, stderr = process.communicate()
     ended = time.time()
     sampler.stop()
@@ -163,7 +177,8 @@ def run_train(command: list[str], env: dict[str, str], run_dir: Path, cwd: Path)
 def report(title: str, result: dict, cache: Path) -> None:
     sampler: Sampler = result["sampler"]
     print(f"\n== {title}")
-    print(f"  {'stage':32s} {'time':>10s}   main process during it, peak of: RssAnon  RssFile  their sum")
+    who = "the ranks together" if sampler.ranks else "main process"
+    print(f"  {'stage':32s} {'time':>10s}   {who + ' during it, peak of:':>33s} RssAnon  RssFile  their sum")
     for name, seconds, end in result["stages"]:
         during = [(anon, file) for at, anon, file in sampler.timeline if end - seconds <= at <= end]
         peaks = (f"{max(a for a, _ in during) / MIB:7.0f}  {max(f for _, f in during) / MIB:7.0f}  "
@@ -171,6 +186,11 @@ def report(title: str, result: dict, cache: Path) -> None:
         print(f"  {name:32s} {seconds:8.1f} s   {'':33s}{peaks}")
     print(f"  {'wall':32s} {result['wall']:8.1f} s   (to step 1: {result['first_step']:.1f} s)")
     main, workers = sampler.main, sampler.workers
+    for number, (pid, peak) in enumerate(sorted(sampler.rank_peaks.items())):
+        print(f"  training process {number} (pid {pid}): peak RSS {peak.hwm / MIB:8.0f} MiB   RssAnon peak "
+              f"{peak.anon / MIB:6.0f} MiB   RssFile peak {peak.file / MIB:6.0f} MiB")
+    if sampler.rank_peaks:
+        print(f"  the training processes' peak RSS summed: {sum(p.hwm for p in sampler.rank_peaks.values()) / MIB:.0f} MiB")
     print(f"  main process: peak RSS {main.hwm / MIB:8.0f} MiB   RssAnon peak {main.anon / MIB:6.0f} MiB   "
           f"RssFile peak {main.file / MIB:6.0f} MiB")
     if sampler.n_workers:
@@ -189,6 +209,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="work directory (default: a temporary one, removed)")
     parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose train.py runs")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="training processes: more than 1 runs train.py under torchrun (gloo on a CPU)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="more config overrides for both runs")
     args = parser.parse_args()
@@ -212,7 +234,9 @@ def main() -> None:
         cache, run_dir = work / "datasets-cache", work / "run"
         env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "PYTHONPATH": str(args.repo.resolve())}
         sets = [f"data.path={scaled}", "train.log_every=1", *args.overrides]
-        command = [sys.executable, "train.py", "--config", str((ROOT / args.config).resolve())
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}"] \
+            if args.nproc > 1 else [sys.executable]
+        command = [*launcher, "train.py", "--config", str((ROOT / args.config).resolve())
                    if not Path(args.config).is_absolute() else args.config,
                    "--run-dir", str(run_dir), "--no-progress"]
         first = run_train(command + [w for s in sets + [f"train.max_steps={args.steps}"] for w in ("--set", s)],

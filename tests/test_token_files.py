@@ -5,8 +5,10 @@ plans stored and read back, and files that are only ever complete."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -123,3 +125,39 @@ def test_half_written_token_files_are_never_read(tiny_encoded, monkeypatch, tmp_
     monkeypatch.undo()
     corpus = PairCorpus.from_dataset(dataset)
     assert np.array_equal(corpus.tgt_tokens, PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"]).tgt_tokens)
+
+
+def test_file_array_reads_like_the_array_it_stores(tmp_path):
+    values = np.arange(-3, 1000, 7, dtype=np.int64) ** 2
+    (tmp_path / "values").write_bytes(b"head" + values.tobytes())  # data after a header, as in a .npy
+    stored = FileArray(tmp_path / "values", np.int64, len(values), offset=4)
+    assert len(stored) == len(values) and stored.dtype == np.int64
+    for index in (0, 5, len(values) - 1, -1, -len(values)):
+        assert stored[index] == values[index]
+    for part in (slice(3, 9), slice(None, 4), slice(len(values) - 2, None), slice(5, 5), slice(9, 3),
+                 slice(-4, None), slice(0, 10 ** 9)):
+        assert np.array_equal(stored[part], values[part]), part
+    for index in (len(values), -len(values) - 1):
+        with pytest.raises(IndexError):
+            stored[index]
+    with pytest.raises(IndexError):
+        stored[::2]
+    assert np.array_equal(np.asarray(stored), values)
+    assert np.array_equal(stored.diff(chunk=10), np.diff(values))  # across chunk boundaries
+    empty = FileArray(tmp_path / "values", np.int64, 0)
+    assert len(empty) == 0 and np.asarray(empty).shape == (0,) and empty.diff().shape == (0,)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps (Linux)")
+def test_reading_batches_maps_no_token_file_into_the_process(tiny_encoded):
+    """Token ids and plans are read, never memory-mapped: a mapped file's pages (and the kernel's
+    fault-around of 64 KB at each read) stay in the process's RSS, which at 16M pairs grew by the
+    whole token files within an epoch."""
+    corpus = PairCorpus.from_dataset(tiny_encoded.train)
+    corpus.batches(256, seed=3, epoch=0)
+    plan = PairCorpus.from_dataset(tiny_encoded.train).batches(256, seed=3, epoch=0)  # read back from its files
+    for indices in plan:
+        corpus.batch(indices)
+    assert len(corpus.src_lengths) == len(corpus)
+    mapped = Path("/proc/self/maps").read_text()
+    assert str(corpus.directory) not in mapped

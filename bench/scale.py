@@ -169,9 +169,12 @@ def run_train(command: list[str], env: dict[str, str], run_dir: Path, cwd: Path)
     if process.returncode:
         sys.exit(f"train.py failed ({process.returncode}):\n{stderr.decode()[-3000:]}")
     stages = stage_times(log, offset, started, ended)
+    # The time budget's own measurement of a step (its log line), to see that steps do not slow with the corpus.
+    step = re.findall(r"at ([0-9.]+) s a step \(measured over (\d+) steps\)", log.read_bytes()[offset:].decode("utf-8"))
     first_step = sum(seconds for name, seconds, _ in stages[: [n for n, _, _ in stages].index(STAGES[5][0]) + 1]) \
         if any(name == STAGES[5][0] for name, _, _ in stages) else float("nan")
-    return {"stages": stages, "wall": ended - started, "first_step": first_step, "sampler": sampler}
+    return {"stages": stages, "wall": ended - started, "first_step": first_step, "sampler": sampler,
+            "step": step[-1] if step else None}
 
 
 def report(title: str, result: dict, cache: Path) -> None:
@@ -185,6 +188,8 @@ def report(title: str, result: dict, cache: Path) -> None:
                  f"{max(a + f for a, f in during) / MIB:7.0f}") if during else f"{'(no sample)':>25s}"
         print(f"  {name:32s} {seconds:8.1f} s   {'':33s}{peaks}")
     print(f"  {'wall':32s} {result['wall']:8.1f} s   (to step 1: {result['first_step']:.1f} s)")
+    if result["step"]:
+        print(f"  a training step: {result['step'][0]} s (train.py's time budget, measured over {result['step'][1]} steps)")
     main, workers = sampler.main, sampler.workers
     for number, (pid, peak) in enumerate(sorted(sampler.rank_peaks.items())):
         print(f"  training process {number} (pid {pid}): peak RSS {peak.hwm / MIB:8.0f} MiB   RssAnon peak "

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # A child: the data stage on CSV argv[1] with datasets' cache argv[2] and the tokenizer of argv[3];
 # the split encoded in shards of argv[4] rows. With argv[5] = K, it kills itself (SIGKILL, as the OOM
-# killer or `kill -9` would) the moment the K-th shard of the training split is encoded.
+# killer or `kill -9` would) the moment the K-th shard of the pairs is encoded.
 # It prints a JSON line: the cache files of the encoded training split, and its ids.
 _ENCODE_CHILD = textwrap.dedent("""
     import json, logging, os, signal, sys
@@ -33,7 +33,7 @@ _ENCODE_CHILD = textwrap.dedent("""
 
     class KillAfterShard(logging.Handler):
         def emit(self, record):
-            if record.getMessage().startswith(f"encoded train: shard {kill_after} of"):
+            if record.getMessage().startswith(f"encoded pairs: shard {kill_after} of"):
                 os.kill(os.getpid(), signal.SIGKILL)
 
     pairs.logger.setLevel(logging.DEBUG)
@@ -76,7 +76,7 @@ def test_an_encode_killed_part_way_loses_no_finished_shard(tmp_path, tiny_tokeni
     assert rerun.returncode == 0, rerun.stderr
     result = json.loads(rerun.stdout.splitlines()[-1])
     files = [Path(name) for name in result["files"]]
-    assert len(files) == 7  # 560 training pairs in 6 shards of up to 100, and the long pairs' filter
+    assert len(files) == 7  # 600 pairs encoded in 6 shards of 100, and the filter keeping training pairs
     reused = [path for path in files if path in arrow_files]
     assert len(reused) == 3  # the three shards the killed run finished, read back
     assert all(path.stat().st_mtime_ns == arrow_files[path] for path in reused)  # not written again

@@ -226,6 +226,10 @@ class Splits:
     valid: datasets.Dataset
     test: datasets.Dataset
     fingerprint: str  # of the set of pairs, whatever their order (checkpoints record it)
+    # The pairs split and each row's split (0 train, 1 valid, 2 test): the training pairs are encoded
+    # from the rows in place, not gathered one by one through the train split's index.
+    pairs: datasets.Dataset
+    row_side: np.ndarray
 
 
 _MASK64 = (1 << 64) - 1
@@ -313,7 +317,7 @@ def split_pairs(pairs: datasets.Dataset, config: DataConfig) -> Splits:
                 *(int(count) for count in np.bincount(row_side, minlength=3)[:3]))
     train, valid, test = (_subset(pairs, row_side, split_id, f"taking the {name} split")
                           for split_id, name in enumerate(("train", "valid", "test")))
-    return Splits(train, _in_memory(valid), _in_memory(test), fingerprint=fingerprint)
+    return Splits(train, _in_memory(valid), _in_memory(test), fingerprint=fingerprint, pairs=pairs, row_side=row_side)
 
 
 def _in_memory(held_out: datasets.Dataset) -> datasets.Dataset:
@@ -504,11 +508,6 @@ def _encode_batch(batch: dict[str, list], tokenizers: Tokenizers, code_digest: s
             SRC_LEN: [len(ids) for ids in src_ids], TGT_LEN: [len(ids) for ids in tgt_ids]}
 
 
-def _fits(src_len: list[int], tgt_len: list[int], limit: int, code_digest: str) -> list[bool]:
-    del code_digest
-    return [s <= limit and t <= limit for s, t in zip(src_len, tgt_len)]
-
-
 def _encode(dataset: datasets.Dataset, tokenizers: Tokenizers, name: str) -> datasets.Dataset:
     features = datasets.Features({**dataset.features, **_ENCODED_FEATURES})
     if len(dataset) == 0:  # map() skips an empty dataset and would leave the new columns out
@@ -546,14 +545,18 @@ def encode_splits(splits: Splits, tokenizers: Tokenizers, max_length: int) -> En
     filtered: the model is scored on every held-out pair.
     """
     limit = max_length - 1
-    train = _encode(splits.train, tokenizers, "train")
-    kept = train.filter(_fits, batched=True, batch_size=WRITER_BATCH_ROWS, writer_batch_size=WRITER_BATCH_ROWS,
-                        input_columns=[SRC_LEN, TGT_LEN],
-                        fn_kwargs={"limit": limit, "code_digest": _CODE_DIGEST}, desc="dropping long pairs")
-    too_long = len(train) - len(kept)
+    # Every pair is encoded, the held-out few thousand too, then the training rows that fit are kept:
+    # reading the corpus's rows in place is faster than gathering them through the train split's index.
+    encoded = _encode(splits.pairs, tokenizers, "pairs")
+    src_len, tgt_len = token_lengths(encoded)
+    train_rows = splits.row_side == 0
+    fits = (src_len <= limit) & (tgt_len <= limit)
+    del src_len, tgt_len
+    too_long, n_train = int(np.count_nonzero(train_rows & ~fits)), int(np.count_nonzero(train_rows))
+    kept = _subset(encoded, train_rows & fits, True, "keeping the training pairs that fit")
     if too_long:
         logger.warning("dropped %d of %d training pairs with more than %d tokens on a side (data.max_length=%d)",
-                       too_long, len(train), limit, max_length)
+                       too_long, n_train, limit, max_length)
     valid = _encode(splits.valid, tokenizers, "valid")
     test = _encode(splits.test, tokenizers, "test")
     for name, dataset in (("valid", valid), ("test", test)):

@@ -31,7 +31,7 @@ JOINT_FILE = "joint.json"
 SOURCE_FILE = "source.json"
 TARGET_FILE = "target.json"
 _TRAIN_BATCH = 1000  # texts handed to the Rust trainer at a time
-# Texts per call of the Rust encoder: a third faster per text than batches of thousands, in one
+# Texts per call of the Rust encoder: a few hundred take less time a text than thousands, in one
 # thread or several (`python bench/encode_speed.py` measures it).
 _ENCODE_BATCH = 256
 

@@ -223,10 +223,10 @@ class PairCorpus:
         """From a HuggingFace `datasets.Dataset` with list-of-int columns, via Arrow, without Python lists.
 
         A dataset in datasets' cache has its ids written once to token files beside it (a later
-        run finds them there) and memory-mapped; one held in memory is copied into arrays. Either
-        way it is streamed in batches of rows (following any select/filter indices mapping), in two
-        passes: lengths and the largest id, then the ids. Ids are stored as uint16 when all fit
-        (vocabularies up to 65,536), else int32.
+        run finds them there), read from there as batches need them; one held in memory is copied
+        into arrays. Either way it is streamed in batches of rows (following any select/filter
+        indices mapping), in two passes: lengths and the largest id, then the ids. Ids are stored
+        as uint16 when all fit (vocabularies up to 65,536), else int32.
         """
         # Imported here: translate.py uses this module and need not load datasets and pyarrow (slow to import).
         from transformer.data.pairs import arrow_batches
@@ -260,7 +260,7 @@ class PairCorpus:
 
     def batches(self, batch_tokens: int, seed: int, epoch: int, shuffle: bool = True) -> BatchPlan:
         """`token_batches` of these pairs; with token files, stored beside them once planned and read
-        back from there (memory-mapped) on the next call, in this run or a later one."""
+        back from there on the next call, in this run or a later one."""
         if self.directory is None or len(self) == 0:
             return token_batches(self.src_lengths, self.tgt_lengths, batch_tokens, seed, epoch, shuffle)
         setting = f"tokens{batch_tokens}-seed{seed}-shuffle{int(shuffle)}-"

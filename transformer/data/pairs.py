@@ -1,8 +1,9 @@
 """Sentence pairs: clean what readers.py read (CSV/TSV or line-aligned text), split into train /
 valid / test by groups of pairs that share a sentence, encode.
 
-Everything stays a memory-mapped `datasets.Dataset`, cached on disk by fingerprint, so a second
+The corpus stays a memory-mapped `datasets.Dataset`, cached on disk by fingerprint, so a second
 run starts fast and corpora larger than memory work: nothing here holds a Python object per pair.
+Only the held-out splits (thousands of pairs) are read into memory.
 Batching lives in batching.py.
 Typical use: load_pairs -> split_pairs -> train_tokenizers(iter_texts(...)) -> encode_splits.
 """

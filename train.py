@@ -92,6 +92,7 @@ def example_sentence(run_dir: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop_requested = False
+    training = False  # the data is ready: Ctrl-C from now on finishes the step and saves
     rank = distributed.env_rank()  # known before the process group exists: logging needs it first
 
     def request_stop(signum: int, _frame) -> None:
@@ -118,13 +119,22 @@ def main(argv: list[str] | None = None) -> int:
         # datasets would draw a bar for every map/filter; the log already says what each stage does.
         datasets.disable_progress_bars()
         set_threads(config.train.threads)
-        if args.reuse_freed_memory and select_device(config.train.device).type == "cpu" and reuse_freed_memory():
-            logging.getLogger("train").info("malloc: freed memory is kept for the next step "
-                                            "(--no-reuse-freed-memory to keep glibc's defaults)")
-        for signum in previous_handlers:
-            signal.signal(signum, request_stop)
+
+        def before_training() -> None:
+            # Once the data is ready, not before. The data stage's large arrays then go back to the
+            # system when freed, rather than staying in the heap for the rest of the run. And Ctrl-C
+            # stops the data stage at once (minutes on a large corpus; the datasets cache keeps what
+            # was finished) rather than after it.
+            nonlocal training
+            training = True
+            if args.reuse_freed_memory and select_device(config.train.device).type == "cpu" and reuse_freed_memory():
+                logging.getLogger("train").info("malloc: freed memory is kept for the next step "
+                                                "(--no-reuse-freed-memory to keep glibc's defaults)")
+            for signum in previous_handlers:
+                signal.signal(signum, request_stop)
+
         outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress,
-                        rebuild_state=args.rebuild_state)
+                        rebuild_state=args.rebuild_state, before_training=before_training)
     except MissingRunState as error:
         print(f"{f'[rank {rank}] ' if rank else ''}error: {error}. Rebuild it from the checkpoints on disk and "
               f"train on with: {resume_command(args)} --rebuild-state", file=sys.stderr)
@@ -133,8 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{f'[rank {rank}] ' if rank else ''}error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: nothing was saved for the current step; rerun the same command to resume from the "
-              "last checkpoint", file=sys.stderr)
+        if not training:
+            print("interrupted while preparing the data; the datasets cache keeps what was finished, and the same "
+                  "command continues from there", file=sys.stderr)
+        else:
+            print("interrupted: nothing was saved for the current step; rerun the same command to resume from the "
+                  "last checkpoint", file=sys.stderr)
         return 130
     finally:  # main() may run inside a longer-lived process (tests, notebooks)
         for signum, handler in previous_handlers.items():

@@ -15,7 +15,10 @@ first step, the remaining steps and the final validation), with the main process
 memory during each; the peak RSS of the main process (VmHWM) with the peaks of its anonymous and file-backed parts (RssAnon, RssFile, sampled every 50
 ms), the same for the largest worker process (datasets' map workers), and the size of the datasets
 cache. RssFile is pages of memory-mapped files (Arrow, token ids) that the kernel may drop under
-pressure; RssAnon is what the process really holds.
+pressure; RssAnon is what the process really holds. Worker processes are forked, so their RssAnon
+counts pages they still share with the main process; the whole command's memory is therefore also
+sampled as the sum of PSS (proportional set size: a shared page split between its sharers) over every
+process of the command, every 0.25 s, and printed per stage and at its peak.
 --nproc 2 runs the same under `torchrun --standalone --nproc_per_node=2` and prints each training
 process's peak and their sum.
 --repo runs train.py of another checkout (e.g. `git worktree add /tmp/before main`) to compare.
@@ -48,7 +51,7 @@ MIB = 1024 * 1024
 # (stage name, pattern of the train.log line that ends it); a stage missing from a run (a resume
 # trains no BPE) is skipped, and its time counts in the next one found.
 STAGES = (
-    ("start-up (imports)", r"INFO train: |INFO transformer\."),
+    ("start-up (imports)", r"INFO transformer\.data\.pairs: reading "),
     ("read + clean", r"sentence pairs$"),
     ("split", r"split by groups"),
     ("BPE", r"trained (joint|separate) BPE|tokenizers: reusing"),
@@ -78,6 +81,8 @@ class Sampler:
     n_workers: int = 0
     rank_peaks: dict[int, Peak] = field(default_factory=dict)
     timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (time, RssAnon, RssFile) of training
+    # (time, PSS summed over the command's processes: launcher, training processes, workers)
+    tree: list[tuple[float, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -99,12 +104,26 @@ class Sampler:
         return values
 
     @staticmethod
+    def _pss(pid: int) -> int:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            return 0
+        match = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
+        return int(match.group(1)) * 1024 if match else 0
+
+    @property
+    def tree_peak(self) -> int:
+        return max((pss for _, pss in self.tree), default=0)
+
+    @staticmethod
     def _add(peak: Peak, values: dict[str, int]) -> None:
         peak.hwm = max(peak.hwm, values.get("VmHWM", 0))
         peak.anon = max(peak.anon, values.get("RssAnon", 0))
         peak.file = max(peak.file, values.get("RssFile", 0))
 
     def _run(self) -> None:
+        polls = 0
         while not self._stop.is_set():
             try:
                 children = psutil.Process(self.pid).children(recursive=True)
@@ -125,6 +144,9 @@ class Sampler:
             if any(training):
                 self.timeline.append((time.time(), sum(s.get("RssAnon", 0) for s in training),
                                       sum(s.get("RssFile", 0) for s in training)))
+            if polls % 5 == 0:  # PSS walks the page tables: costlier than status, so less often
+                self.tree.append((time.time(), self._pss(self.pid) + sum(self._pss(c.pid) for c in children)))
+            polls += 1
             self._stop.wait(0.05)
 
     def stop(self) -> None:
@@ -181,12 +203,14 @@ def report(title: str, result: dict, cache: Path) -> None:
     sampler: Sampler = result["sampler"]
     print(f"\n== {title}")
     who = "the ranks together" if sampler.ranks else "main process"
-    print(f"  {'stage':32s} {'time':>10s}   {who + ' during it, peak of:':>33s} RssAnon  RssFile  their sum")
+    print(f"  {'stage':32s} {'time':>10s}   {who + ' during it, peak of:':>33s} RssAnon  RssFile  their sum"
+          "   all processes' PSS")
     for name, seconds, end in result["stages"]:
         during = [(anon, file) for at, anon, file in sampler.timeline if end - seconds <= at <= end]
         peaks = (f"{max(a for a, _ in during) / MIB:7.0f}  {max(f for _, f in during) / MIB:7.0f}  "
                  f"{max(a + f for a, f in during) / MIB:7.0f}") if during else f"{'(no sample)':>25s}"
-        print(f"  {name:32s} {seconds:8.1f} s   {'':33s}{peaks}")
+        tree = [pss for at, pss in sampler.tree if end - seconds <= at <= end]
+        print(f"  {name:32s} {seconds:8.1f} s   {'':33s}{peaks}   {max(tree) / MIB if tree else float('nan'):9.0f}")
     print(f"  {'wall':32s} {result['wall']:8.1f} s   (to step 1: {result['first_step']:.1f} s)")
     if result["step"]:
         print(f"  a training step: {result['step'][0]} s (train.py's time budget, measured over {result['step'][1]} steps)")
@@ -201,6 +225,7 @@ def report(title: str, result: dict, cache: Path) -> None:
     if sampler.n_workers:
         print(f"  {sampler.n_workers} worker processes, the largest: peak RSS {workers.hwm / MIB:6.0f} MiB   "
               f"RssAnon {workers.anon / MIB:6.0f} MiB   RssFile {workers.file / MIB:6.0f} MiB")
+    print(f"  the whole command (every process, PSS summed): peak {sampler.tree_peak / MIB:8.0f} MiB")
     print(f"  datasets cache: {directory_size(cache) / MIB:8.0f} MiB")
 
 

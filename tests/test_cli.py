@@ -294,8 +294,39 @@ def test_the_malloc_setting_is_the_cli_s_and_can_be_switched_off(tmp_path: Path,
     assert calls == [] and "malloc:" not in caplog.text
     assert run_train(tmp_path, tiny_csv, "--set", "train.max_steps=4") == 0
     assert calls == [True] and "malloc: freed memory is kept for the next step" in caplog.text
+    # Set once the data stage is over, so its large arrays went back to the system when freed.
+    messages = [record.getMessage() for record in caplog.records]
+    applied = next(i for i, message in enumerate(messages) if message.startswith("malloc:"))
+    assert any(message.startswith("encoding ") for message in messages[:applied])
+    assert any(message.startswith("model: ") for message in messages[applied:])
     import transformer.training.run
     assert "allocator" not in transformer.training.run.__dict__ and "reuse_freed_memory" not in vars(transformer.training.run)
+
+
+def test_ctrl_c_while_the_data_is_prepared_stops_at_once_and_the_rerun_trains(tmp_path: Path, tiny_csv: Path,
+                                                                               monkeypatch, capsys):
+    """The data stage takes minutes on a large corpus: Ctrl-C there stops it (the cache keeps what was
+    finished), rather than being held until the first step."""
+    import signal
+
+    encode = run.encode_splits
+
+    def interrupted_encode(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it, in the middle of the encode
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.default_int_handler
+                        if signum == signal.SIGINT else signal.SIG_DFL)  # as in a shell, whatever pytest set
+    monkeypatch.setattr(run, "encode_splits", interrupted_encode)
+    assert run_train(tmp_path, tiny_csv, max_steps=4) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.rstrip().endswith(
+        "interrupted while preparing the data; the datasets cache keeps what was finished, and the same command "
+        "continues from there")
+    assert not layout.list_checkpoints(tmp_path / "run")
+    monkeypatch.setattr(run, "encode_splits", encode)
+    assert run_train(tmp_path, tiny_csv, max_steps=4) == 0
+    assert "done: 4 steps" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- translate battery

@@ -100,9 +100,11 @@ def _writing(run_dir: Path) -> Iterator[None]:
 
 def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambda: False,
           show_progress: bool = True, data_cache_dir: Path | None = None,
-          rebuild_state: bool = False) -> TrainOutcome:
+          rebuild_state: bool = False, before_training: Callable[[], None] = lambda: None) -> TrainOutcome:
     """Train (or resume) the run in `run_dir` until a budget is reached or `should_stop()` says so.
     `rebuild_state`: first write the run state anew from the checkpoints on disk (it was lost).
+    `before_training` is called once the data is ready, before the model is built: where train.py
+    sets process-wide policy meant for the training steps only (the allocator's).
 
     Started by torchrun (WORLD_SIZE > 1), each process joins the process group and trains its
     share of every batch; see trainer.py."""
@@ -112,11 +114,13 @@ def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambd
     precision = resolve_precision(config.train.precision, device)
     with distributed.process_group(device):
         if not distributed.is_main():  # rank 0 holds the lock for all of them
-            return _train(config, run, None, device, precision, should_stop, show_progress, data_cache_dir)
+            return _train(config, run, None, device, precision, should_stop, show_progress, data_cache_dir,
+                          before_training)
         RunDirectory.check_trainable(run.path, rebuilding=rebuild_state)
         with _writing(run.path), run.lock():
             checkpoints = _open_run(config, run, rebuild_state)
-            return _train(config, run, checkpoints, device, precision, should_stop, show_progress, data_cache_dir)
+            return _train(config, run, checkpoints, device, precision, should_stop, show_progress, data_cache_dir,
+                          before_training)
 
 
 def _open_run(config: Config, run: RunDirectory, rebuild_state: bool) -> CheckpointManager:
@@ -141,7 +145,7 @@ def _open_run(config: Config, run: RunDirectory, rebuild_state: bool) -> Checkpo
 
 def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | None, device: torch.device,
            precision: str, should_stop: Callable[[], bool], show_progress: bool,
-           data_cache_dir: Path | None) -> TrainOutcome:
+           data_cache_dir: Path | None, before_training: Callable[[], None]) -> TrainOutcome:
     main = distributed.is_main()
     # rank 0 picks the checkpoint (and moves damaged ones aside); every rank loads it
     resume_from = distributed.broadcast_object(checkpoints.resume_point() if main else None)
@@ -156,6 +160,7 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
     with distributed.main_first():
         data, heldout = _prepare_data(config, run, data_cache_dir, write=main, resuming=resume_from is not None,
                                       parent=parent)
+    before_training()
 
     seed_everything(config.train.seed)  # the same config gives the same initial weights
     model = Transformer(config.model, data.tokenizers.source_vocab_size, data.tokenizers.target_vocab_size).to(device)

@@ -93,7 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop_requested = False
     training = False  # the data is ready: Ctrl-C from now on finishes the step and saves
+    data_stage_interrupted = False
     rank = distributed.env_rank()  # known before the process group exists: logging needs it first
+    main_pid = os.getpid()
+
+    def interrupt_data_stage(signum: int, _frame) -> None:
+        # The data stage's worker processes (datasets' map, forked) inherit this handler, and a terminal
+        # sends Ctrl-C to them too: they carry on until this process ends them, so none dies half-way
+        # with a traceback and none is started again in its place.
+        nonlocal data_stage_interrupted
+        if os.getpid() == main_pid:
+            data_stage_interrupted = True
+            raise KeyboardInterrupt
 
     def request_stop(signum: int, _frame) -> None:
         nonlocal stop_requested
@@ -133,8 +144,14 @@ def main(argv: list[str] | None = None) -> int:
             for signum in previous_handlers:
                 signal.signal(signum, request_stop)
 
-        outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress,
-                        rebuild_state=args.rebuild_state, before_training=before_training)
+        signal.signal(signal.SIGINT, interrupt_data_stage)
+        try:
+            outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress,
+                            rebuild_state=args.rebuild_state, before_training=before_training)
+        except BaseException:
+            if data_stage_interrupted and not training:  # whatever a library made of the KeyboardInterrupt
+                raise KeyboardInterrupt from None
+            raise
     except MissingRunState as error:
         print(f"{f'[rank {rank}] ' if rank else ''}error: {error}. Rebuild it from the checkpoints on disk and "
               f"train on with: {resume_command(args)} --rebuild-state", file=sys.stderr)

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import datasets
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +36,7 @@ def main() -> None:
                         help="sample sizes in pairs; 0 is every training pair (the reference)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    datasets.disable_progress_bars()
     config = load_config(args.config, args.overrides)
     pairs, _ = load_pairs(config.data)
     splits = split_pairs(pairs, config.data)

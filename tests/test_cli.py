@@ -315,8 +315,6 @@ def test_ctrl_c_while_the_data_is_prepared_stops_at_once_and_the_rerun_trains(tm
         os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it, in the middle of the encode
         return encode(*args, **kwargs)
 
-    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.default_int_handler
-                        if signum == signal.SIGINT else signal.SIG_DFL)  # as in a shell, whatever pytest set
     monkeypatch.setattr(run, "encode_splits", interrupted_encode)
     assert run_train(tmp_path, tiny_csv, max_steps=4) == 130
     err = capsys.readouterr().err

@@ -3,6 +3,7 @@ shards it finished, and the memory the data stage holds does not grow with the c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,69 @@ def test_an_encode_killed_part_way_loses_no_finished_shard(tmp_path, tiny_tokeni
 
     fresh = _child(_ENCODE_CHILD, csv, tmp_path / "fresh-cache", tokenizer_dir, 100, 0)
     assert json.loads(fresh.stdout.splitlines()[-1])["ids"] == result["ids"]
+
+
+# A child: train.py on config argv[1] into run directory argv[2], its cleaning and encoding in worker
+# processes (as from 1,000,000 pairs on) and each encode batch held 60 s once it has touched the file
+# argv[3], so that a Ctrl-C lands in the middle of the encode.
+_CTRL_C_CHILD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from transformer.data import pairs
+    import train
+
+    config, run_dir, started = sys.argv[1:4]
+    pairs.PARALLEL_ROWS = 100
+    encode_batch = pairs._encode_batch
+
+    def held_encode_batch(*args, **kwargs):
+        Path(started).touch()
+        time.sleep(60)
+        return encode_batch(*args, **kwargs)
+
+    pairs._encode_batch = held_encode_batch
+    sys.exit(train.main(["--config", config, "--run-dir", run_dir, "--no-progress"]))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="a terminal's Ctrl-C signals the process group (POSIX)")
+def test_ctrl_c_in_the_encode_ends_the_run_and_its_workers_with_one_line(tmp_path):
+    """A terminal sends Ctrl-C to the whole process group, datasets' worker processes included: the
+    run ends at once with exit 130 and one line saying what was kept, no worker's traceback, no
+    process left behind; the same command then trains."""
+    from conftest import tiny_settings
+    import yaml
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tiny_settings(write_csv(tmp_path / "pairs.csv", _synthetic_rows(400)),
+                                                   train={"max_steps": 2})))
+    run_dir, started = tmp_path / "run", tmp_path / "encoding"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    child = subprocess.Popen([sys.executable, "-c", _CTRL_C_CHILD, config, run_dir, started], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), child.communicate()
+        os.killpg(child.pid, signal.SIGINT)
+        _, err = child.communicate(timeout=30)  # not the 60 s a held worker would take
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and err.rstrip().splitlines()[-1] == (
+        "interrupted while preparing the data; the datasets cache keeps what was finished, and the same command "
+        "continues from there"), err
+    with pytest.raises(ProcessLookupError):  # every worker ended with it
+        os.killpg(child.pid, 0)
+
+    rerun = subprocess.run([sys.executable, "train.py", "--config", str(config), "--run-dir", str(run_dir),
+                            "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0 and "done: 2 steps" in rerun.stderr, rerun.stderr
 
 
 # A child: the data stage of a run (load, split, encode, the training corpus, one epoch's batch plan)

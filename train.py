@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress,
                             rebuild_state=args.rebuild_state, before_training=before_training)
         except BaseException:
-            if data_stage_interrupted and not training:  # whatever a library made of the KeyboardInterrupt
+            if data_stage_interrupted:  # whatever a library made of the KeyboardInterrupt
                 raise KeyboardInterrupt from None
             raise
     except MissingRunState as error:

@@ -36,6 +36,8 @@ def main() -> None:
                         help="sample sizes in pairs; 0 is every training pair (the reference)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    if any(size < 0 for size in args.sizes):
+        parser.error(f"--sizes: a sample size is 0 (every pair) or more, not {min(args.sizes)}")
     datasets.disable_progress_bars()
     config = load_config(args.config, args.overrides)
     pairs, _ = load_pairs(config.data)

@@ -53,6 +53,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps: at least 1, not {args.steps}")
+    for flag, checkout in (("--before", args.before), ("--after", args.after)):
+        if not (checkout / "train.py").is_file():
+            parser.error(f"{flag} {checkout}: not a checkout of this project (no train.py there)")
     config = args.config if args.config.is_absolute() else (Path.cwd() / args.config).resolve()
 
     with tempfile.TemporaryDirectory(prefix="same-weights-") as scratch:

@@ -177,9 +177,10 @@ def load_pairs(config: DataConfig, cache_dir: str | Path | None = None) -> tuple
     A DataError names the file and key for a missing file or column, non-UTF-8 bytes, malformed CSV,
     or text files of different lengths.
     """
-    logger.info("reading %s", describe_input(config))  # minutes for a corpus of millions of pairs
+    path = describe_input(config)
+    logger.info("reading %s", path)  # minutes for a corpus of millions of pairs
     raw = read_pairs_file(config, cache_dir)
-    table, path = raw.table, describe_input(config)
+    table = raw.table
     cleaned = table.map(
         _clean_batch,
         batched=True,

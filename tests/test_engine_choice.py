@@ -185,3 +185,39 @@ def test_the_help_says_which_engine_is_the_default(capsys):
         translate_cli.main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--engine {auto,ctranslate2,torch}" in help_text and "auto (default): CTranslate2" in help_text
+
+
+class _GpuWithoutCublas:
+    """ctranslate2.Translator on a machine whose GPU CTranslate2 counts but cannot use: its wheel's CUDA
+    build loads a cuBLAS the machine lacks at the first product (seen with CTranslate2 4.8.5, built for
+    CUDA 12, on a CUDA 13 machine). On the CPU it is the real translator."""
+
+    real = None
+
+    def __init__(self, *args, device: str = "cpu", **options):
+        self.device, self.translator = device, self.real(*args, device="cpu", **options)
+
+    def translate_batch(self, *args, **options):
+        if self.device != "cpu":
+            raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+        return self.translator.translate_batch(*args, **options)
+
+
+def test_a_gpu_ctranslate2_cannot_use_is_the_torch_engine_s_with_one_note(trained_run: Path, capsys, engines,
+                                                                          monkeypatch):
+    import ctranslate2
+
+    monkeypatch.setattr(_GpuWithoutCublas, "real", ctranslate2.Translator)
+    monkeypatch.setattr(ctranslate2, "Translator", _GpuWithoutCublas)
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    assert translate_cli.main(["--run", str(trained_run), "--greedy", "I'm cold.", "Go."]) == 0
+    captured = capsys.readouterr()
+    assert engines == [TORCH] and len(captured.out.splitlines()) == 2 and "Traceback" not in captured.err
+    assert notes(captured.err) == ["note: engine: torch (CTranslate2 finds a GPU here but cannot run on it: "
+                                   "Library libcublas.so.12 is not found or cannot be loaded)"]
+    assert translate_cli.main(["--run", str(trained_run), "--engine", "ctranslate2", "Go."]) == 2  # as asked
+    assert user_error(capsys) == ("CTranslate2 finds a GPU here but cannot run on it: Library libcublas.so.12 is "
+                                  "not found or cannot be loaded; translate with --engine torch, or with "
+                                  "--device cpu")
+    assert translate_cli.main(["--run", str(trained_run), "--device", "cpu", "--greedy", "Go."]) == 0
+    assert engines[-1] == CT2 and notes(capsys.readouterr().err) == []  # the CPU is CTranslate2's still

@@ -486,3 +486,34 @@ def test_loss_gradient_reaches_every_parameter():
         assert parameter.grad is not None and float(parameter.grad.abs().sum()) > 0, name
     assert "positions" not in dict(model.named_parameters())
     assert not model.positions.requires_grad
+
+
+class _FakeCudaTensor:
+    """Stands in for a CUDA tensor where there is no GPU: `attend` reads only its device and dtype."""
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+
+
+def test_attention_on_a_gpu_leaves_out_cudnn_within_the_call_and_changes_no_setting(monkeypatch):
+    """cuDNN attention builds an execution plan per new shape (bench/README.md, "On a GPU"): on CUDA,
+    SDPA runs with every other backend on and cuDNN's off, inside the call only; on the CPU nothing
+    is switched."""
+    import transformer.model as model_module
+
+    seen: list[tuple[bool, bool, bool, bool]] = []
+
+    def recording(q, k, v, attn_mask=None, is_causal=False):
+        cuda = torch.backends.cuda
+        seen.append((cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+                     cuda.math_sdp_enabled()))
+        return "attended"
+
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", recording)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    fake = _FakeCudaTensor()
+    assert model_module.attend(fake, fake, fake, causal=True) == "attended"
+    assert seen == [(False, True, True, True)]
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before  # restored after the call
+    cpu = torch.zeros(1, 1, 2, 4)
+    model_module.attend(cpu, cpu, cpu)
+    assert seen[1] == (before, True, True, True)  # the CPU call switches nothing

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from transformer.checkpoints.layout import STATE_FILE
-from transformer.errors import ExportCacheError, UserError, option
+from transformer.errors import EngineUnavailableError, ExportCacheError, UserError, option
 from transformer.hardware import cpu_flags, parse_device
 from transformer.translation.ct2_format import INSTALL_HINT, read_export_info
 from transformer.translation.options import MAX_BEAM, Sampling, check_n_best, check_overrides
@@ -115,7 +115,8 @@ def choose_engine(request: EngineRequest) -> tuple[str, str | None]:
 
 def _load_ctranslate2(request: EngineRequest, auto: bool) -> tuple[Any, list[str]]:
     """The CTranslate2 translator of `request`, or (None, a note) when `auto` and the run's export cannot be
-    written (e.g. a run directory this user may only read): the torch engine can translate without it."""
+    written (e.g. a run directory this user may only read) or CTranslate2 cannot run on the GPU it found:
+    the torch engine can translate without it."""
     from transformer.export.run_cache import ctranslate2_model
     from transformer.translation.ct2_engine import load_ct2_translator
 
@@ -125,9 +126,15 @@ def _load_ctranslate2(request: EngineRequest, auto: bool) -> tuple[Any, list[str
         if not auto:
             raise
         return None, [f"engine: torch ({error})"]
-    return load_ct2_translator(model_dir, checkpoint, device=request.device, int8=request.int8,
-                               threads=request.threads, device_key=request.device_key, sampling=request.sampling,
-                               **request.decode), []
+    try:
+        return load_ct2_translator(model_dir, checkpoint, device=request.device, int8=request.int8,
+                                   threads=request.threads, device_key=request.device_key,
+                                   sampling=request.sampling, **request.decode), []
+    except EngineUnavailableError as error:
+        if auto:
+            return None, [f"engine: torch ({error})"]
+        raise UserError(f"{error}; translate with {option('engine')} torch, or with {request.device_key} cpu") \
+            from None
 
 
 def _load_torch(request: EngineRequest) -> Any:

@@ -53,6 +53,11 @@ class ExportCacheError(CheckpointError):
     full disk): a caller that can translate without it (the torch engine) may."""
 
 
+class EngineUnavailableError(UserError):
+    """CTranslate2 imports but cannot run on the device it found (its wheel's CUDA build without the CUDA
+    libraries it loads): engine auto translates with the torch engine instead, with a note."""
+
+
 class OutputError(UserError):
     """Standard output could not be written: a full disk, a full or closed pipe."""
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.config import ModelConfig
 from transformer.data.tokenizer import PAD_ID
@@ -91,6 +92,13 @@ def attention_probabilities(q: Tensor, k: Tensor, attend_mask: Tensor | None = N
     return weights.nan_to_num(0.0)  # softmax over -inf only (a fully padded row) is 0/0
 
 
+# SDPA's backends on a GPU: all but cuDNN's. Where PyTorch puts cuDNN attention first (recent releases
+# on Hopper and newer GPUs, for masked attention), cuDNN builds an execution plan for every new (batch,
+# length) shape, and length-bucketed batches bring a new shape at almost every step: the GPU then waits
+# on the CPU building plans (bench/README.md, "On a GPU"). The others need no plan per shape.
+_GPU_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor | None = None, causal: bool = False) -> Tensor:
     """Attention of q (B, H, T, Dh) over k, v (B, H, S, Dh) -> (B, H, T, Dh), masked as
     `attention_probabilities` says.
@@ -99,9 +107,13 @@ def attend(q: Tensor, k: Tensor, v: Tensor, attend_mask: Tensor | None = None, c
     kernel multiplies one small block per sentence and head, each a oneDNN call, and for the short
     sentences of translation its backward pass is several times slower than the same attention
     written out as three batched products (`python bench/train_speed.py --levers` measures it).
+    On a CUDA GPU, SDPA chooses among `_GPU_BACKENDS` only (scoped to the call: no process-wide setting).
     """
     if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
         return attention_probabilities(q, k, attend_mask, causal) @ v
+    if q.device.type == "cuda":
+        with sdpa_kernel(_GPU_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask, is_causal=causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask, is_causal=causal)
 
 

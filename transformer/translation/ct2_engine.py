@@ -15,7 +15,7 @@ from typing import Any
 from transformer.checkpoints.lookup import load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
 from transformer.data.tokenizer import BOS, EOS, PAD, Tokenizers, load_tokenizers
-from transformer.errors import CheckpointError, ConfigError
+from transformer.errors import CheckpointError, ConfigError, EngineUnavailableError
 from transformer.hardware import parse_device
 from transformer.translation.ct2_format import EXPORT_TOKENIZER_DIR, import_ctranslate2, read_export_info
 from transformer.translation.options import Sampling, decode_config
@@ -47,6 +47,17 @@ def _device(spec: str, ctranslate2: Any, key: str) -> tuple[str, int]:
         if index is not None and index >= count:
             raise ConfigError(f"{key}: {spec!r} requested but this machine has {count} GPU(s), numbered from 0")
     return kind, index or 0
+
+
+def _check_it_runs(translator: Any) -> None:
+    """One decoding step of one token, so that a GPU CTranslate2 finds but cannot use fails at load
+    time, as an EngineUnavailableError, and not at the first batch of a file. Its wheels are built
+    against one CUDA major version and load that version's cuBLAS at the first matrix product: on a
+    machine with another, the GPU is counted and nothing runs."""
+    try:
+        translator.translate_batch([[EOS]], max_decoding_length=1, beam_size=1)
+    except RuntimeError as error:
+        raise EngineUnavailableError(f"CTranslate2 finds a GPU here but cannot run on it: {error}") from None
 
 
 @dataclass
@@ -210,6 +221,8 @@ def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device:
                                             compute_type="int8" if int8 else "default", intra_threads=threads)
     except (RuntimeError, ValueError) as error:
         raise CheckpointError(f"{model_dir}: CTranslate2 cannot load this export ({error})") from None
+    if device_kind == "cuda" or (device_kind == "auto" and ctranslate2.get_cuda_device_count()):
+        _check_it_runs(translator)
     tokenizers = load_tokenizers(model_dir / EXPORT_TOKENIZER_DIR)
     if sampling is not None:
         ctranslate2.set_random_seed(sampling.seed)

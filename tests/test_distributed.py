@@ -274,6 +274,29 @@ def test_other_ranks_log_only_warnings_prefixed_with_their_rank_and_write_no_log
     assert not (tmp_path / "run").exists()
 
 
+def test_libraries_info_lines_stay_out_of_the_log_and_their_warnings_do_not(tmp_path: Path, capsys):
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        setup_logging(tmp_path / "run")
+        logging.getLogger("matplotlib.font_manager").info("generated new fontManager")
+        logging.getLogger("datasets.builder").info("Generating train split")
+        logging.getLogger("transformer.training.trainer").info("step 10  valid loss 1.0")
+        logging.getLogger("matplotlib.font_manager").warning("findfont: Font family not found")
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+    assert capsys.readouterr().err == "step 10  valid loss 1.0\nfindfont: Font family not found\n"
+    logged = (tmp_path / "run" / LOG_FILE).read_text(encoding="utf-8")
+    assert "step 10" in logged and "findfont" in logged and "fontManager" not in logged and "split" not in logged
+
+
 def test_ranks_draw_distinct_deterministic_dropout_seeds():
     assert distributed.seed_for_rank(42, 1) == 43
     resumed = {distributed.seed_for_rank(42, rank, step) for rank in range(1, 4) for step in (10, 11)}

@@ -49,8 +49,9 @@ def setup_logging(run_dir: Path | None = None, level: int = logging.INFO, rank: 
     for handler in handlers:
         handler._transformer_handler = True  # type: ignore[attr-defined]
         root.addHandler(handler)
-    # Libraries we call are chatty at INFO; their warnings still show.
-    for noisy in ("datasets", "fsspec", "urllib3", "filelock"):
+    # Libraries we call are chatty at INFO (matplotlib, imported for the attention pictures, says
+    # "generated new fontManager" in the middle of a fresh machine's first run); their warnings still show.
+    for noisy in ("datasets", "fsspec", "urllib3", "filelock", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -235,8 +235,8 @@ class Budget:
         reestimate_at = position.step + math.floor(REESTIMATE_AT * (by_time - position.step))
         state.reestimate_at_step = reestimate_at if end == by_time and \
             reestimate_at - position.step >= MIN_TIMED_STEPS and reestimate_at < end else 0
-        log.info("time budget: %g minutes of training at %.3f s a step (measured over %d steps): it ends at step %d%s",
-                 train.max_minutes, state.seconds_per_step, len(timed), by_time,
+        log.info("time budget: %g minute%s of training at %.3f s a step (measured over %d steps): it ends at step %d%s",
+                 train.max_minutes, "" if train.max_minutes == 1 else "s", state.seconds_per_step, len(timed), by_time,
                  "" if end == by_time else f"; another budget ends training first, at step {end}")
 
     def _reestimate(self, position: Position) -> None:

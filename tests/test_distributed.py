@@ -10,6 +10,7 @@ them, with --standalone so that torchrun picks a free port itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -254,13 +255,13 @@ def test_torchrun_environment_is_read_before_the_process_group_exists(monkeypatc
     assert not distributed.launched() and distributed.env_rank() == 0
 
 
-def test_other_ranks_log_only_warnings_prefixed_with_their_rank_and_write_no_log_file(tmp_path: Path, capsys):
+@contextlib.contextmanager
+def logging_restored():
+    """setup_logging changes the root logger: put back the handlers and level the test session had."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
-        setup_logging(tmp_path / "run", rank=1)
-        logging.getLogger("transformer.training.trainer").info("step 10  valid loss 1.0")
-        logging.getLogger("transformer.training.trainer").warning("step 11: non-finite loss")
+        yield
     finally:
         for handler in list(root.handlers):
             if handler not in handlers:
@@ -270,28 +271,24 @@ def test_other_ranks_log_only_warnings_prefixed_with_their_rank_and_write_no_log
             if handler not in root.handlers:
                 root.addHandler(handler)
         root.setLevel(level)
+
+
+def test_other_ranks_log_only_warnings_prefixed_with_their_rank_and_write_no_log_file(tmp_path: Path, capsys):
+    with logging_restored():
+        setup_logging(tmp_path / "run", rank=1)
+        logging.getLogger("transformer.training.trainer").info("step 10  valid loss 1.0")
+        logging.getLogger("transformer.training.trainer").warning("step 11: non-finite loss")
     assert capsys.readouterr().err == "[rank 1] step 11: non-finite loss\n"
     assert not (tmp_path / "run").exists()
 
 
 def test_libraries_info_lines_stay_out_of_the_log_and_their_warnings_do_not(tmp_path: Path, capsys):
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
+    with logging_restored():
         setup_logging(tmp_path / "run")
         logging.getLogger("matplotlib.font_manager").info("generated new fontManager")
         logging.getLogger("datasets.builder").info("Generating train split")
         logging.getLogger("transformer.training.trainer").info("step 10  valid loss 1.0")
         logging.getLogger("matplotlib.font_manager").warning("findfont: Font family not found")
-    finally:
-        for handler in list(root.handlers):
-            if handler not in handlers:
-                root.removeHandler(handler)
-                handler.close()
-        for handler in handlers:
-            if handler not in root.handlers:
-                root.addHandler(handler)
-        root.setLevel(level)
     assert capsys.readouterr().err == "step 10  valid loss 1.0\nfindfont: Font family not found\n"
     logged = (tmp_path / "run" / LOG_FILE).read_text(encoding="utf-8")
     assert "step 10" in logged and "findfont" in logged and "fontManager" not in logged and "split" not in logged

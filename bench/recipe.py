@@ -18,17 +18,18 @@ Run it on an otherwise idle machine: updates in a time budget depend on the spee
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import resource
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from transformer.checkpoints.files import read_meta  # noqa: E402
+from transformer.checkpoints.files import load_training_state, read_meta  # noqa: E402
+from disturb import parse_window, run_with_hogs  # noqa: E402  (bench/disturb.py)
 from transformer.translation.torch_engine import load_translator, translate  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
 from transformer.checkpoints.layout import read_run_state  # noqa: E402
@@ -51,19 +52,35 @@ def scores(translator, sources, references, beam: int, alpha: float | None = Non
     return f"{result.bleu:.2f} / {result.chrf:.2f}"
 
 
+def trained_weights(run: Path, translator):
+    """The translator with the trained weights its checkpoint's training state holds beside their
+    average (train.ema_decay), or None where the checkpoint holds no average."""
+    training = load_training_state(find_checkpoint(run))
+    if "weights" not in training:
+        return None
+    model = copy.deepcopy(translator.model)
+    model.load_state_dict(training["weights"])
+    return dataclasses.replace(translator, model=model)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", required=True, help="the trial's name: runs/recipe/<name>")
     parser.add_argument("--config", default="configs/base.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--test", action="store_true", help="also score the test split (finalists only)")
+    parser.add_argument("--hogs", type=int, default=0,
+                        help="busy processes competing for the CPU over --hog-window (bench/disturb.py)")
+    parser.add_argument("--hog-window", type=parse_window, default=(0.0, 60.0), metavar="START:END",
+                        help="seconds after the first step of training (default 0:60)")
     parser.add_argument("--length-penalties", type=float, nargs="*", default=[], metavar="ALPHA",
                         help="also beam 5 on valid with each of these length penalties")
     args = parser.parse_args()
     run_dir = ROOT / "runs" / "recipe" / args.name
     command = [sys.executable, "train.py", "--config", args.config, "--run-dir", str(run_dir), "--no-progress"]
     command += [word for override in args.overrides for word in ("--set", override)]
-    subprocess.run(command, cwd=ROOT, check=True)
+    if run_with_hogs(command, args.hogs, args.hog_window, cwd=ROOT):
+        sys.exit("error: training failed")
     peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
 
     state = read_meta(run_dir / "checkpoints" / read_run_state(run_dir).latest)["state"]
@@ -74,6 +91,10 @@ def main() -> None:
              f"{state['train_seconds'] / 60:.1f}", f"{state['target_tokens'] / state['train_seconds']:,.0f}",
              f"{peak_gib:.2f}",
              scores(translator, *valid, beam=1), scores(translator, *valid, beam=5)]
+    trained = trained_weights(run_dir, translator)
+    if trained is not None:  # the checkpoint holds an average of the weights: the trained ones too, side by side
+        print(f"valid, the trained weights without their average: greedy {scores(trained, *valid, beam=1)}   "
+              f"beam 5 {scores(trained, *valid, beam=5)}")
     for alpha in args.length_penalties:
         print(f"valid beam 5, length penalty {alpha:g}: {scores(translator, *valid, beam=5, alpha=alpha)}")
     if args.test:

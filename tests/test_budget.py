@@ -178,15 +178,16 @@ def step_seconds(step: int) -> float:
     return (0.10 if step <= MEASURE_UNTIL_STEP else 0.11 + 0.02 * step / 3000) * (1 + 0.2 * ((step * 7919) % 13 - 6) / 6)
 
 
-def fake_run(budget_state: BudgetState, train: TrainConfig, start: Position, until: int | None = None):
-    """Steps timed by `step_seconds`, every step 100 tokens as the epoch's average, from `start` until the
+def fake_run(budget_state: BudgetState, train: TrainConfig, start: Position, until: int | None = None,
+             seconds_of=step_seconds):
+    """Steps timed by `seconds_of` (default `step_seconds`), every step 100 tokens as the epoch's average, from `start` until the
     budget ends (or step `until`). Returns the position and the learning rate of every step."""
     budget = Budget(train, budget_state, start, batches_per_epoch=10**6, tokens_per_step=100.0)
     position, rates = start, {}
     while not budget.finished(position.step) and position.step != until:
         step = position.step + 1
         rates[step] = linear_rate(step, train.peak_lr, train.warmup_steps, budget_state.plan)
-        seconds = step_seconds(step)
+        seconds = seconds_of(step)
         position = Position(step, 0, step, position.train_seconds + seconds)
         budget.measure(position, seconds, 100)
     return position, rates
@@ -233,3 +234,110 @@ def test_a_time_budget_with_a_closer_step_budget_is_not_re_estimated():
     state = BudgetState()
     end, _ = fake_run(state, train, Position(0, 0, 0, 0.0))
     assert end.step == 300 and state.measured_at_step == MEASURE_UNTIL_STEP and state.reestimate_at_step == 0
+
+
+# --------------------------------------------------------------------------- wsd: the cooldown plans the end
+
+
+def disturbed(step: int) -> float:
+    """`step_seconds`, with two busy processes halving the CPU over steps 21-150 (a busy first minute)."""
+    return step_seconds(step) * (2.5 if 20 < step <= 150 else 1.0)
+
+
+def wsd_run(budget_state: BudgetState, train: TrainConfig, start: Position, until: int | None = None,
+            seconds=step_seconds):
+    return fake_run(budget_state, train, start, until, seconds_of=seconds)
+
+
+WSD = TrainConfig(max_minutes=6.0, schedule="wsd", cooldown_fraction=0.5, warmup_steps=150, peak_lr=1e-3)
+
+
+def test_wsd_holds_the_peak_until_its_cooldown_which_a_busy_first_minute_does_not_move():
+    idle, busy = BudgetState(), BudgetState()
+    idle_end, idle_rates = wsd_run(idle, WSD, Position(0, 0, 0, 0.0))
+    busy_end, busy_rates = wsd_run(busy, WSD, Position(0, 0, 0, 0.0), seconds=disturbed)
+    for state, end in ((idle, idle_end), (busy, busy_end)):
+        assert abs(end.train_seconds - 360) <= 0.03 * 360, end.train_seconds
+        assert end.step == state.plan.end_step and state.reestimate_at_step == 0
+    # The peak until the cooldown, which begins with half the minutes left: the busy run made fewer
+    # steps by then (it lost them), and that is all it lost.
+    for rates, state in ((idle_rates, idle), (busy_rates, busy)):
+        cooldown = min(step for step in rates if step > 150 and rates[step] < 1e-3)
+        assert all(rates[step] == pytest.approx(1e-3) for step in range(150, cooldown))
+        assert 0 < rates[max(rates)] < 1e-3 / 50
+        assert all(a >= b for a, b in zip(list(rates.values())[150:], list(rates.values())[151:]))
+    lost = sum(disturbed(step) - step_seconds(step) for step in range(21, 151))
+    assert idle_end.step - busy_end.step == pytest.approx(lost / 0.12, rel=0.25)
+    middle = busy.plan.segment_start + busy_end.step // 3  # before the cooldown, where linear has fallen far
+    assert busy_rates[middle] == pytest.approx(1e-3)
+    linear = TrainConfig(max_minutes=6.0, schedule="linear", warmup_steps=150, peak_lr=1e-3)
+    _, linear_busy = wsd_run(BudgetState(), linear, Position(0, 0, 0, 0.0), seconds=disturbed)
+    _, linear_idle = wsd_run(BudgetState(), linear, Position(0, 0, 0, 0.0))
+    assert linear_busy[middle] < 0.85 * linear_idle[middle]
+
+
+def test_wsd_re_plans_inside_the_cooldown_and_logs_each_change(caplog):
+    caplog.set_level(logging.INFO)
+    state = BudgetState()
+    # the steps slow down by half after the cooldown began: the end moves in, and the line bends
+    end, rates = wsd_run(state, WSD, Position(0, 0, 0, 0.0),
+                         seconds=lambda step: step_seconds(step) * (1.5 if step > 1700 else 1.0))
+    assert abs(end.train_seconds - 360) <= 0.03 * 360
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("time budget")]
+    assert lines[0].startswith("time budget: 6 minutes of training, about ")
+    assert "the cooldown begins at step" in lines[1] and "median of the last 40 windows of 25 steps" in lines[1]
+    assert any("training now ends at step" in line for line in lines[2:])
+    steps = list(rates)
+    assert all(rates[a] >= rates[b] for a, b in zip(steps[150:], steps[151:]))  # bent, never raised
+
+
+@pytest.mark.parametrize("stop_at", [120, 1200, 1700, 2300, 2800])
+def test_a_resumed_wsd_budget_plans_as_the_run_that_went_through(stop_at):
+    """Killed before the cooldown, at its start, between re-plans or near the end, and resumed from the
+    state a checkpoint saved: the same plan and the same rates; a rerun of the finished run changes nothing."""
+    through = BudgetState()
+    end, rates = wsd_run(through, WSD, Position(0, 0, 0, 0.0), seconds=disturbed)
+    first = BudgetState()
+    stopped, early_rates = wsd_run(first, WSD, Position(0, 0, 0, 0.0), until=stop_at, seconds=disturbed)
+    resumed = BudgetState.from_dict(json.loads(json.dumps(dataclasses.asdict(first))))
+    again, late_rates = wsd_run(resumed, WSD, stopped, seconds=disturbed)
+    assert again.step == end.step and resumed == through
+    assert {**early_rates, **late_rates} == rates
+    finished = json.loads(json.dumps(dataclasses.asdict(resumed)))
+    rerun = BudgetState.from_dict(finished)
+    _, none = wsd_run(rerun, WSD, again)
+    assert none == {} and dataclasses.asdict(rerun) == finished
+
+
+def test_wsd_takes_budget_changes_before_its_cooldown_refuses_them_inside_and_restarts_after():
+    state = BudgetState()
+    stopped, _ = wsd_run(state, WSD, Position(0, 0, 0, 0.0), until=500)
+    assert state.plan.end_step == 0  # still at the peak: no end planned
+    longer = dataclasses.replace(WSD, max_minutes=8.0)
+    end, rates = wsd_run(state, longer, stopped)
+    assert abs(end.train_seconds - 480) <= 0.03 * 480 and rates[stopped.step + 1] == pytest.approx(1e-3)
+    # inside the cooldown
+    state = BudgetState()
+    stopped, _ = wsd_run(state, WSD, Position(0, 0, 0, 0.0), until=2500)
+    assert 0 < state.plan.decay_start < 2500
+    with pytest.raises(ConfigError, match=r"^train.max_minutes: 6.0 -> 8.0: the budget changed during this run's "
+                                          r"cooldown, which began at step \d+"):
+        Budget(longer, state, stopped, batches_per_epoch=10**6, tokens_per_step=100.0)
+    # finished, then raised: a new segment with its own warm-up and its own cooldown
+    state = BudgetState()
+    end, _ = wsd_run(state, WSD, Position(0, 0, 0, 0.0))
+    again, rates = wsd_run(state, longer, end)
+    assert state.plan.segment_start == end.step and rates[end.step + 1] == pytest.approx(1e-3 / 150)
+    assert abs(again.train_seconds - 480) <= 0.03 * 480
+
+
+def test_wsd_with_a_step_budget_cools_down_over_its_last_steps():
+    train = TrainConfig(max_steps=1000, schedule="wsd", cooldown_fraction=0.3, warmup_steps=100, peak_lr=1e-3)
+    state = BudgetState()
+    end, rates = fake_run(state, train, Position(0, 0, 0, 0.0))
+    assert end.step == 1000 and state.plan == Plan(1000, 0, 700) and state.windows == []
+    assert rates[700] == pytest.approx(1e-3) and rates[701] == pytest.approx(1e-3 * 300 / 301)
+    assert TrainConfig(max_steps=10, schedule="wsd", warmup_steps=100)  # shorter than its warm-up: lines cross
+    short = BudgetState()
+    fake_run(short, TrainConfig(max_steps=10, schedule="wsd", warmup_steps=100), Position(0, 0, 0, 0.0))
+    assert short.plan == Plan(10, 0, 0)

@@ -230,8 +230,11 @@ class TrainConfig:
     # run: a resume continues from the run's own checkpoints and never reads the parent again.
     init_from: str = ""
     # noam and inverse_sqrt decay with 1/sqrt(step) and never end; linear warms up, then falls in a
-    # straight line to zero when the first budget (steps, epochs or minutes) runs out. See optim.py.
-    schedule: Literal["noam", "inverse_sqrt", "linear"] = "noam"
+    # straight line to zero when the first budget (steps, epochs or minutes) runs out; wsd warms up,
+    # holds the peak, and falls in a straight line to zero over the last cooldown_fraction of the
+    # budget (of its minutes, for a time budget). See optim.py and budget.py.
+    schedule: Literal["noam", "inverse_sqrt", "linear", "wsd"] = "noam"
+    cooldown_fraction: float = _range(0.5, 0.0, 1.0, low_open=True)
     lr_factor: float = _range(1.0, 0.0, low_open=True)  # noam: lr = lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
     peak_lr: float = _range(1e-3, 0.0, low_open=True)  # inverse_sqrt: peak_lr * min(step / warmup, sqrt(warmup / step)); linear: see above
     warmup_steps: int = _range(4000, 1)
@@ -239,6 +242,10 @@ class TrainConfig:
     adam_eps: float = _range(1e-9, 0.0, low_open=True)
     weight_decay: float = _range(0.0, 0.0)
     label_smoothing: float = _range(0.1, 0.0, 1.0, high_open=True)
+    # An exponential moving average of the weights, updated after every step with this decay (with
+    # Marian's warm-up: min(decay, (1 + updates) / (10 + updates))); 0 = off. When on, validation, the
+    # best checkpoint, translation and exports use the average; the trained weights go on training.
+    ema_decay: float = _range(0.0, 0.0, 1.0, high_open=True)
     clip_grad_norm: float = _range(1.0, 0.0)  # 0 = no clipping
     seed: int = _range(42, 0)
     device: str = "auto"  # auto | cpu | cuda | cuda:N

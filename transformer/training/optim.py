@@ -22,10 +22,14 @@ def learning_rate(step: int, train: TrainConfig, model: ModelConfig, plan: Plan 
     linear: warm-up to `peak_lr`, then a straight line to zero at the end of the budget (`plan`,
     see budget.linear_rate). For a fixed budget this beats the open-ended shapes above, which
     never anneal (Li, Yumer & Ramanan, "Budgeted Training", ICLR 2020).
+    wsd: warm-up to `peak_lr`, held there until the cooldown, the last `cooldown_fraction` of the
+    budget, then a straight line to zero (Hägele et al., "Scaling Laws and Compute-Optimal Training
+    Beyond Fixed Training Durations", 2024): the same line as `linear`'s, begun later, so that the
+    rate of every step before it needs no forecast of the end.
     """
     step = max(step, 1)
     warmup = train.warmup_steps
-    if train.schedule == "linear":
+    if train.schedule in ("linear", "wsd"):
         return linear_rate(step, train.peak_lr, warmup, plan or Plan(0, 0, 0))
     shape = min(step ** -0.5, step * warmup ** -1.5)  # peaks at warmup^-0.5
     if train.schedule == "noam":

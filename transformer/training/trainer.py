@@ -28,6 +28,7 @@ from transformer.errors import CheckpointError, UserError
 from transformer.model import Transformer
 from transformer.runtime import autocast, rng_state, set_rng_state
 from transformer.training import distributed
+from transformer.training.averaging import WeightAverage
 from transformer.training.budget import Budget, BudgetState, Position
 from transformer.training.logs import TensorBoard
 from transformer.training.loss import TrainingLoss
@@ -130,6 +131,9 @@ class Trainer:
         if self.world_size > 1:
             self._loss = DistributedDataParallel(self._loss, device_ids=[device.index] if device.type == "cuda"
                                                  else None)
+        # Rank 0 alone validates and saves, so it alone keeps the average of the weights.
+        self.average = WeightAverage(model, self.train_config.ema_decay) \
+            if self.train_config.ema_decay and distributed.is_main() else None
         self.state = TrainState(world_size=self.world_size)
         self.budget = self._budget()
 
@@ -177,6 +181,8 @@ class Trainer:
             training["rank_rng"] = rng_states
         if self.grad_scaler.is_enabled():
             training["grad_scaler"] = self.grad_scaler.state_dict()
+        if self.average is not None:  # the checkpoint's weights file holds the average: these go on training
+            training["weights"], training["ema_updates"] = self.model.state_dict(), self.average.updates
         meta = {"state": asdict(self.state), "config_name": self.config.name, **self.data.fingerprints}
         return {"training": training, "meta": meta}
 
@@ -190,6 +196,12 @@ class Trainer:
             raise CheckpointError("was trained on other sentence pairs: the data file changed since this run "
                                   "started. Train on the new data in a new run directory")
         self.state = TrainState.from_dict(meta["state"])
+        if "weights" in training:  # the weights loaded so far are the average; these are the trained ones
+            if self.average is not None:
+                self.average.restore(self.model, int(training["ema_updates"]))
+            self.model.load_state_dict(training["weights"])
+        elif self.average is not None:
+            raise CheckpointError("holds no average of the weights, which train.ema_decay asks for")
         self.optimizer.load_state_dict(training["optimizer"])
         if self.grad_scaler.is_enabled() and "grad_scaler" in training:
             self.grad_scaler.load_state_dict(training["grad_scaler"])
@@ -299,6 +311,8 @@ class Trainer:
                 log.info("step %d: fp16 gradients overflowed; update skipped, loss scale lowered from %g",
                          state.step + 1, scaler.get_scale())
             scaler.step(self.optimizer)
+            if self.average is not None:
+                self.average.update(self.model)
             state.nonfinite_in_a_row = 0
         else:
             self.optimizer.zero_grad(set_to_none=True)
@@ -324,8 +338,8 @@ class Trainer:
         self.budget.measure(state.position, step_seconds, int(metrics["target_tokens"] + metrics["source_tokens"]))
         if state.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
             self._diverged()
-        if state.end_step and progress.total != state.end_step:  # measured, or re-estimated, by the budget
-            progress.total = state.end_step
+        if self.budget.expected_end and progress.total != self.budget.expected_end:  # measured or re-planned
+            progress.total = self.budget.expected_end
         last = self.finished()
         self._window.add(metrics, step_seconds)
         progress.update(1)
@@ -371,6 +385,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation and saving
 
+    @property
+    def scored_model(self) -> Transformer:
+        """The weights that validate and that a checkpoint's weights file holds: the average, if kept."""
+        return self.average.model if self.average is not None else self.model
+
     def validate(self) -> dict[str, float]:
         """Score the valid split (rank 0 scores; the others wait in the broadcast of the outcome)
         and return the metrics every rank then saves with. Every rank calls this at the same steps, and
@@ -389,7 +408,7 @@ class Trainer:
         return metrics
 
     def _evaluate(self) -> EvaluationResult:
-        result = evaluate(self.model, self.data.valid, self.data.tokenizers, self.config, self.device)
+        result = evaluate(self.scored_model, self.data.valid, self.data.tokenizers, self.config, self.device)
         state = self.state
         log.info("step %d  valid nll %.3f  ppl %.2f  %s", state.step, result.loss, result.perplexity, result.scores)
         self.tensorboard.scalars(state.step, {
@@ -407,7 +426,7 @@ class Trainer:
             return result
         from transformer.translation.attention_plots import log_attention_images  # matplotlib: only to draw
 
-        log_attention_images(self.tensorboard, self.model, self.data.tokenizers, self.config.decode,
+        log_attention_images(self.tensorboard, self.scored_model, self.data.tokenizers, self.config.decode,
                              [s for s, _, _ in result.samples], state.step, self.device)
         return result
 
@@ -416,7 +435,7 @@ class Trainer:
         this at the same steps (`state_dict` gathers every rank's RNG state); rank 0 writes."""
         state = self.state_dict()
         if self.checkpoints is not None:
-            self.checkpoints.save(self.state.step, self.model, state, metrics)
+            self.checkpoints.save(self.state.step, self.scored_model, state, metrics)
 
 
 class _Window:

@@ -10,7 +10,9 @@ transformers 4, pipeline("translation", model=OUT_DIR); and a model card README.
 scores under --score-test. Nothing is uploaded. Needs pip install -e ".[hf]".
 
 OUT_DIR must be new, empty, or an earlier export of the same kind (which is replaced), and lie outside
-every run directory and checkpoint: nothing else is ever deleted.
+every run directory and checkpoint: nothing else is ever deleted. The export is written beside OUT_DIR and
+renamed into place once whole: a failed or interrupted export leaves OUT_DIR as it was. Exit codes: 0
+exported, 2 a problem with the input or the system, said in one line, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 from pathlib import Path
 
 from transformer.checkpoints.layout import STATE_FILE
+from transformer.cli import guard_standard_streams, run_script
 from transformer.errors import UserError
 from transformer.export import ctranslate2, huggingface
 from transformer.runtime import select_device
@@ -43,31 +46,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
-    try:
-        if args.checkpoint is not None and (args.checkpoint / STATE_FILE).is_file():
-            raise UserError(f"{args.checkpoint}: a run directory, not a checkpoint: use --run {args.checkpoint}")
-        if args.score_test and args.to != "huggingface":
-            raise UserError("--score-test: only --to huggingface writes a model card to score in")
-        if args.to == "ctranslate2":
-            exporter = ctranslate2.CTranslate2Exporter()
-        else:
-            exporter = huggingface.HuggingFaceExporter(args.score_test, select_device(args.device, key="--device")
-                                                       if args.score_test else "cpu")
-        out_dir = exporter.export_run(args.run, args.checkpoint, args.out_dir)
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def run(args: argparse.Namespace) -> None:
+    if args.checkpoint is not None and (args.checkpoint / STATE_FILE).is_file():
+        raise UserError(f"{args.checkpoint}: a run directory, not a checkpoint: use --run {args.checkpoint}")
+    if args.score_test and args.to != "huggingface":
+        raise UserError("--score-test: only --to huggingface writes a model card to score in")
+    if args.to == "ctranslate2":
+        exporter = ctranslate2.CTranslate2Exporter()
+    else:
+        exporter = huggingface.HuggingFaceExporter(args.score_test, select_device(args.device, key="--device")
+                                                   if args.score_test else "cpu")
+    out_dir = exporter.export_run(args.run, args.checkpoint, args.out_dir)
     if not args.quiet and args.to == "ctranslate2":
         print(f"exported to {out_dir}. Translate with: python translate.py --engine ctranslate2 --checkpoint {out_dir} "
               "\"I am cold.\"", file=sys.stderr)
     elif not args.quiet:
         print(f"exported to {out_dir}. Load it with transformers' AutoModelForSeq2SeqLM and AutoTokenizer "
               f"(from_pretrained(\"{out_dir}\")); {out_dir}/README.md shows how", file=sys.stderr)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
+    # The export is written beside OUT_DIR and renamed into place whole: until then OUT_DIR is untouched.
+    return run_script(lambda: run(args), sys.stderr, sys.argv[1:] if argv is None else argv,
+                      interrupted=f"interrupted: nothing was exported; {args.out_dir} is as it was")
 
 
 if __name__ == "__main__":
+    guard_standard_streams()
     sys.exit(main())

@@ -13,8 +13,10 @@ search of one sentence step by step that the page shows beside the attention.
 
 Requests whose Host is not 127.0.0.1, localhost, [::1], the --host address or an --allow-host name get
 400: a web page elsewhere cannot reach the server by pointing a name of its own at this machine (DNS
-rebinding). Clients that stall hold nothing for long: at most 1,000 connections, 10 s for a request's
-head and 30 s for its body.
+rebinding). Clients that stall hold nothing for long: at most 1,000 connections (fewer where the limit on
+open files found at start-up leaves less room, as the log line says), 10 s for a request's head and 30 s
+for its body, and when the server is full, a client silent for a second gives its place to a new one.
+Exit codes: 2 a problem with the input or the system, said in one line; 130 stopped by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 import sys
 from pathlib import Path
 
+from transformer.cli import guard_standard_streams, run_script
 from transformer.errors import UserError, name_options
 from transformer.training.logs import setup_logging
 
@@ -93,45 +96,43 @@ def import_ctranslate2_before_torch() -> None:
         pass  # the engine policy says what that means
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    setup_logging(level=logging.INFO)
+def run(args: argparse.Namespace) -> None:
     if args.engine != "torch":
         import_ctranslate2_before_torch()
     try:
-        try:
-            from transformer.serving.app import create_app
-            from transformer.serving.server import (MAX_CONNECTIONS, ServerLimits, build_server,
-                                                    make_room_for_connections)
-        except ImportError as error:
-            raise UserError(f"serving needs FastAPI and uvicorn ({error.name} is missing): "
-                            "pip install -e \".[serve]\"") from None
-        sock = listen(args.host, args.port)  # before the model loads: a port in use costs no wait
-    except UserError as error:
-        print(f"error: {error.naming(FLAGS)}", file=sys.stderr)
-        return 2
-    with sock:
-        try:
-            from transformer.engines import EngineRequest, open_server_engines
+        from transformer.serving.app import create_app
+        from transformer.serving.server import build_server, limits_for_open_files
+    except ImportError as error:
+        raise UserError(f"serving needs FastAPI and uvicorn ({error.name} is missing): "
+                        "pip install -e \".[serve]\"") from None
+    with listen(args.host, args.port) as sock:  # before the model loads: a port in use costs no wait
+        from transformer.engines import EngineRequest, open_server_engines
 
-            hosts = answered_hosts(args)
-            translator, engine, notes = open_server_engines(EngineRequest(args.engine, args.run, args.checkpoint,
-                                                                          device=args.device, threads=args.threads))
-            for note in notes:
-                logging.info("%s", name_options(note, FLAGS))
-            app = create_app(engine, torch_engine=translator,  # attention and seeded samples: torch
-                             allowed_hosts=hosts)
-        except UserError as error:
-            print(f"error: {error.naming(FLAGS)}", file=sys.stderr)
-            return 2
-        limits = ServerLimits(max_connections=make_room_for_connections(MAX_CONNECTIONS))
+        hosts = answered_hosts(args)
+        translator, engine, notes = open_server_engines(EngineRequest(args.engine, args.run, args.checkpoint,
+                                                                      device=args.device, threads=args.threads))
+        for note in notes:
+            logging.info("%s", name_options(note, FLAGS))
+        app = create_app(engine, torch_engine=translator,  # attention and seeded samples: torch
+                         allowed_hosts=hosts)
+        limits = limits_for_open_files()  # now that the model's files are open
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
-        logging.info("serving %s (the page) and %sdocs (the API) to Host %s; at most %d connections", url, url,
-                     ", ".join(hosts), limits.max_connections)
-        build_server(app, limits).run(sockets=[sock])
-    return 0
+        files = f" (open-file limit {limits.open_files})" if limits.open_files else ""
+        logging.info("serving %s (the page) and %sdocs (the API) to Host %s; at most %d connections%s", url, url,
+                     ", ".join(hosts), limits.max_connections, files)
+        # uvicorn logs each request on standard output: started without one (`>&-`), the server logs none.
+        requests_logged = sys.stdout is not None and not sys.stdout.closed
+        build_server(app, limits, access_log=requests_logged).run(sockets=[sock])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(level=logging.INFO)
+    # uvicorn stops serving at Ctrl-C, then raises it again for the caller: one line here as everywhere.
+    return run_script(lambda: run(args), sys.stderr, sys.argv[1:] if argv is None else argv, names=FLAGS)
 
 
 if __name__ == "__main__":
+    guard_standard_streams()
     sys.exit(main())

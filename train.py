@@ -4,11 +4,15 @@
 Re-running the same command resumes the run from its latest checkpoint. Ctrl-C (or SIGTERM)
 finishes the current step, saves a checkpoint and exits. Data-parallel on N GPUs or processes:
 `torchrun --nproc_per_node=N train.py --config ...`.
+
+Exit codes: 0 trained, or stopped by Ctrl-C after saving; 2 a problem with the input or the system, said
+in one line (on every rank of a data-parallel run); 130 interrupted before a save could be made.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -27,8 +31,9 @@ from transformer.training import distributed
 from transformer.training.allocator import reuse_freed_memory
 from transformer.checkpoints.layout import CHECKPOINTS, step_dir_name
 from transformer.checkpoints.rundir import MissingRunState, RunDirectory
-from transformer.config import load_config
-from transformer.errors import CheckedOutput, CheckpointError, UserError
+from transformer.config import Config, load_config
+from transformer.cli import allocation_failure, guard_standard_streams, os_reason, run_script
+from transformer.errors import CheckpointError, Interrupted, UserError
 from transformer.runtime import select_device, set_threads
 from transformer.training.logs import setup_logging
 from transformer.training.run import VALID_SAMPLE, train
@@ -89,12 +94,33 @@ def example_sentence(run_dir: Path) -> str:
     return f'"{sentence}"' if not set(sentence) & set('"$`\\!') else shlex.quote(sentence)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+# A size in the config that a failed allocation may come from: the one furthest above its default is named.
+SIZE_KEYS = ("model.d_model", "model.d_ff", "model.n_heads", "model.n_encoder_layers", "model.n_decoder_layers",
+             "model.max_len", "tokenizer.vocab_size", "train.batch_tokens", "data.max_length")
+
+
+def largest_size(config: Config) -> tuple[str, int, int]:
+    """The key of SIZE_KEYS whose value is furthest above its default, that value and the default."""
+    def size(key: str) -> tuple[str, int, int]:
+        section, name = key.split(".")
+        values = getattr(config, section)
+        default = next(field.default for field in dataclasses.fields(values) if field.name == name)
+        return key, getattr(values, name), default
+
+    return max((size(key) for key in SIZE_KEYS), key=lambda found: found[1] / found[2])
+
+
+DATA_STAGE_INTERRUPTED = ("interrupted while preparing the data; the datasets cache keeps what was finished, and the "
+                          "same command continues from there")
+STEP_INTERRUPTED = ("interrupted: nothing was saved for the current step; rerun the same command to resume from the "
+                    "last checkpoint")
+
+
+def run(args: argparse.Namespace, rank: int, loaded: list[Config]) -> int:
+    """Train as `args` ask; `loaded` receives the config once it is read. Errors are main's to report."""
     stop_requested = False
     training = False  # the data is ready: Ctrl-C from now on finishes the step and saves
     data_stage_interrupted = False
-    rank = distributed.env_rank()  # known before the process group exists: logging needs it first
     main_pid = os.getpid()
 
     def interrupt_data_stage(signum: int, _frame) -> None:
@@ -119,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         # A JSON string is a YAML string: a run named e.g. "2024" or "true" stays a path.
         init_from = [f"train.init_from={json.dumps(str(args.init_from))}"] if args.init_from else []
         config = load_config(args.config, args.overrides + init_from)
+        loaded.append(config)
         run_dir = args.run_dir or Path("runs") / config.name
         # Before the log file opens in it: a folder that is not a run gets nothing written into it.
         RunDirectory.check_trainable(run_dir, rebuilding=args.rebuild_state)
@@ -126,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             setup_logging(run_dir, rank=rank)
         except OSError as error:
             raise CheckpointError(f"cannot write the run directory {run_dir}: "
-                                  f"{error.strerror or error} ({error.filename})") from None
+                                  f"{os_reason(error)} ({error.filename})") from None
         # datasets would draw a bar for every map/filter; the log already says what each stage does.
         datasets.disable_progress_bars()
         set_threads(config.train.threads)
@@ -145,28 +172,17 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(signum, request_stop)
 
         signal.signal(signal.SIGINT, interrupt_data_stage)
-        try:
-            outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress,
-                            rebuild_state=args.rebuild_state, before_training=before_training)
-        except BaseException:
-            if data_stage_interrupted:  # whatever a library made of the KeyboardInterrupt
-                raise KeyboardInterrupt from None
-            raise
-    except MissingRunState as error:
-        print(f"{f'[rank {rank}] ' if rank else ''}error: {error}. Rebuild it from the checkpoints on disk and "
-              f"train on with: {resume_command(args)} --rebuild-state", file=sys.stderr)
-        return 2
-    except UserError as error:
-        print(f"{f'[rank {rank}] ' if rank else ''}error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        if not training:
-            print("interrupted while preparing the data; the datasets cache keeps what was finished, and the same "
-                  "command continues from there", file=sys.stderr)
-        else:
-            print("interrupted: nothing was saved for the current step; rerun the same command to resume from the "
-                  "last checkpoint", file=sys.stderr)
-        return 130
+        outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress,
+                        rebuild_state=args.rebuild_state, before_training=before_training)
+    except BaseException as error:
+        # Whatever a library made of the KeyboardInterrupt, the line says what the interruption left.
+        if data_stage_interrupted or isinstance(error, KeyboardInterrupt):
+            raise Interrupted(STEP_INTERRUPTED if training else DATA_STAGE_INTERRUPTED) from None
+        if distributed.launched():
+            # Every rank stops with this error (distributed.fail_together); torchrun sends SIGTERM to
+            # those still ending once one has exited, which would turn their exit code into -15.
+            previous_handlers[signal.SIGTERM] = signal.SIG_IGN
+        raise
     finally:  # main() may run inside a longer-lived process (tests, notebooks)
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
@@ -195,6 +211,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Train as the command line asks; the exit code is the module docstring's."""
+    args = parse_args(argv)
+    rank = distributed.env_rank()  # known before the process group exists: every rank's line says which it is
+    loaded: list[Config] = []
+
+    def advise(error: BaseException) -> str:
+        if isinstance(error, MissingRunState):
+            return (". Rebuild it from the checkpoints on disk and train on with: "
+                    f"{resume_command(args)} --rebuild-state")
+        if allocation_failure(error) and loaded:
+            key, value, default = largest_size(loaded[0])
+            if value > default:
+                return (f"; {key} = {value:,} is the size furthest above its default ({default:,}): lower it "
+                        f"(--set {key}=N)")
+            return "; the model and batch sizes ask for more memory than this machine has: lower them (--set KEY=N)"
+        return ""
+
+    return run_script(lambda: run(args, rank, loaded), sys.stderr, sys.argv[1:] if argv is None else argv,
+                      prefix=f"[rank {rank}] " if rank else "",
+                      advise=advise)
+
+
 if __name__ == "__main__":
-    sys.stdout = CheckedOutput(sys.stdout)  # a full disk there is one line and exit code 2 (UserError)
+    guard_standard_streams()
     sys.exit(main())

@@ -17,7 +17,8 @@ Default model: the best checkpoint of the newest run under runs/. Default engine
 CTranslate2, the faster, exported into the run on first use; the torch engine where CTranslate2 is not
 installed or cannot do what is asked (--attention, --alignment, --explain, --bf16, an ensemble, --device mps),
 with a note saying why. Translations go to stdout, one line per input line (empty lines stay empty);
-logs, progress and scores go to stderr.
+logs, progress and scores go to stderr. Exit codes: 0 done (also when the reader of stdout leaves, as
+`| head` does), 2 a problem with the input or the system, said in one line, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import sys
 from pathlib import Path
 
 # Nothing here imports torch: the engine policy loads it for the torch engine only, so that the default
 # CTranslate2 engine starts without it (and matplotlib only loads for --attention).
 from transformer.engines import ENGINES, EngineRequest, open_engine
-from transformer.errors import CheckedOutput, UserError, name_options
+from transformer.cli import guard_standard_streams, run_script
+from transformer.errors import UserError, name_options
 from transformer.files import same_file
 from transformer.training.logs import setup_logging
 from transformer.translation import lines
@@ -157,6 +158,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, names: dict[str, str]) -> None:
     check_arguments(args)
+    if sys.stdin is None and not (args.sentences or args.input):  # started with `<&-`
+        raise UserError("standard input is closed: give the sentences as arguments, or --input FILE")
     given = {name: getattr(args, name) for name in ("top_k", "top_p", "temperature", "seed")}
     sampling = Sampling(**{k: v for k, v in given.items() if v is not None}) if args.sample else None
     first, *ensemble = args.run or [None]
@@ -171,7 +174,8 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
     maps = lines.attention_directory(args.attention, "--attention") if args.attention else None
     if args.interactive:
         print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
-    source = lines.input_lines(args.sentences, args.input, sys.stdin.buffer, args.interactive or sys.stdin.isatty())
+    typed = args.interactive or (sys.stdin is not None and sys.stdin.isatty())
+    source = lines.input_lines(args.sentences, args.input, sys.stdin.buffer if sys.stdin else None, typed)
     with contextlib.ExitStack() as stack:
         # Written to a temporary and renamed at the end: a failed run leaves an earlier --output as it was.
         out = stack.enter_context(lines.output_file(args.output, "--output")) if args.output else sys.stdout
@@ -201,20 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
     names = {**FLAGS, "beam_size": "--greedy" if args.greedy and args.sample else "--beam",  # what excludes --sample
              "attention": "--attention" if args.attention else "--alignment"}
-    try:
-        run(args, names)
-        sys.stdout.flush()  # a full disk is found here at the latest, while errors still print
-    except UserError as error:
-        print(f"error: {error.naming(names)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # e.g. `translate.py < big.en | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return 0
-    return 0
+    # Written to a temporary and renamed at the end: an interrupted run leaves an earlier --output as it was.
+    interrupted = f"interrupted: --output {args.output} was left as it was" if args.output else "interrupted"
+    return run_script(lambda: run(args, names), sys.stderr, sys.argv[1:] if argv is None else argv, names=names,
+                      interrupted=interrupted)
 
 
 if __name__ == "__main__":
-    sys.stdout = CheckedOutput(sys.stdout)  # a full disk there is one line and exit code 2 (UserError)
+    guard_standard_streams()
     sys.exit(main())

@@ -22,12 +22,13 @@ import yaml
 
 from conftest import tiny_settings
 from test_resume import assert_same_training
+from test_tokenizer import SPELLED, SPELLED_TEXTS, SPELLING_CORPUS
 from transformer.checkpoints import layout
-from transformer.config import load_config
+from transformer.config import TokenizerConfig, load_config
 from transformer.data.batching import PairCorpus
 from transformer.data.dropout import BpeDropout, DropoutBatches
 from transformer.data.pairs import SOURCE, TARGET, iter_texts
-from transformer.data.tokenizer import load_tokenizers
+from transformer.data.tokenizer import load_tokenizers, train_tokenizers
 from transformer.training import run, trainer
 
 
@@ -36,6 +37,15 @@ def test_without_dropout_the_merges_give_the_tokenizer_s_ids(tiny_splits, tiny_t
         "Où êtes-vous, « Zoë » ? 😀 ☃ unseen-words_and_UNK: ж"]
     plain = BpeDropout(tiny_tokenizers.source, 0.0)
     assert [plain.encode(text, random.Random(0)) for text in texts] == tiny_tokenizers.encode_source(texts)
+
+
+def test_without_dropout_a_text_that_spells_a_special_token_reads_as_the_tokenizer_reads_it():
+    """Training batches with BPE-dropout and every other encoding make the same decision on "<s>" in a
+    text: its characters, even where the corpus taught merges that build the spelling."""
+    tokenizers = train_tokenizers(SPELLING_CORPUS, SPELLING_CORPUS, TokenizerConfig(vocab_size=300, min_frequency=1))
+    plain = BpeDropout(tokenizers.source, 0.0)
+    texts = SPELLED + SPELLED_TEXTS
+    assert [plain.encode(text, random.Random(0)) for text in texts] == tokenizers.encode_source(texts)
 
 
 def test_dropout_splits_words_differently_but_always_into_the_same_text(tiny_tokenizers):

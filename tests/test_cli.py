@@ -8,6 +8,7 @@ import errno
 import fcntl
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -615,3 +616,61 @@ def test_plain_translate_does_not_import_matplotlib(trained_run: Path, tmp_path:
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "without pictures False" in result.stdout and "with pictures True" in result.stdout
+
+
+# --------------------------------------------------------------------------- the boundary: bytes, sizes, names, links
+
+
+def test_command_line_bytes_that_are_not_utf8_are_one_line(trained_run: Path, tmp_path: Path, capsys, tiny_csv: Path):
+    """Python keeps such bytes as lone surrogates: before, the tokenizer met them (a TypeError), or
+    TensorBoard, writing into a run directory named with them (a UnicodeEncodeError)."""
+    assert translate(trained_run, "--engine", "torch", "\udcff am cold.") == 2
+    assert user_error(capsys) == ("command-line argument 5 (\\xff am cold.) holds the byte 0xff, which is not UTF-8 "
+                                  "text; give it in UTF-8 (rename a file whose name is not)")
+    run_dir = tmp_path / "run\udcff"
+    config = write_config(tmp_path / "config.yaml", tiny_csv)
+    assert train_cli.main(["--config", str(config), "--run-dir", str(run_dir), "--no-progress"]) == 2
+    assert user_error(capsys).startswith("command-line argument 4 (") and not os.path.lexists(run_dir)
+
+
+def test_a_size_that_cannot_be_allocated_is_one_line_naming_its_key(tmp_path: Path, capsys, tiny_csv: Path):
+    """Before: torch's RuntimeError "can't allocate memory" as a traceback."""
+    assert run_train(tmp_path, tiny_csv, "--set", "model.d_model=1000000000000") == 2
+    assert re.fullmatch(r"out of memory: cannot allocate [\d.]+ [TPE]iB; model\.d_model = 1,000,000,000,000 is the size "
+                        r"furthest above its default \(512\): lower it \(--set model\.d_model=N\)", user_error(capsys))
+
+
+@pytest.mark.parametrize("script", ["train", "translate", "export", "serve"])
+def test_a_name_the_filesystem_refuses_is_one_line_naming_it(script: str, trained_run: Path, tmp_path: Path, capsys,
+                                                             tiny_csv: Path):
+    """A 300-byte name (ENAMETOOLONG) where each script takes a path; before, an OSError's traceback."""
+    import export as export_cli
+    import serve as serve_cli
+
+    long = tmp_path / ("n" * 300)
+    config = write_config(tmp_path / "config.yaml", tiny_csv)
+    calls = {"train": lambda: train_cli.main(["--config", str(config), "--run-dir", str(long), "--no-progress"]),
+             "translate": lambda: translate(trained_run, "--engine", "torch", "--output", str(long), "Hi."),
+             "export": lambda: export_cli.main(["--run", str(trained_run), "--to", "ctranslate2", str(long)]),
+             "serve": lambda: serve_cli.main(["--run", str(long), "--port", "0", "--engine", "torch"])}
+    assert calls[script]() == 2
+    assert user_error(capsys) == f"{long}: {os.strerror(errno.ENAMETOOLONG)}"
+
+
+def test_a_run_directory_that_is_a_link_to_nowhere_says_so(tmp_path: Path, capsys, tiny_csv: Path):
+    """mkdir meets the link and says "File exists", though nothing does: the line says what stands there."""
+    (tmp_path / "run").symlink_to(tmp_path / "moved")
+    assert run_train(tmp_path, tiny_csv) == 2
+    assert user_error(capsys) == (f"cannot write the run directory {tmp_path / 'run'}: a symbolic link to "
+                                  f"{tmp_path / 'moved'}, which does not exist ({tmp_path / 'run'})")
+
+
+def test_a_loop_of_links_is_one_line(trained_run: Path, tmp_path: Path, capsys):
+    """pathlib's resolve() reports a loop as a RuntimeError (before Python 3.13): before, its traceback."""
+    import export as export_cli
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "back")
+    (tmp_path / "back").symlink_to(loop)
+    assert export_cli.main(["--run", str(trained_run), "--to", "ctranslate2", str(loop)]) == 2
+    assert user_error(capsys) == f"{loop}: {os.strerror(errno.ELOOP)}"

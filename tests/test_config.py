@@ -180,10 +180,13 @@ def test_some_budget_is_required():
 @pytest.mark.parametrize("key, value", [
     ("model.d_model", 0), ("model.n_heads", -2), ("model.d_ff", -1), ("model.n_encoder_layers", 0),
     ("model.n_decoder_layers", -1), ("model.max_len", 0), ("model.dropout", 1.0), ("model.dropout", -0.1),
-    ("tokenizer.vocab_size", 4), ("data.valid_pairs", 0), ("data.test_pairs", -1), ("data.max_length", 1),
+    ("tokenizer.vocab_size", 4), ("tokenizer.vocab_size", 2**20 + 1), ("data.valid_pairs", 0), ("data.test_pairs", -1), ("data.max_length", 1),
     ("train.batch_tokens", 0), ("train.warmup_steps", 0), ("train.max_steps", -5), ("train.peak_lr", 0),
     ("train.label_smoothing", 1.0), ("train.clip_grad_norm", -1.0), ("train.adam_betas", [0.9, 1.0]),
     ("train.device", "gpu"), ("decode.beam_size", 0), ("decode.max_length_b", 0), ("name", "a/b"),
+    ("train.schedule", "wsdx"), ("train.cooldown_fraction", 0), ("train.cooldown_fraction", 1.5),
+    ("train.cooldown_fraction", ".nan"), ("train.ema_decay", 1.0), ("train.ema_decay", -0.1),
+    ("train.ema_decay", ".inf"),
 ])
 def test_out_of_range_values_name_the_key(key, value):
     message = refused(BUDGET, f"{key}={value}")
@@ -441,3 +444,20 @@ def test_a_random_value_that_loads_trains_a_step_or_is_one_user_error(tmp_path_f
         assert "\n" not in str(error)
         return
     assert outcome.state.step >= 1
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("train.cooldown_fraction=0", "train.cooldown_fraction: expected a number in (0, 1], got 0.0"),
+    ("train.cooldown_fraction=nan", "train.cooldown_fraction: expected a finite number, got nan"),
+    ("train.ema_decay=1", "train.ema_decay: expected a number in [0, 1), got 1.0"),
+    ("train.ema_decay=-1e-3", "train.ema_decay: expected a number in [0, 1), got -0.001"),
+])
+def test_train_py_refuses_a_bad_schedule_or_average_in_one_line_before_any_work(tmp_path, capsys, override,
+                                                                                expected):
+    import train as train_cli  # the script at the repository root (tests run from there)
+
+    config = write(tmp_path, "train:\n  max_minutes: 1\n  schedule: wsd\n")
+    assert train_cli.main(["--config", str(config), "--run-dir", str(tmp_path / "run"), "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {config}: {expected}\n"
+    assert not (tmp_path / "run").exists()

@@ -252,6 +252,57 @@ def test_the_run_is_exported_once_per_weights(trained_run: Path, tmp_path: Path,
     assert second != first and sorted((run_dir / EXPORTS_DIR).iterdir()) == sorted([first, second])
 
 
+def damage(path: Path, how: str) -> None:
+    """What a full disk, a partial copy or a stray write leaves of a file."""
+    if how == "truncated":
+        with path.open("r+b") as handle:
+            handle.truncate(path.stat().st_size // 2)
+    elif how == "emptied":
+        path.write_bytes(b"")
+    else:  # one byte changed: the same size
+        data = bytearray(path.read_bytes())
+        data[0] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+
+def exported_copy(trained_run: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of `trained_run` and the export translate.py writes into it on first use."""
+    run_dir = Path(shutil.copytree(trained_run, tmp_path / "run", ignore=shutil.ignore_patterns(EXPORTS_DIR)))
+    return run_dir, ctranslate2_model(run_dir, None)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, how", [("model.bin", "truncated"), ("model.bin", "emptied"),
+                                       ("tokenizer/joint.json", "changed")])
+def test_a_damaged_export_in_the_run_is_written_again_with_one_warning(trained_run: Path, tmp_path: Path, capsys,
+                                                                       name: str, how: str):
+    """Before, CTranslate2 refused the damaged files at every call, and the message offered no way out."""
+    run_dir, export = exported_copy(trained_run, tmp_path)
+    known = ["I'm cold.", "Where is the station?", "He is a boy."]  # no character to warn about
+    assert translate(run_dir, "ctranslate2", "--quiet", *known) == 0
+    expected = capsys.readouterr().out
+    written = (export / name).read_bytes()
+    damage(export / name, how)
+    assert translate(run_dir, "ctranslate2", "--quiet", *known) == 0
+    captured = capsys.readouterr()
+    assert captured.out == expected
+    (warning,) = captured.err.splitlines()
+    assert warning.startswith(f"{export}: {name} ") and warning.endswith("into it again")
+    assert (export / name).read_bytes() == written and list((run_dir / EXPORTS_DIR).iterdir()) == [export]
+    assert translate(run_dir, "ctranslate2", "--quiet", *known) == 0
+    assert capsys.readouterr() == (expected, "")  # healed: nothing more to say
+
+
+def test_a_damaged_export_given_as_such_is_one_line_naming_the_file(trained_run: Path, tmp_path: Path, capsys):
+    """An export directory given as --checkpoint is not this project's to write again: one line."""
+    _, export = exported_copy(trained_run, tmp_path)
+    damage(export / "model.bin", "truncated")
+    assert translate_cli.main(["--checkpoint", str(export), "--engine", "ctranslate2", "Hi."]) == 2
+    message = user_error(capsys)
+    assert message.startswith(f"{export}: a damaged CTranslate2 export (model.bin holds ")
+    assert message.endswith("were written); export the checkpoint into it again")
+
+
 def _cold_call(run_dir: Path, engine: str) -> subprocess.CompletedProcess:
     """translate.py in a fresh interpreter, which then reports whether torch was ever imported."""
     code = ("import runpy, sys\n"

@@ -138,6 +138,24 @@ def test_cache_is_reused_and_a_changed_file_is_reread(tmp_path: Path):
     assert rows_of(changed) == [("Go.", "Va !"), ("Run!", "Cours !")] and report.rows_read == 2
 
 
+def replace_keeping_mtime(path: Path, write) -> None:
+    """Rewrite `path` with `write(path)` and give it back its modification time (os.utime): what a copy
+    that preserves times, or a tool that restores them, does."""
+    stat = path.stat()
+    write(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_file_replaced_with_its_old_modification_time_is_read_anew(tmp_path: Path):
+    """datasets knows a data file by its path and modification time: the cache is keyed by the content."""
+    cache = tmp_path / "cache"
+    path = write_csv(tmp_path / "pairs.csv", [("Hi.", "Salut !"), ("Go.", "Va !")])
+    load_pairs(config_for(path), cache_dir=cache)
+    replace_keeping_mtime(path, lambda p: write_csv(p, [("Hi.", "Allô !"), ("Go.", "File !")]))  # same size too
+    changed, _ = load_pairs(config_for(path), cache_dir=cache)
+    assert rows_of(changed) == [("Hi.", "Allô !"), ("Go.", "File !")]
+
+
 # --------------------------------------------------------------------------- line-aligned text files
 
 
@@ -239,6 +257,34 @@ def test_text_cache_is_reused_and_a_changed_file_is_reread(tmp_path: Path):
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     changed, _ = load_pairs(text_config(source, target), cache_dir=cache)
     assert rows_of(changed) == [("Hi.", "Bonjour !"), ("Go.", "Bouge !")]
+
+
+def test_a_text_file_replaced_with_its_old_modification_time_is_read_anew(tmp_path: Path):
+    cache = tmp_path / "cache"
+    source = write_lines(tmp_path / "a.en", ["Hi.", "Go."])
+    target = write_lines(tmp_path / "a.fr", ["Salut !", "Va !"])
+    load_pairs(text_config(source, target), cache_dir=cache)
+    replace_keeping_mtime(target, lambda p: write_lines(p, ["Allô !", "File !"]))
+    changed, _ = load_pairs(text_config(source, target), cache_dir=cache)
+    assert rows_of(changed) == [("Hi.", "Allô !"), ("Go.", "File !")]
+
+
+@pytest.mark.slow
+def test_a_run_refuses_to_resume_on_a_file_replaced_with_its_old_modification_time(tmp_path: Path, tiny_config,
+                                                                                     tiny_pairs):
+    """The checkpoint's check of the data ("was trained on other sentence pairs") sees the new pairs, not
+    the cached old ones."""
+    from transformer.errors import CheckpointError
+    from transformer.training import run
+
+    path = write_csv(tmp_path / "pairs.csv", tiny_pairs)
+    config = dataclasses.replace(
+        tiny_config, data=dataclasses.replace(tiny_config.data, path=str(path)),
+        train=dataclasses.replace(tiny_config.train, max_steps=2, valid_every=2, checkpoint_every=2, threads=1))
+    run.train(config, tmp_path / "run", show_progress=False, data_cache_dir=tmp_path / "cache")
+    replace_keeping_mtime(path, lambda p: write_csv(p, [(english, french.upper()) for english, french in tiny_pairs]))
+    with pytest.raises(CheckpointError, match="was trained on other sentence pairs: the data file changed"):
+        run.train(config, tmp_path / "run", show_progress=False, data_cache_dir=tmp_path / "cache")
 
 
 def test_large_corpora_clean_and_encode_in_worker_processes_alike(monkeypatch, tmp_path: Path, tiny_config,
@@ -406,6 +452,43 @@ def test_split_property(rows, valid_pairs, test_pairs, seed, order):
         assert Counter(rows_of(getattr(again, name))) == Counter(rows_of(getattr(splits, name)))
 
 
+@pytest.mark.parametrize("name, how", [("sides.npy", "empty"), ("fingerprint", "empty"), ("sides.npy", "missing"),
+                                       ("manifest.json", "empty"), ("sides.npy", "flipped")])
+def test_a_damaged_split_is_split_again_with_one_warning(tmp_path: Path, tiny_config, caplog, name, how):
+    """The split stored beside the datasets cache, damaged as a power cut, a partial copy or a full disk
+    leaves it: the pairs are split again, the same way, with one warning, and stored whole."""
+    pairs, _ = load_pairs(tiny_config.data, cache_dir=tmp_path / "cache")
+    first = split_pairs(pairs, tiny_config.data)
+    (entry,) = [path.parent for path in (tmp_path / "cache").rglob("splits/*/sides.npy")]
+    damaged = entry / name
+    if how == "empty":
+        damaged.write_bytes(b"")
+    elif how == "missing":
+        damaged.unlink()
+    else:  # one byte changed, the size kept
+        content = bytearray(damaged.read_bytes())
+        content[-1] ^= 1
+        damaged.write_bytes(bytes(content))
+    with caplog.at_level(logging.WARNING):
+        again = split_pairs(pairs, tiny_config.data)
+    assert np.array_equal(again.row_side, first.row_side) and again.fingerprint == first.fingerprint
+    notes = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "is damaged" in r.getMessage()]
+    assert len(notes) == 1 and str(entry) in notes[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert split_pairs(pairs, tiny_config.data).fingerprint == first.fingerprint
+    assert not caplog.records  # read back whole: no further note
+
+
+def test_training_pairs_all_longer_than_max_length_are_one_line_naming_the_file(tmp_path: Path, tiny_config):
+    from transformer.training import run
+
+    config = dataclasses.replace(tiny_config, data=dataclasses.replace(tiny_config.data, max_length=2))
+    with pytest.raises(DataError, match=f"^{tiny_config.data.path}: nothing to train on: all [0-9]+ training pairs "
+                                        "are longer than data.max_length=2 allows"):
+        run.train(config, tmp_path / "run", show_progress=False, data_cache_dir=tmp_path / "cache")
+
+
 @pytest.mark.slow
 def test_no_held_out_sentence_of_the_shipped_csv_is_on_the_same_side_of_train(datasets_cache):
     """The shipped Tatoeba file, split as configs/base.yaml splits it: about 10% of test references
@@ -442,7 +525,7 @@ def test_a_datasets_cache_on_a_full_disk_is_one_line_naming_it(tiny_config, tmp_
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(datasets.Dataset, "map", full)
-    with pytest.raises(DataError, match=f"^the datasets cache {tmp_path / 'cache'} is on a full disk"):
+    with pytest.raises(DataError, match=f"^cannot write the datasets cache {tmp_path / 'cache'}: the disk is full"):
         load_pairs(tiny_config.data, cache_dir=tmp_path / "cache")
 
 

@@ -1,5 +1,7 @@
 """Tests of the data stage at scale, in child processes: an encode killed part-way loses none of the
-shards it finished, and the memory the data stage holds does not grow with the corpus."""
+shards it finished, the memory the data stage holds does not grow with the corpus, a datasets cache
+that cannot grow (RLIMIT_FSIZE) is one line, and two runs preparing the same data into one cache at
+once neither crash nor spoil it for each other."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -16,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_csv
+import yaml
+
+from conftest import tiny_settings, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -205,3 +210,75 @@ def test_data_stage_memory_does_not_grow_with_the_corpus(tmp_path, tiny_tokenize
     (small, small_pairs), (large, large_pairs) = added[2], added[8]
     per_pair = (large - small) / (large_pairs - small_pairs)
     assert per_pair < 150, added  # holding ids and plan in memory grew by some 300 bytes a pair
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="RLIMIT_FSIZE and SIGXFSZ (POSIX)")
+def test_a_datasets_cache_that_reaches_the_file_size_limit_is_one_line_naming_it(tmp_path):
+    """`ulimit -f 2048` and an empty datasets cache: converting a larger CSV to Arrow fails with EFBIG
+    (SIGXFSZ ignored, as a shell's ulimit leaves it for a child that ignores it), which datasets wraps
+    in a DatasetGenerationError. train.py says so in one line naming the cache, and exits 2."""
+    limit = 2048 * 1024  # ulimit -f 2048: blocks of 1 KiB
+    csv = write_csv(tmp_path / "pairs.csv", _synthetic_rows(40_000))
+    assert csv.stat().st_size > 2 * limit
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(tiny_settings(csv)), encoding="utf-8")
+    cache = tmp_path / "hf-cache"
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run([sys.executable, "train.py", "--config", str(config), "--run-dir", str(tmp_path / "run"),
+                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=limited,
+                          env={**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1"})
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: cannot write the datasets cache {cache}: ") and "(File too large)" in line
+
+
+# A child: the data stage on CSV argv[1] with datasets' cache argv[2] and the tokenizer of argv[3], up to
+# the training corpus and its first batch plan, as a run prepares them. It prints a JSON line: the
+# split's fingerprint, the training ids and the plan.
+_PREPARE_CHILD = textwrap.dedent("""
+    import json, sys
+    from transformer.config import DataConfig
+    from transformer.data import pairs
+    from transformer.data.batching import PairCorpus
+    from transformer.data.tokenizer import load_tokenizers
+
+    csv, cache, tokenizer_dir = sys.argv[1:4]
+    config = DataConfig(path=csv, valid_pairs=20, test_pairs=20)
+    loaded, _ = pairs.load_pairs(config, cache_dir=cache)
+    splits = pairs.split_pairs(loaded, config)
+    encoded = pairs.encode_splits(splits, load_tokenizers(tokenizer_dir), config.max_length)
+    corpus = PairCorpus.from_dataset(encoded.train)
+    plan = corpus.batches(512, seed=1, epoch=0)
+    print(json.dumps({"fingerprint": splits.fingerprint, "ids": [corpus.source(i).tolist() for i in range(len(corpus))],
+                      "plan": [batch.tolist() for batch in plan]}, separators=(",", ":")))
+""")
+
+
+@pytest.mark.slow
+def test_two_runs_preparing_the_same_data_into_one_cache_at_once_agree(tmp_path, tiny_tokenizers):
+    """Two processes fill one datasets cache at the same time (two runs started together): both finish,
+    with the same split, ids and plan, and a third run after them reads the same from the cache they
+    left, without a note of damage."""
+    from transformer.data.tokenizer import save_tokenizers
+
+    tokenizer_dir = tmp_path / "tokenizer"
+    save_tokenizers(tiny_tokenizers, tokenizer_dir)
+    csv = write_csv(tmp_path / "pairs.csv", _synthetic_rows(3_000))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1"}
+    command = [sys.executable, "-c", _PREPARE_CHILD, str(csv), str(tmp_path / "shared"), str(tokenizer_dir)]
+    together = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    outputs = [process.communicate(timeout=600) for process in together]
+    for process, (_, stderr) in zip(together, outputs):
+        assert process.returncode == 0, stderr
+    first, second = (json.loads(stdout.splitlines()[-1]) for stdout, _ in outputs)
+    assert first == second
+    after = _child(_PREPARE_CHILD, csv, tmp_path / "shared", tokenizer_dir)
+    assert after.returncode == 0 and "is damaged" not in after.stderr, after.stderr
+    assert json.loads(after.stdout.splitlines()[-1]) == first

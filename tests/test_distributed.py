@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import layout
 
+from transformer.errors import ConfigError
 from transformer.training import distributed
 from transformer.data.batching import PairCorpus, shard_batch
 from transformer.checkpoints.layout import TENSORBOARD_DIR
@@ -229,6 +231,79 @@ def test_sigterm_to_torchrun_stops_both_ranks_with_a_checkpoint_then_resume_matc
     assert_same_weights(step_checkpoint(one_process, MAX_STEPS), step_checkpoint(run_dir, MAX_STEPS))
 
 
+# --------------------------------------------------------------------------- one rank fails, all stop
+
+# train.py whose checkpoint writes fail as on a full disk: only rank 0 writes checkpoints, so only it
+# meets the error, in the middle of the training loop.
+FULL_DISK_AT_SAVE = """
+import errno, sys
+sys.path.insert(0, {root!r})
+from transformer.checkpoints import files
+def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+files.write_checkpoint = full_disk
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def run_2_ranks_to_failure(tmp_path: Path, script: list[str], config: Path,
+                           run_dir: Path) -> tuple[dict[int, str], dict[int, int]]:
+    """Each rank's stderr (torchrun writes them to files of their own) and exit code, of a torchrun
+    run that must fail; a run that hangs fails the test at its timeout."""
+    logs = tmp_path / "torchrun-logs"
+    command = torchrun(script, config, run_dir)
+    command[4:4] = ["--redirects", "3", "--log-dir", str(logs)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode != 0, done.stderr
+    stderr = {int(path.parent.name): path.read_text(encoding="utf-8") for path in logs.rglob("stderr.log")}
+    # torchrun's summary: a block per failed rank, "rank      : 1 (local_rank: 1)" then "exitcode  : 2 (pid: ...)"
+    codes = {int(rank): int(code) for rank, code in
+             re.findall(r"^\s+rank\s*:\s*(\d+).*\n\s+exitcode\s*:\s*(-?\d+)", done.stderr, re.MULTILINE)}
+    return stderr, codes
+
+
+def assert_every_rank_stopped_with_one_line(stderr: dict[int, str], codes: dict[int, int], rank_0_says: str) -> None:
+    expected = {0: f"error: {rank_0_says}", 1: f"[rank 1] error: rank 0 failed: {rank_0_says}"}
+    assert sorted(stderr) == sorted(codes) == [0, 1], (codes, stderr)
+    for rank, text in stderr.items():
+        assert "Traceback" not in text, text
+        errors = [line for line in text.splitlines() if "error:" in line]
+        assert len(errors) == 1 and errors[0].startswith(expected[rank]), text
+    # Each rank exits 2 on its own: torchrun's SIGTERM to the ranks still ending once one has exited is
+    # ignored by a rank that has its error to report.
+    assert codes == {0: 2, 1: 2}, (codes, stderr)
+
+
+@pytest.mark.slow
+def test_a_missing_data_file_stops_both_ranks_with_one_line_each(tmp_path: Path):
+    config = write_config(tmp_path / "missing.yaml", tmp_path / "missing.csv", BUDGET // 2)
+    stderr, codes = run_2_ranks_to_failure(tmp_path, ["train.py"], config, tmp_path / "run")
+    assert_every_rank_stopped_with_one_line(stderr, codes, f"data file not found: {tmp_path / 'missing.csv'}")
+
+
+@pytest.mark.slow
+def test_a_changed_config_on_resume_stops_both_ranks_with_one_line_each(tmp_path: Path, tiny_csv: Path):
+    run_dir = tmp_path / "run"
+    first = write_config(tmp_path / "first.yaml", tiny_csv, BUDGET, max_steps=2)
+    assert train_cli.main(["--config", str(first), "--run-dir", str(run_dir), "--no-progress"]) == 0
+    changed = write_config(tmp_path / "changed.yaml", tiny_csv, BUDGET // 2, max_steps=2, peak_lr=5e-4)
+    stderr, codes = run_2_ranks_to_failure(tmp_path, ["train.py"], changed, run_dir)
+    assert_every_rank_stopped_with_one_line(stderr, codes, f"{run_dir} holds a run started with a different config")
+    assert "train.peak_lr" in stderr[0]  # rank 0's message goes on to list the changes
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_checkpoint_stops_both_ranks_at_that_step(tmp_path: Path, half_budget_config: Path):
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK_AT_SAVE.format(root=str(ROOT)), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    stderr, codes = run_2_ranks_to_failure(tmp_path, [str(script)], half_budget_config, run_dir)
+    checkpoint_path = step_checkpoint(run_dir, STOP_AFTER)
+    assert_every_rank_stopped_with_one_line(stderr, codes, f"cannot write checkpoint {checkpoint_path}: No space left")
+
+
 # --------------------------------------------------------------------------- the pieces, in one process
 
 
@@ -242,8 +317,10 @@ def test_helpers_are_identities_without_a_process_group(monkeypatch):
     assert distributed.all_reduce_max([0, 7]) == [0.0, 7.0]
     cpu = torch.device("cpu")
     assert distributed.training_device(cpu) == cpu
-    with distributed.process_group(cpu), distributed.main_first():
+    with distributed.process_group(cpu), distributed.main_first(), distributed.fail_together():
         assert not torch.distributed.is_initialized()
+    with pytest.raises(ConfigError, match="^mine$"), distributed.fail_together():
+        raise ConfigError("mine")  # no process group: the error as it is
 
 
 def test_torchrun_environment_is_read_before_the_process_group_exists(monkeypatch):

@@ -140,6 +140,35 @@ def test_a_run_whose_export_cannot_be_written_falls_back_to_torch(trained_run: P
 
 
 @pytest.mark.slow
+def test_a_damaged_export_in_a_run_that_cannot_be_written_leaves_torch_to_translate(trained_run: Path, tmp_path: Path,
+                                                                                   capsys, engines, monkeypatch):
+    """The run's export, emptied (a full disk), cannot be written again here (simulated: root writes
+    anywhere): the torch engine stands in, with one note; asked for by name, CTranslate2 is one line that
+    says how to translate anyway. Before, every call refused with CTranslate2's own words."""
+    run_dir = Path(shutil.copytree(trained_run, tmp_path / "run", symlinks=True,
+                                   ignore=shutil.ignore_patterns(EXPORTS_DIR)))
+    assert translate_cli.main(["--run", str(run_dir), "--greedy", "--quiet", "I'm cold."]) == 0  # exports it
+    expected = capsys.readouterr().out
+    (export,) = (run_dir / EXPORTS_DIR).iterdir()
+    (export / "model.bin").write_bytes(b"")
+
+    def refuse(final, write):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("transformer.checkpoints.rundir.write_directory_atomic", refuse)
+    assert translate_cli.main(["--run", str(run_dir), "--greedy", "I'm cold."]) == 0
+    captured = capsys.readouterr()
+    assert engines == [CT2, TORCH] and captured.out == expected  # greedy: the same translation
+    (warning,) = [line for line in captured.err.splitlines() if "model.bin" in line]
+    assert warning.startswith(f"{export}: model.bin holds 0 bytes where ")
+    assert notes(captured.err) == [f"note: engine: torch (cannot write the CTranslate2 export {export}: "
+                                   "Permission denied)"]
+    assert translate_cli.main(["--run", str(run_dir), "--engine", "ctranslate2", "I'm cold."]) == 2
+    assert user_error(capsys) == (f"cannot write the CTranslate2 export {export}: Permission denied; translate "
+                                  "with --engine torch, which needs no export")
+
+
+@pytest.mark.slow
 def test_the_first_translation_of_a_run_keeps_ctranslate2_on_its_own_openmp_runtime(trained_run: Path,
                                                                                      tmp_path: Path):
     """The first call exports the run, which needs torch; CTranslate2 is imported before it, else it

@@ -44,9 +44,9 @@ KINDS = {"pre-norm": (True, True, "PegasusForConditionalGeneration"),
          "post-norm": (False, True, "MarianMTModel"),
          "post-norm-untied": (False, False, "MarianMTModel")}
 # Text our cleaning changes: NBSP/NNBSP, typographic apostrophes, a zero-width space, a soft hyphen,
-# tabs and runs of spaces, a BOM, spaces at the ends.
+# tabs and runs of spaces, a BOM, spaces at the ends; and special tokens spelled out, which are text.
 MESSY = [f"Va{NBSP}!", f"Qui es-tu{NNBSP}?", "I\u2019m cold.", "I\u200bam\u00adhere.", "  The\tsea \n is  blue. ",
-         "\ufeffGo.", "I'm happy 😀"]
+         "\ufeffGo.", "I'm happy 😀", "Type <s> or </s>, not <pad><unk>."]
 
 
 def export(run_dir: Path, out_dir: Path, *args: str) -> int:

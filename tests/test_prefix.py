@@ -4,6 +4,8 @@ keep the prefix in the text; a prefix longer than the output may be is one line,
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,10 @@ from test_cli import stdin_of, translate, user_error
 from test_decode import beam, greedy, random_sources, sequence_log_prob, tiny_model
 from transformer.config import Config
 from transformer.data.batching import source_tensor
+from transformer.data.tokenizer import BOS_ID
 from transformer.translation.search import greedy_search, sample_search
+from transformer.translation.texts import decode_outputs, search_in_batches, source_ids
+from transformer.translation.torch_engine import load_translator
 
 
 def test_greedy_keeps_the_prefix_and_continues_as_greedy_from_it():
@@ -111,3 +116,69 @@ def test_cli_prefix_errors_are_one_line_exit_2(trained_run: Path, capsys):
     assert user_error(capsys) == "line 1 has no tab: expected the source, a tab, then the target prefix"
     with pytest.raises(SystemExit):  # argparse: the two ways to give a prefix exclude each other
         translate(trained_run, "--prefix", "Il", "--prefix-column", "Hi.")
+
+
+# --------------------------------------------------------------------------- a prefix that spells a special token
+
+# The prefix as the tiny run reads it: its corpus has no "<", ">" or "/", which read as <unk> like every
+# character it never saw; the letters between read as themselves. Before, "<s>" and "<pad>" read as BOS
+# and PAD, which no search emits: beam search finished nothing, and the text path indexed an empty list.
+READ_AS = {"<s>": "<unk>s<unk>", "<pad>": "<unk>pad<unk>", "</s>": "<unk><unk>s<unk>"}
+
+
+def _translation(out: str, args: tuple[str, ...]) -> str:
+    """The best translation in translate.py's output, whichever format `args` asked for."""
+    if "--format" in args:
+        return json.loads(out.splitlines()[-1])["translation"]
+    if "--explain" in args:
+        marker = "translation, as the search wrote it"
+        return next(line for line in out.splitlines() if marker in line).split("): ", 1)[1]
+    return out.splitlines()[-1].split("\t")[0]
+
+
+@pytest.mark.parametrize("args", [
+    ("--beam", "2", "--prefix", "<s>"),
+    ("--beam", "2", "--prefix", "<pad>", "--format", "jsonl"),
+    ("--beam", "2", "--prefix", "<s>", "--alignment"),
+    ("--beam", "2", "--prefix", "<s>", "--explain"),
+    ("--greedy", "--prefix", "</s>"),
+], ids=["beam", "jsonl", "alignment", "explain", "greedy-eos"])
+def test_a_prefix_that_spells_a_special_token_is_read_as_its_characters(trained_run: Path, capsys, args):
+    assert translate(trained_run, "--engine", "torch", *args, "I am cold.") == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert _translation(captured.out, args).startswith(READ_AS[args[args.index("--prefix") + 1]])
+
+
+def test_a_prefix_column_that_spells_special_tokens_is_read_as_their_characters(trained_run: Path, capsys,
+                                                                              monkeypatch):
+    stdin_of(monkeypatch, "I am cold.\t<s>\nGo.\t</s>\nHi.\t<pad>\n".encode())
+    assert translate(trained_run, "--engine", "torch", "--beam", "2", "--prefix-column") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line[:len(READ_AS[p])] for line, p in zip(lines, ["<s>", "</s>", "<pad>"])] == [
+        READ_AS["<s>"], READ_AS["</s>"], READ_AS["<pad>"]]
+
+
+@pytest.mark.slow
+def test_ctranslate2_reads_a_spelled_special_token_as_the_torch_engine_does(trained_run: Path, capsys):
+    outputs = []
+    for engine in ["torch", "ctranslate2"]:
+        assert translate(trained_run, "--engine", engine, "--quiet", "--greedy", "--prefix", "<s>", "I am cold.",
+                         "Go.") == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and all(line.startswith(READ_AS["<s>"]) for line in outputs[0].splitlines())
+
+
+@pytest.mark.slow
+def test_a_search_that_finishes_nothing_is_a_blank_translation_with_a_warning(trained_run: Path, caplog):
+    """The fault behind a prefix that read as BOS, reproduced on the ids: a beam whose forced first token
+    the model rules out finishes no hypothesis. The text path then gives a blank translation and says so;
+    every reader of its results (translate.py's lines, jsonl, alignments, the API) takes a first one."""
+    translator = load_translator(trained_run, device="cpu", beam_size=2)
+    sources = source_ids(["I am cold.", "Go."], translator.tokenizers, translator.max_len - 1)
+    with caplog.at_level(logging.WARNING):
+        results = search_in_batches(translator, sources, 1, prefixes=[[BOS_ID], []])
+    assert results[0] == [[]] and len(results[1]) == 1 and results[1][0]
+    assert decode_outputs(translator.tokenizers, results)[0] == [""]
+    assert "finished no translation of 1 sentence(s)" in caplog.text
+

@@ -49,6 +49,7 @@ CHECKPOINT_EVERY = 7  # step 14 is the 2nd step of epoch 5 (3 steps an epoch): m
 SLOW_TRAIN = """
 import os, sys, time
 import transformer.training.trainer as trainer
+{prelude}
 train_step = trainer.Trainer.train_step
 def slow_train_step(self, batches):
     if self.state.step + 1 >= {hold}:
@@ -127,11 +128,36 @@ def release_file(log: Path) -> Path:
     return log.with_suffix(".release")
 
 
+# The trainer's clock in a child process, as TickingClock is in this one: every reading moves TICK
+# seconds, so every step takes TICK seconds of training time on any machine. A power of two, so that
+# sums of it are exact and a resumed session's clock, started afresh, adds up to the same bits.
+TICK = 1 / 16
+TICKING_CLOCK = f"""
+class TickingClock:
+    now = 0.0
+    @classmethod
+    def monotonic(cls):
+        cls.now += {TICK}
+        return cls.now
+trainer.time = TickingClock
+"""
+
+
+class TickingClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += TICK
+        return self.now
+
+
 def start_slow_run(config: Path, run_dir: Path, log: Path, seconds_per_step: float = 0.1,
-                   hold: int = sys.maxsize) -> subprocess.Popen:
+                   hold: int = sys.maxsize, prelude: str = "") -> subprocess.Popen:
     """train.py on `config` in a process of its own, writing stderr to `log`; the run takes no step
-    from `hold` on until release_file(log) exists."""
-    code = SLOW_TRAIN.format(seconds=seconds_per_step, root=str(ROOT), hold=hold, release=str(release_file(log)))
+    from `hold` on until release_file(log) exists. `prelude`: code run in it before training."""
+    code = SLOW_TRAIN.format(seconds=seconds_per_step, root=str(ROOT), hold=hold, release=str(release_file(log)),
+                             prelude=prelude)
     with open(log, "w", encoding="utf-8") as stderr:
         return subprocess.Popen([sys.executable, "-c", code, *cli_args(config, run_dir)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=stderr)
@@ -242,6 +268,44 @@ def test_a_time_budgeted_run_killed_between_its_measurements_re_estimates_at_the
     assert final["budget"]["measured_at_step"] == reestimate_at and final["budget"]["reestimate_at_step"] == 0
     assert final["step"] == final["budget"]["plan"]["end_step"]
     assert f"done: {final['step']} steps" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["before the cooldown", "inside the cooldown"])
+def test_a_wsd_run_with_averaged_weights_killed_before_or_inside_its_cooldown_resumes_bitwise(
+        tmp_path: Path, tiny_csv: Path, capsys, monkeypatch, where: str):
+    """A time budget on a clock every step moves by the same TICK, so the run left alone is a fixed
+    target: the kill lands before the cooldown planned the end, or inside it before the first re-plan;
+    the resumed run ends with the same weights, average, Adam moments and plan, bit for bit."""
+    wsd = write_config(tmp_path / "wsd.yaml", tiny_csv, max_steps=0, max_minutes=0.25, schedule="wsd",
+                       cooldown_fraction=0.5, peak_lr=1e-3, warmup_steps=20, ema_decay=0.9)
+    monkeypatch.setattr(trainer, "time", TickingClock())
+    alone = tmp_path / "alone"
+    assert train_cli.main(cli_args(wsd, alone)) == 0
+    final = checkpoint.read_meta(alone / layout.CHECKPOINTS / read_run_state(alone).latest)["state"]
+    plan = final["budget"]["plan"]
+    assert plan["decay_start"] > 0 and final["step"] == plan["end_step"]
+    assert "time budget: the cooldown begins at step" in capsys.readouterr().err
+    kill_after = 105 if where == "before the cooldown" else 154
+    run_dir, log = tmp_path / "killed", tmp_path / "killed.log"
+    process = start_slow_run(wsd, run_dir, log, seconds_per_step=0.0, hold=kill_after + 1, prelude=TICKING_CLOCK)
+    wait_for_checkpoint(process, run_dir, kill_after, log)
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    recorded = checkpoint.read_meta(run_dir / layout.CHECKPOINTS / read_run_state(run_dir).latest)["state"]
+    if where == "before the cooldown":
+        assert recorded["budget"]["plan"]["end_step"] == 0
+    else:
+        assert 0 < recorded["budget"]["plan"]["decay_start"] < recorded["step"] < recorded["budget"]["reestimate_at_step"]
+    monkeypatch.setattr(trainer, "time", TickingClock())  # a new session's clock starts afresh
+    assert train_cli.main(cli_args(wsd, run_dir)) == 0
+    assert_same_training(alone / layout.CHECKPOINTS / layout.step_dir_name(final["step"]),
+                         run_dir / layout.CHECKPOINTS / layout.step_dir_name(final["step"]))
+    # and a rerun of the finished run changes nothing
+    before = (run_dir / layout.STATE_FILE).read_bytes()
+    assert train_cli.main(cli_args(wsd, run_dir)) == 0
+    assert (run_dir / layout.STATE_FILE).read_bytes() == before
+    assert "already reached its budget" in capsys.readouterr().err
 
 
 @pytest.mark.slow

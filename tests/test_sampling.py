@@ -38,7 +38,7 @@ def test_a_seed_reproduces_the_samples_whatever_the_global_rng_did():
     assert any(len(set(map(tuple, samples))) > 1 for samples in first)
 
 
-@pytest.mark.parametrize("options", [{"top_k": 1}, {"temperature": 1e-6}, {"top_p": 1e-6}])
+@pytest.mark.parametrize("options", [{"top_k": 1}, {"temperature": 1e-6}, {"top_p": 1e-6}, {"top_p": 1e-240}])
 def test_top_k_one_a_temperature_near_zero_or_a_tiny_top_p_is_greedy(options):
     model, sources = tiny_model(2), random_sources(3, 8)
     limits = [10] * 8

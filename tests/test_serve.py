@@ -14,6 +14,7 @@ import http.client
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -187,6 +188,19 @@ def test_prefixes_start_the_translations_as_the_text_path_does(client: TestClien
     assert result[1]["translation"] == translate(client, texts=["Go."])["translations"][0]["translation"]
     aligned = translate(client, texts=texts[:1], prefixes=prefixes[:1], alignment=True)["translations"][0]
     assert aligned["translation"] == result[0]["translation"] and aligned["alignment"]["weights"]
+
+
+def test_a_prefix_that_spells_a_special_token_is_read_as_its_characters(client: TestClient, translator: Translator):
+    """Before, "<s>" read as BOS, which no search emits: the beam finished nothing and the answer was a 500."""
+    texts, prefixes = [SENTENCE, "Go."], ["<s>", "<pad>"]
+    result = translate(client, texts=texts, prefixes=prefixes, n_best=2)["translations"]
+    expected = translate_scored(translator, texts, 2, prefixes)
+    assert [[c["text"] for c in t["n_best"]] for t in result] == [[text for text, _ in row] for row in expected]
+    # The tiny corpus has no "<" or ">": they read as <unk>, as every character it never saw.
+    assert result[0]["translation"].startswith("<unk>s<unk>")
+    assert result[1]["translation"].startswith("<unk>pad<unk>")
+    aligned = translate(client, texts=texts[:1], prefixes=prefixes[:1], alignment=True)["translations"][0]
+    assert aligned["translation"] == result[0]["translation"]
 
 
 def sampled(client: TestClient, **sampling) -> list[str]:
@@ -445,6 +459,35 @@ def test_serve_without_ctranslate2_falls_back_to_torch_with_one_line(trained_run
         open_server_engines(EngineRequest("ctranslate2", trained_run, device="cpu"))
 
 
+@pytest.mark.slow
+def test_serve_writes_a_damaged_export_of_the_run_again_or_serves_with_torch(trained_run: Path, tmp_path: Path,
+                                                                             caplog, monkeypatch):
+    """The run's export, truncated (a partial copy): serve.py's engines write it again with one warning,
+    and where the run cannot be written (simulated: root writes anywhere) the torch engine serves plain
+    requests too, with one note. Before, serve.py refused to start at every try."""
+    run_dir = Path(shutil.copytree(trained_run, tmp_path / "run", ignore=shutil.ignore_patterns("ctranslate2")))
+    _, plain, _ = open_server_engines(EngineRequest(run=run_dir, device="cpu"))  # writes the export
+    model = plain.model_dir / "model.bin"
+    written = model.read_bytes()
+    model.write_bytes(written[: len(written) // 2])
+    with caplog.at_level("WARNING", logger="transformer.export.run_cache"):
+        translator, plain, _ = open_server_engines(EngineRequest(run=run_dir, device="cpu"))
+    assert type(plain).__name__ == "CTranslate2Translator" and model.read_bytes() == written
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"{plain.model_dir}: model.bin holds {len(written) // 2} bytes where {len(written)} were written; "
+        f"exporting {translator.checkpoint.resolve()} into it again"]
+    assert plain.translate([SENTENCE]) == translator.translate([SENTENCE])  # the run's greedy: beam 2 here
+
+    def refuse(final, write):
+        raise PermissionError(13, "Permission denied")
+
+    model.write_bytes(b"")
+    monkeypatch.setattr("transformer.checkpoints.rundir.write_directory_atomic", refuse)
+    translator, plain, notes = open_server_engines(EngineRequest(run=run_dir, device="cpu"))
+    assert plain is translator
+    assert notes == [f"engine: torch (cannot write the CTranslate2 export {model.parent}: Permission denied)"]
+
+
 # --------------------------------------------------------------------------- the page in a real browser
 
 
@@ -652,3 +695,97 @@ def test_the_page_translates_as_you_type_in_a_browser(server: str, tmp_path: Pat
             assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         finally:
             browser.close()
+
+
+# --------------------------------------------------------------------------- a low limit on open files
+
+
+@pytest.mark.slow
+def test_serve_py_sized_to_a_low_open_file_limit_answers_health_through_a_flood_of_stalled_bodies(trained_run: Path):
+    """serve.py started under `ulimit -n 512` (soft and hard, so it cannot raise it): 700 clients each send
+    a request head and stall the body. The server sizes its connections to the limit it finds at
+    start-up, so it never runs out of descriptors, and a new client takes the place of one stalled
+    longest: /health answers at once and 20 s on. Before, the stalled bodies held every place until
+    their deadline and /health got 503."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = 512 if hard == resource.RLIM_INFINITY else min(512, hard)
+    clients = limit + 188
+    if hard != resource.RLIM_INFINITY and hard < clients + 100:
+        pytest.skip(f"this process may open {hard} files, too few for {clients} clients")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, clients + 100), hard))
+
+    def lowered() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    process = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), "--run", str(trained_run), "--engine", "torch",
+                                "--device", "cpu", "--port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, preexec_fn=lowered)
+    lines: list[str] = []
+    serving = threading.Event()
+
+    def read_log() -> None:  # all of it, or the server would block on a full pipe of access lines
+        for line in process.stderr:
+            lines.append(line)
+            if " (the page) and " in line:
+                serving.set()
+
+    reader = threading.Thread(target=read_log, daemon=True)
+    reader.start()
+    stalled: list[socket.socket] = []
+    try:
+        assert serving.wait(timeout=120), "".join(lines)
+        port = int(re.search(r"serving http://127\.0\.0\.1:(\d+)/", "".join(lines))[1])
+        for _ in range(clients):
+            stalled.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            stalled[-1].sendall(HALF_A_BODY)
+        flooded = time.monotonic()
+        for after in (2, 20):
+            time.sleep(max(0.0, flooded + after - time.monotonic()))
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as health:
+                assert health.status == 200, f"/health {after} s after the flood"
+        held = 0
+        for sock in stalled:  # still open on the server's side: nothing received, not even the close
+            sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                sock.recv(1)
+                continue
+            held += 1
+    finally:
+        for sock in stalled:
+            sock.close()
+        process.terminate()
+        process.wait(timeout=60)
+        reader.join(timeout=10)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    log = "".join(lines)
+    sized = re.search(r"at most (\d+) connections \(open-file limit (\d+)\)", log)
+    assert sized and int(sized[2]) == limit, log  # the limit it found at start-up
+    assert held <= int(sized[1]) < limit
+    assert "Too many open files" not in log and "Traceback" not in log
+
+
+def test_a_full_server_gives_a_new_client_the_place_of_the_one_stalled_longest(translator: Translator):
+    """Every place held by a stalled request body: a new client gets in at once (not after the body
+    deadline), and the client silent longest gets a 408 saying why; a client silent for less than
+    `yield_after` keeps its place."""
+    app = create_app(translator, torch_engine=translator)
+    stalled: list[socket.socket] = []
+    with running(app, ServerLimits(max_connections=4, yield_after=0.5)) as port:
+        try:
+            for _ in range(4):
+                stalled.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+                stalled[-1].sendall(HALF_A_BODY)
+            time.sleep(1.0)  # all four silent for longer than yield_after
+            status, answer = post_translate(port, ["Go."])
+            assert status == 200 and answer["translations"][0]["translation"]
+            evicted = read_until_closed(stalled[0], time.monotonic() + 10)  # the oldest gave way
+            assert evicted.startswith(b"HTTP/1.1 408 ") and b"stalled while the server was full" in evicted
+            for sock in stalled[1:]:  # the others keep their places: nothing received, not even a close
+                sock.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    sock.recv(1)
+        finally:
+            for sock in stalled:
+                sock.close()

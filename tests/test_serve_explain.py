@@ -157,6 +157,14 @@ def test_a_bad_explain_request_is_a_4xx_json_message_and_the_server_goes_on(clie
     assert explain(client, text=TEXTS[0])["output_text"]
 
 
+def test_a_prefix_that_spells_a_special_token_is_read_as_its_characters(client: TestClient):
+    """Before, "<s>" read as BOS, which no search emits: the beam finished nothing and the answer was a 500."""
+    trace = explain(client, text=TEXTS[0], prefix="<s>")
+    # The tiny corpus has no "<" or ">": they read as <unk>, as every character it never saw.
+    assert trace["output_text"].startswith("<unk>s<unk>")
+    assert trace["output_text"] == translate(client, TEXTS[0], prefixes=["<s>"])["translation"]
+
+
 def test_without_a_torch_engine_explain_is_refused(translator: Translator):
     with local_client(create_app(translator)) as client:
         response = client.post("/explain", json={"text": TEXTS[0]})

@@ -1,9 +1,10 @@
 """Tests for transformer/data/token_files.py and the memory-mapped PairCorpus built on it: exactly the
 ids, batches and tensors of the in-memory corpus and of the per-pair batch loop it replaced, the
-plans stored and read back, and files that are only ever complete."""
+plans stored and read back, files that are only ever complete, and damaged ones built again."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -104,7 +105,7 @@ def test_token_files_sit_beside_the_cache_under_the_fingerprint(tiny_encoded):
 
 def test_half_written_token_files_are_never_read(tiny_encoded, monkeypatch, tmp_path):
     """A writer killed half-way leaves only its scratch directory: the next run writes the files anew."""
-    import transformer.data.token_files as token_files
+    import transformer.data.cache as cache
 
     dataset = tiny_encoded.train.select(range(20))  # token files of its own
     directory = token_directory(dataset)
@@ -115,7 +116,7 @@ def test_half_written_token_files_are_never_read(tiny_encoded, monkeypatch, tmp_
         calls.append(target)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(token_files.os, "rename", failing_rename)
+    monkeypatch.setattr(cache.os, "rename", failing_rename)
     try:
         PairCorpus.from_dataset(dataset)
     except KeyboardInterrupt:
@@ -125,6 +126,58 @@ def test_half_written_token_files_are_never_read(tiny_encoded, monkeypatch, tmp_
     monkeypatch.undo()
     corpus = PairCorpus.from_dataset(dataset)
     assert np.array_equal(corpus.tgt_tokens, PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"]).tgt_tokens)
+
+
+def damage(path: Path, how: str) -> None:
+    """What a power cut, a partial copy or a full disk leaves of a file."""
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "missing":
+        path.unlink()
+    elif how == "zeros":  # its size, but none of its bytes (a power cut on some filesystems)
+        path.write_bytes(bytes(path.stat().st_size))
+    else:
+        raise ValueError(how)
+
+
+def damage_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "is damaged" in r.getMessage()]
+
+
+@pytest.mark.parametrize("name, how", [("src.ids", "empty"), ("tgt.offsets", "empty"), ("dtype", "missing"),
+                                       ("src.offsets", "zeros"), ("tgt.ids", "zeros"), ("manifest.json", "missing")])
+def test_a_damaged_token_file_is_written_again_with_one_warning(tiny_encoded, caplog, name, how):
+    dataset = tiny_encoded.train.select(range(25))  # token files of its own
+    expected = PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"])
+    directory = PairCorpus.from_dataset(dataset).directory
+    damage(directory / name, how)
+    with caplog.at_level(logging.WARNING):
+        corpus = PairCorpus.from_dataset(dataset)
+    assert corpus.directory == directory and isinstance(corpus.src_tokens, FileArray)
+    for field in ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets"):
+        assert np.array_equal(getattr(corpus, field), getattr(expected, field)), field
+    warnings = damage_warnings(caplog)
+    assert len(warnings) == 1 and str(directory) in warnings[0] and "building it again" in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert open_token_files(directory) is not None  # whole again: no further note
+    assert not damage_warnings(caplog)
+
+
+@pytest.mark.parametrize("name, how", [("order.npy", "empty"), ("bounds.npy", "empty"), ("order.npy", "zeros"),
+                                       ("bounds.npy", "missing")])
+def test_a_damaged_batch_plan_is_planned_again_with_one_warning(tiny_encoded, caplog, name, how):
+    dataset = tiny_encoded.train.select(range(30))
+    expected = [batch.tolist() for batch in PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"])
+                .batches(64, seed=5, epoch=0)]
+    corpus = PairCorpus.from_dataset(dataset)
+    corpus.batches(64, seed=5, epoch=0)  # planned and stored
+    damage(corpus.directory / "plans" / "tokens64-seed5-shuffle1-epoch0" / name, how)
+    with caplog.at_level(logging.WARNING):
+        plan = PairCorpus.from_dataset(dataset).batches(64, seed=5, epoch=0)
+    assert [batch.tolist() for batch in plan] == expected
+    assert len(damage_warnings(caplog)) == 1
+    assert load_plan(corpus.directory, "tokens64-seed5-shuffle1-epoch0") is not None  # stored whole again
 
 
 def test_file_array_reads_like_the_array_it_stores(tmp_path):

@@ -1,11 +1,13 @@
-"""Tests for transformer/data/tokenizer.py: special ids, exact round trips, UNK, files and fingerprints."""
+"""Tests for transformer/data/tokenizer.py: special ids, exact round trips, UNK, files and fingerprints,
+and text that spells a special token read as its characters."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, models, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from transformer.config import TokenizerConfig
 from transformer.data.text import APOSTROPHES, clean_text
@@ -28,6 +30,14 @@ FRENCH = [
     "Noël est en décembre.",
     "Où est la gare ?",
 ]
+
+# Each special token spelled inside words between ever other letters, and alone: BPE then learns merges
+# whose result is the whole spelling.
+SPELLED = [f"{before}{token}{after} {token}" for token in (BOS, EOS, PAD, UNK)
+           for before, after in zip("abcdefghij", "klmnopqrst")]
+SPELLING_CORPUS = SPELLED * 5 + FRENCH
+# Texts that spell special tokens in other ways than the corpus.
+SPELLED_TEXTS = [BOS, EOS, PAD, UNK, f"{BOS}{EOS}", f"a{PAD}b {UNK}", f"Il a dit {BOS} puis {EOS}."]
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +202,49 @@ def test_the_clean_text_normalizer_cleans_as_clean_text():
     for _ in range(2000):
         text = "".join(rng.choice(tricky) for _ in range(rng.randint(0, 8)))
         assert normalizer.normalize_str(text) == clean_text(text), repr(text)
+
+
+# --------------------------------------------------------------------------- special tokens spelled in text
+
+
+def test_a_text_that_spells_a_special_token_reads_as_its_characters(tmp_path: Path):
+    """"<s>" in a text is three characters wherever text is encoded (training data, inputs, prefixes,
+    references): no special id, and decoding gives the text back. Before, the encoder matched the spelling
+    whole: a target prefix "<s>" became BOS, which no search emits."""
+    trained = train_tokenizers(SPELLING_CORPUS, SPELLING_CORPUS, TokenizerConfig(vocab_size=300, min_frequency=1))
+    save_tokenizers(trained, tmp_path)
+    for tokenizers in (trained, load_tokenizers(tmp_path)):
+        texts = SPELLED + SPELLED_TEXTS
+        for ids in tokenizers.encode_source(texts) + tokenizers.encode_target(texts):
+            assert not {PAD_ID, UNK_ID, BOS_ID, EOS_ID} & set(ids), ids
+        assert tokenizers.decode_target(tokenizers.encode_target(texts)) == texts
+
+
+def test_a_tokenizer_file_whose_merges_build_a_special_token_loads_and_reads_ordinary_text_as_before(
+        tmp_path: Path):
+    """A run's tokenizer file, trained on a corpus that spells "<s>" inside words, can hold a merge whose
+    result is the string "<s>", which its vocabulary maps to BOS. It still loads, unchanged on disk;
+    text without such a spelling encodes exactly as the file's own tokenizer encodes it, and text with
+    one as its characters."""
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))  # the recipe tokenizer.py trains by
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=300, min_frequency=1, special_tokens=[PAD, UNK, BOS, EOS],
+                                  show_progress=False)
+    tokenizer.train_from_iterator(SPELLING_CORPUS, trainer=trainer)
+    merges = json.loads(tokenizer.to_str())["model"]["merges"]
+    assert {PAD, UNK, BOS, EOS} <= {"".join(merge) for merge in merges}  # what the test is about
+    assert BOS_ID in tokenizer.encode(f"x{BOS}y", add_special_tokens=False).ids
+    tokenizer.save(str(tmp_path / "joint.json"))
+    fingerprint = tokenizer_fingerprint(tmp_path)
+
+    loaded = load_tokenizers(tmp_path)
+    ordinary = FRENCH + ["x < y > z", "<b>bold</b>", "<<s", "s>>", "<p> et </p>"]
+    assert loaded.encode_target(ordinary) == [tokenizer.encode(text, add_special_tokens=False).ids
+                                              for text in ordinary]
+    texts = SPELLED + SPELLED_TEXTS
+    for ids in loaded.encode_target(texts):
+        assert not {PAD_ID, UNK_ID, BOS_ID, EOS_ID} & set(ids), ids
+    assert loaded.decode_target(loaded.encode_target(texts)) == texts
+    assert tokenizer_fingerprint(tmp_path) == fingerprint

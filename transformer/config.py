@@ -165,7 +165,9 @@ class TokenizerConfig:
 
     SECTION: ClassVar[str] = "tokenizer"
     joint: bool = True  # one vocabulary for source and target (needed to share embeddings)
-    vocab_size: int = _range(8000, 16, 2**31 - 1)  # token ids are held as int32
+    # At most 2^20: far above any useful BPE vocabulary, and below what makes the tokenizers library
+    # abort the process while it reserves memory for the merges.
+    vocab_size: int = _range(8000, 16, 2**20)
     min_frequency: int = _range(2, 1)
     # BPE-dropout (Provilkov et al., 2020): when a training batch is built, each merge is left out with
     # this probability, so every epoch splits the training pairs afresh (seeded by train.seed, the

@@ -115,8 +115,8 @@ def choose_engine(request: EngineRequest) -> tuple[str, str | None]:
 
 def _load_ctranslate2(request: EngineRequest, auto: bool) -> tuple[Any, list[str]]:
     """The CTranslate2 translator of `request`, or (None, a note) when `auto` and the run's export cannot be
-    written (e.g. a run directory this user may only read) or CTranslate2 cannot run on the GPU it found:
-    the torch engine can translate without it."""
+    written or written again (e.g. a run directory this user may only read) or CTranslate2 cannot run on
+    the GPU it found: the torch engine can translate without it."""
     from transformer.export.run_cache import ctranslate2_model
     from transformer.translation.ct2_engine import load_ct2_translator
 
@@ -124,7 +124,7 @@ def _load_ctranslate2(request: EngineRequest, auto: bool) -> tuple[Any, list[str
         model_dir, checkpoint = ctranslate2_model(request.run, request.checkpoint)  # exported on first use
     except ExportCacheError as error:
         if not auto:
-            raise
+            raise UserError(f"{error}; translate with {option('engine')} torch, which needs no export") from None
         return None, [f"engine: torch ({error})"]
     try:
         return load_ct2_translator(model_dir, checkpoint, device=request.device, int8=request.int8,

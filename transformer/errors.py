@@ -1,13 +1,12 @@
-"""Errors a user can cause and fix (bad config, bad data, missing run). The CLIs print
-these as one clear message and exit with code 2; anything else is a bug and keeps its traceback."""
+"""Errors a user can cause and fix (bad config, bad data, missing run): the package raises them with
+the path or key and the reason; the scripts turn them into one line and exit code 2 (cli.py, their
+one boundary). Anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
-import typing
 
 _OPTION = re.compile("\u27e8([a-z0-9_]+)\u27e9")
 
@@ -72,47 +71,6 @@ def disk_full(error: OSError) -> bool:
     return error.errno in DISK_FULL_ERRNOS or os.strerror(errno.ENOSPC) in str(error)
 
 
-class CheckedOutput:
-    """A script's standard output whose failed writes are an OutputError (a UserError, so the script's
-    usual mapping prints one line and exits 2) instead of a traceback. After a failure the descriptor
-    is pointed at os.devnull: what stayed in the buffer is lost either way, and the interpreter's own
-    flush at exit must not fail a second time. For scripts only: it replaces a process-wide stream.
-
-        sys.stdout = CheckedOutput(sys.stdout)
-    """
-
-    def __init__(self, stream: typing.TextIO) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            raise  # the reader left (`| head`): the script decides, usually a quiet exit
-        except OSError as error:
-            self._fail(error)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            self._fail(error)
-
-    def __getattr__(self, name: str) -> typing.Any:
-        return getattr(self._stream, name)
-
-    def _fail(self, error: OSError) -> typing.NoReturn:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
-        reason = "the disk is full" if disk_full(error) else (error.strerror or str(error))
-        raise OutputError(f"cannot write standard output: {reason}; what was written before is complete, "
-                          "the rest is not (write it where there is room)") from None
-
-
 class DecodeOptionError(UserError):
     """A decode option (beam size, n-best, length penalty or limits, sampling) out of the range every
     engine computes, or given with one it excludes: `option` (generic name) and the `reason`."""
@@ -120,3 +78,7 @@ class DecodeOptionError(UserError):
     def __init__(self, option_name: str, reason: str) -> None:
         super().__init__(f"{option(option_name)} {reason}")
         self.option, self.reason = option_name, reason
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, carrying the line that says what it left behind (what the next run continues from)."""

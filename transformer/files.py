@@ -8,6 +8,7 @@ it, is checkpoints/rundir.py's business; this module only knows how.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -16,6 +17,17 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
 TEMPORARY_PREFIX = ".tmp-"  # every temporary this module makes starts with it, then the final name
+
+
+def file_sha256(path: Path, block: int = 1 << 20) -> str:
+    """The SHA-256 of a file's bytes in hex, read once in large blocks into one buffer (hashlib
+    releases the GIL while it hashes a block)."""
+    digest, buffer = hashlib.sha256(), bytearray(block)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while size := handle.readinto(buffer):
+            digest.update(view[:size])
+    return digest.hexdigest()
 
 
 def temporary_path(path: Path) -> Path:

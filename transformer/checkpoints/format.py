@@ -5,24 +5,16 @@ checkpoint read it without loading a model. Writing and loading those files is f
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from transformer.errors import CheckpointError
+from transformer.files import file_sha256
 
 MODEL_FILE, TRAINING_FILE, META_FILE = "model.safetensors", "training.pt", "meta.json"
 CHECKPOINT_FILES = {MODEL_FILE, TRAINING_FILE, META_FILE}
 CHECKPOINT_FORMAT = 2  # in meta.json: what this version writes and reads
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_meta(checkpoint: Path, verify: bool = True, need_training_state: bool = False) -> dict[str, Any]:

@@ -235,14 +235,18 @@ class PairCorpus:
             return arrow_batches(dataset, [src_column, tgt_column], batch_size)
 
         directory = token_directory(dataset)
-        if directory is None:
-            with tempfile.TemporaryDirectory() as scratch:
-                write_token_files(Path(scratch) / "ids", batches, (src_column, tgt_column))
-                arrays = open_token_files(Path(scratch) / "ids")
-                return cls(*(np.array(array) for array in arrays))
-        if open_token_files(directory) is None:
-            write_token_files(directory, batches, (src_column, tgt_column))
-        return cls(*open_token_files(directory), directory=directory)
+        if directory is not None:
+            # Written when missing or damaged; written again should another process sharing the cache
+            # find it damaged and remove it between this write and the opening.
+            for _ in range(2):
+                arrays = open_token_files(directory)
+                if arrays is not None:
+                    return cls(*arrays, directory=directory)
+                write_token_files(directory, batches, (src_column, tgt_column))
+        with tempfile.TemporaryDirectory() as scratch:
+            write_token_files(Path(scratch) / "ids", batches, (src_column, tgt_column))
+            arrays = open_token_files(Path(scratch) / "ids")
+            return cls(*(np.array(array) for array in arrays))
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -267,7 +271,9 @@ class PairCorpus:
         key = f"{setting}epoch{epoch}"
         stored = load_plan(self.directory, key)
         if stored is None:
-            save_plan(self.directory, key, *plan_batches(self.src_lengths, self.tgt_lengths, batch_tokens, seed,
-                                                         epoch, shuffle), stale=setting)
-            stored = load_plan(self.directory, key)
+            planned = plan_batches(self.src_lengths, self.tgt_lengths, batch_tokens, seed, epoch, shuffle)
+            save_plan(self.directory, key, *planned, stale=setting)
+            # Read back, so that the order stays in its file; kept in memory should another process
+            # sharing the cache have removed it already (an earlier epoch of the same settings to it).
+            stored = load_plan(self.directory, key) or planned
         return BatchPlan(*stored)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import logging
 import os
 from collections.abc import Iterator
@@ -24,11 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transformer.config import DataConfig
-from transformer.errors import DataError, disk_full
-from transformer.data.readers import describe_input, line_numbers, read_pairs_file
+from transformer.errors import DataError, UserError, disk_full
+from transformer.data.readers import describe_input, find_cause, line_numbers, read_pairs_file
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import Tokenizers
-from transformer.data.token_files import write_directory
+from transformer.data.cache import cache_full, discard_damaged, intact, write_entry
 from transformer.data.arrow_stream import stream_batches
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,8 @@ SRC_IDS, TGT_IDS, SRC_LEN, TGT_LEN = "src_ids", "tgt_ids", "src_len", "tgt_len"
 # cleaning or encoding would silently reuse stale cached results. Hashing this file and the
 # cleaning's (text.py) into every map/filter fixes that.
 _CODE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()
-                              + Path(__file__).with_name("text.py").read_bytes()).hexdigest()[:16]
+                              + Path(__file__).with_name("text.py").read_bytes()
+                              + Path(__file__).with_name("tokenizer.py").read_bytes()).hexdigest()[:16]
 
 # A side longer than data.max_length * this many characters is dropped on reading. No subword
 # of natural text is that long on average, so such a row would be dropped as too long after
@@ -147,22 +149,38 @@ def _drop_masks(cleaned: datasets.Dataset, config: DataConfig,
 
 
 def _cache_writes(function):
-    """datasets writes an Arrow file for every map, filter and split: a full disk there is the user's to
-    fix, and is a DataError naming the cache rather than a traceback. Nothing is lost: the run
-    directory is untouched, and the next run rebuilds what the cache lacks."""
+    """datasets writes an Arrow file for every map, filter and split, and this package its cache
+    entries beside them: a full disk there is the user's to fix, and is a DataError naming the cache
+    rather than a traceback. Nothing is lost: the run directory is untouched, and the next run
+    rebuilds what the cache lacks. datasets wraps what its CSV and text builders meet in a
+    DatasetGenerationError, so the OSError is looked for along the error's chain."""
+    signature = inspect.signature(function)
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
-        except OSError as error:
-            if not disk_full(error):
+        except UserError:
+            raise
+        except Exception as error:
+            cause = find_cause(error, OSError)
+            if cause is None or not disk_full(cause):
                 raise
-            where = kwargs.get("cache_dir") or datasets.config.HF_DATASETS_CACHE
-            raise DataError(f"the datasets cache {where} is on a full disk ({error.strerror or error}): free space "
-                            "there, or point HF_DATASETS_CACHE at a disk with room, and rerun") from None
+            raise cache_full(_cache_location(signature.bind(*args, **kwargs).arguments), cause) from None
 
     return wrapper
+
+
+def _cache_location(arguments: dict) -> str:
+    """The datasets cache a data-stage call writes to: its `cache_dir`, or the folder of its dataset's
+    cache files, or datasets' default."""
+    if arguments.get("cache_dir"):
+        return str(arguments["cache_dir"])
+    for value in arguments.values():
+        dataset = getattr(value, "pairs", value)  # a Splits holds its pairs
+        if isinstance(dataset, datasets.Dataset) and dataset.cache_files:
+            return str(Path(dataset.cache_files[0]["filename"]).parent)
+    return str(datasets.config.HF_DATASETS_CACHE)
 
 
 @_cache_writes
@@ -312,7 +330,7 @@ def split_pairs(pairs: datasets.Dataset, config: DataConfig) -> Splits:
     order; a group larger than a split's size stays in train. Memory: a few 8-byte numbers a row.
     """
     stored = _split_directory(pairs, config)
-    found = _load_split(stored) if stored else None
+    found = _load_split(stored, len(pairs)) if stored else None
     row_side, fingerprint = found or _assign_sides(pairs, config)
     if stored and not found:
         _save_split(stored, row_side, fingerprint)
@@ -347,13 +365,24 @@ def _split_directory(pairs: datasets.Dataset, config: DataConfig) -> Path | None
     return Path(pairs.cache_files[0]["filename"]).parent / _SPLIT_DIR / key
 
 
-def _load_split(directory: Path) -> tuple[np.ndarray, str] | None:
+def _load_split(directory: Path, n_rows: int) -> tuple[np.ndarray, str] | None:
+    """The stored split of `n_rows` rows; None if there is none, or if it is damaged (then removed, with a
+    warning, and split again)."""
+    if not intact(directory):
+        return None
     # Read into memory (a byte a row), not mapped: the filters' cache keys hash the array, and a
     # memmap would hash as another type than the array the first run computed.
     try:
-        return np.load(directory / "sides.npy"), (directory / "fingerprint").read_text()
-    except (FileNotFoundError, ValueError):
+        row_side, fingerprint = np.load(directory / "sides.npy"), (directory / "fingerprint").read_text()
+        if row_side.shape != (n_rows,) or row_side.dtype != np.int8 or \
+                len(fingerprint) != 2 * hashlib.sha256().digest_size:
+            raise ValueError("it does not fit the pairs it was made from")
+    except FileNotFoundError:  # removed by another process since it was checked
         return None
+    except (OSError, ValueError, EOFError) as error:
+        discard_damaged(directory, error)
+        return None
+    return row_side, fingerprint
 
 
 def _save_split(directory: Path, row_side: np.ndarray, fingerprint: str) -> None:
@@ -361,7 +390,7 @@ def _save_split(directory: Path, row_side: np.ndarray, fingerprint: str) -> None
         np.save(scratch / "sides.npy", row_side)
         (scratch / "fingerprint").write_text(fingerprint)
 
-    write_directory(directory, fill)
+    write_entry(directory, fill)
 
 
 def _assign_sides(pairs: datasets.Dataset, config: DataConfig) -> tuple[np.ndarray, str]:

@@ -3,13 +3,20 @@
 CSV/TSV (one file with a header line, read by pandas) or line-aligned plain text (two files, read
 by datasets' `text` builder). Nothing is cleaned or dropped here: that is pairs.py's job, the
 same for every format. Messages name the file, the line and the config key.
+
+datasets finds a data file's cached Arrow table by its path and modification time, so a file
+rewritten with its old time would give the old rows. Each file is therefore identified by its
+content: a SHA-256 of its bytes, taken in one pass before datasets reads it, names the table's
+configuration, and with it every cache entry built from it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import logging
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,9 +26,13 @@ import datasets
 import pandas as pd
 
 from transformer.config import DataConfig
+from transformer.files import file_sha256
 from transformer.errors import DataError
 
+logger = logging.getLogger(__name__)
+
 _STRING = datasets.Value("string")
+_DIGEST_CHARS = 32  # hex digits of the SHA-256 kept: ample to tell contents apart, and the cache's paths stay short
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,7 @@ def _not_utf8(path: Path, error: UnicodeDecodeError) -> DataError:
     return DataError(f"{path}: not UTF-8 text{where} ({error.reason}); re-save the file as UTF-8")
 
 
-def _find_cause(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+def find_cause(error: BaseException, kind: type[BaseException]) -> BaseException | None:
     """`error` or the first exception of type `kind` it was raised from (datasets wraps a builder's errors)."""
     seen = set()
     while error is not None and id(error) not in seen:
@@ -93,6 +104,16 @@ def _find_cause(error: BaseException, kind: type[BaseException]) -> BaseExceptio
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None
+
+
+def content_name(path: Path) -> str:
+    """The name of `path`'s content for datasets' cache: the SHA-256 of its bytes."""
+    started = time.perf_counter()
+    digest = file_sha256(path)
+    # The price of keying the cache by content, in the log where bench/scale.py reads the stages' times.
+    logger.info("%s: content SHA-256 %s... (%.1f MB hashed in %.2f s)", path, digest[:12], path.stat().st_size / 1e6,
+                time.perf_counter() - started)
+    return f"content-{digest[:_DIGEST_CHARS]}"
 
 
 # --------------------------------------------------------------------------- CSV / TSV
@@ -184,6 +205,7 @@ def _read_table(path: Path, config: DataConfig, n_columns: int,
             warnings.simplefilter("error", pd.errors.ParserWarning)
             return datasets.load_dataset(
                 "csv",
+                name=content_name(path),
                 data_files=str(path),
                 split="train",
                 cache_dir=None if cache_dir is None else str(cache_dir),
@@ -199,13 +221,13 @@ def _read_table(path: Path, config: DataConfig, n_columns: int,
                 na_filter=False,
             )
     except Exception as error:
-        decode_error = _find_cause(error, UnicodeDecodeError)
+        decode_error = find_cause(error, UnicodeDecodeError)
         if decode_error is not None:
             raise _not_utf8(path, decode_error) from None
-        if _find_cause(error, pd.errors.ParserWarning) is not None:
+        if find_cause(error, pd.errors.ParserWarning) is not None:
             raise DataError(f"{path}: line 2 has more fields than the header ({n_columns}); "
                             f"a field containing {sep!r} must be quoted") from None
-        parse_error = _find_cause(error, pd.errors.ParserError)
+        parse_error = find_cause(error, pd.errors.ParserError)
         if parse_error is not None:
             detail = " ".join(str(parse_error).split())
             hint = f"; a field containing {sep!r} must be quoted" if "Expected" in detail else ""
@@ -228,6 +250,7 @@ def _read_lines(path: Path, key: str, cache_dir: str | Path | None) -> datasets.
     try:
         return datasets.load_dataset(
             "text",
+            name=content_name(path),
             data_files=str(path),
             split="train",
             cache_dir=None if cache_dir is None else str(cache_dir),
@@ -235,7 +258,7 @@ def _read_lines(path: Path, key: str, cache_dir: str | Path | None) -> datasets.
             encoding="utf-8-sig",  # a byte-order mark is not part of the first sentence
         )
     except Exception as error:
-        decode_error = _find_cause(error, UnicodeDecodeError)
+        decode_error = find_cause(error, UnicodeDecodeError)
         if decode_error is not None:
             raise _not_utf8(path, decode_error) from None
         raise
@@ -270,4 +293,4 @@ def _read_parallel_text(config: DataConfig, cache_dir: str | Path | None) -> Raw
     return RawPairs(table, "c0", "c1", header=None)
 
 
-__all__ = ["RawPairs", "describe_input", "read_pairs_file", "line_numbers"]
+__all__ = ["RawPairs", "describe_input", "read_pairs_file", "line_numbers", "find_cause", "content_name"]

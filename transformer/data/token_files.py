@@ -9,8 +9,9 @@ tokenizer or max_length gets a directory of its own):
     src.offsets, ...     int64 (N + 1,): row i is ids[offsets[i]:offsets[i + 1]]
     dtype                the ids' dtype name
     plans/<key>/         order.npy, bounds.npy of one epoch's batch plan
-Everything is written to a temporary name and renamed into place, so a killed writer leaves no
-half-written file that a later run would trust.
+    manifest.json        in each of them: what was written (cache.py)
+Each is a cache entry (cache.py): written whole under a temporary name and renamed into place, and
+opened only if it still matches what was written; a damaged one is built again.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from transformer.data.cache import discard_damaged, intact, write_entry
 
 TOKEN_DIR = "token-ids"  # beside the datasets cache's Arrow files
 SIDES = ("src", "tgt")
@@ -34,22 +35,6 @@ def token_directory(dataset) -> Path | None:
     if not dataset.cache_files or not getattr(dataset, "_fingerprint", None):
         return None
     return Path(dataset.cache_files[0]["filename"]).parent / TOKEN_DIR / dataset._fingerprint
-
-
-def write_directory(final: Path, fill: Callable[[Path], None]) -> None:
-    """Every write of this module and of the cached split (pairs.py): fill a fresh temporary directory beside `final`, then rename it to `final`. Another process
-    (a torchrun rank) that got there first wins: its files are the same."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
-        fill(scratch)
-        try:
-            os.rename(scratch, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def write_token_files(directory: Path, batches, columns: tuple[str, str]) -> None:
@@ -84,7 +69,7 @@ def write_token_files(directory: Path, batches, columns: tuple[str, str]) -> Non
                     ids[side].write(pc.list_flatten(batch.column(column)).to_numpy().astype(dtype).tobytes())
         (scratch / "dtype").write_text(dtype.name)
 
-    write_directory(directory, fill)
+    write_entry(directory, fill)
 
 
 class FileArray:
@@ -141,15 +126,27 @@ class FileArray:
 
 
 def open_token_files(directory: Path) -> tuple[FileArray, FileArray, FileArray, FileArray] | None:
-    """(src_ids, src_offsets, tgt_ids, tgt_offsets) as FileArrays; None if not written."""
-    if not (directory / "dtype").is_file():
+    """(src_ids, src_offsets, tgt_ids, tgt_offsets) as FileArrays; None if not written, or damaged
+    (then removed, with a warning, for the caller to write again)."""
+    if not intact(directory):
         return None
-    dtype = np.dtype((directory / "dtype").read_text())
-    arrays = []
-    for side in SIDES:
-        offsets_path = directory / f"{side}.offsets"
-        offsets = FileArray(offsets_path, np.int64, offsets_path.stat().st_size // 8)
-        arrays += [FileArray(directory / f"{side}.ids", dtype, int(offsets[-1])), offsets]
+    try:
+        dtype = np.dtype((directory / "dtype").read_text())
+        arrays = []
+        for side in SIDES:
+            offsets_path = directory / f"{side}.offsets"
+            offsets = FileArray(offsets_path, np.int64, offsets_path.stat().st_size // 8)
+            ids = FileArray(directory / f"{side}.ids", dtype, int(offsets[-1]))
+            # Files of the right size but zeros where the ids' ends should be (a power cut on some
+            # filesystems): the offsets must start at 0 and end at the ids' length.
+            if offsets[0] != 0 or (directory / f"{side}.ids").stat().st_size != len(ids) * dtype.itemsize:
+                raise ValueError(f"{side}.offsets does not fit {side}.ids")
+            arrays += [ids, offsets]
+    except FileNotFoundError:  # removed by another process since it was checked
+        return None
+    except (OSError, ValueError, TypeError, IndexError) as error:
+        discard_damaged(directory, error)
+        return None
     return tuple(arrays)  # type: ignore[return-value]
 
 
@@ -162,7 +159,7 @@ def save_plan(directory: Path, key: str, order: np.ndarray, bounds: np.ndarray, 
         np.save(scratch / "order.npy", order)
         np.save(scratch / "bounds.npy", bounds)
 
-    write_directory(plans / key, fill)
+    write_entry(plans / key, fill)
     if stale:
         for old in plans.glob(f"{stale}*"):
             if old.name != key:
@@ -171,16 +168,25 @@ def save_plan(directory: Path, key: str, order: np.ndarray, bounds: np.ndarray, 
 
 def load_plan(directory: Path, key: str) -> tuple[FileArray, np.ndarray] | None:
     """(order, bounds) of a stored plan, the order (a number a pair) read from its file as batches
-    need it, the bounds (two a batch) in memory; None if there is none."""
+    need it, the bounds (two a batch) in memory; None if there is none, or if it is damaged (then
+    removed, with a warning)."""
     plan = directory / "plans" / key
+    if not intact(plan):
+        return None
     try:
         mapped = np.load(plan / "order.npy", mmap_mode="r")  # for the header's dtype, length and data offset
         order = FileArray(plan / "order.npy", mapped.dtype, len(mapped), mapped.offset)
         del mapped
-        return order, np.load(plan / "bounds.npy")
-    except (FileNotFoundError, ValueError):
+        bounds = np.load(plan / "bounds.npy")
+        if bounds.ndim != 2 or (len(bounds) and (bounds.min() < 0 or bounds.max() > len(order))):
+            raise ValueError("bounds.npy does not fit order.npy")
+        return order, bounds
+    except FileNotFoundError:  # removed by another process since it was checked
+        return None
+    except (OSError, ValueError, EOFError) as error:
+        discard_damaged(plan, error)
         return None
 
 
-__all__ = ["TOKEN_DIR", "FileArray", "token_directory", "write_directory", "write_token_files", "open_token_files",
-           "save_plan", "load_plan"]
+__all__ = ["TOKEN_DIR", "FileArray", "token_directory", "write_token_files", "open_token_files", "save_plan",
+           "load_plan"]

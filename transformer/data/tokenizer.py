@@ -1,13 +1,16 @@
 """Byte-pair-encoding tokenizers: train, save, load, fingerprint, and the special-token ids.
 
 The special ids live here and nowhere else. BOS/EOS are *not* added by the tokenizer:
-the batching code adds them, so encoded sequences are plain subwords.
+the batching code adds them, so encoded sequences are plain subwords. A text that spells a special
+token ("<s>", "</s>", "<pad>", "<unk>") is read as the characters it is spelled with, in training data,
+inputs, prefixes, references and the API alike (`_reading_specials_as_text`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import logging
 import sys
 from collections.abc import Iterable, Iterator
@@ -117,6 +120,33 @@ def _train_one(texts: Iterable[str], config: TokenizerConfig) -> Tokenizer:
     )
     tokenizer.train_from_iterator(_batches(texts), trainer=trainer)
     _check_special_ids(tokenizer, "the trained tokenizer", RuntimeError)  # a bug if it fails
+    return _reading_specials_as_text(tokenizer)
+
+
+def _merge_result(merge: str | list[str]) -> str:
+    # Files of older `tokenizers` versions spell a merge as one string, "a b".
+    return merge.replace(" ", "", 1) if isinstance(merge, str) else "".join(merge)
+
+
+def _reading_specials_as_text(tokenizer: Tokenizer) -> Tokenizer:
+    """`tokenizer` made to read a text that spells a special token as the characters it is spelled with.
+
+    This is the one place that decides it. The BPE trainer already learns such a spelling as
+    characters; only the encoder would match it whole and give the special id, so that "<s>" in a target
+    prefix became BOS, which no search emits. `encode_special_tokens` turns that matching off; it is not
+    saved in the tokenizer file, hence set on every tokenizer this module trains or loads. One gap is
+    left by it: a corpus that spells, say, "<s>" inside words can teach a merge whose result is the
+    string "<s>", and the BPE vocabulary maps that string to the special id. Such merges are dropped:
+    a merge applies only where its result is spelled out in the text, so no other text encodes
+    differently.
+    """
+    state = json.loads(tokenizer.to_str())
+    merges = state["model"].get("merges", [])
+    kept = [merge for merge in merges if _merge_result(merge) not in SPECIAL_TOKENS]
+    if len(kept) < len(merges):
+        state["model"]["merges"] = kept
+        tokenizer = Tokenizer.from_str(json.dumps(state, ensure_ascii=False))
+    tokenizer.encode_special_tokens = True
     return tokenizer
 
 
@@ -214,7 +244,7 @@ def _load_one(path: Path) -> Tokenizer:
     except Exception as error:  # the Rust side raises a bare Exception for bad JSON
         raise CheckpointError(f"{path}: not a valid tokenizer file ({error})") from None
     _check_special_ids(tokenizer, str(path))
-    return tokenizer
+    return _reading_specials_as_text(tokenizer)
 
 
 def load_tokenizers(directory: str | Path) -> Tokenizers:

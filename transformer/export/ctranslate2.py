@@ -25,7 +25,7 @@ from transformer.export.destination import Exporter
 from transformer.files import write_json_atomic
 from transformer.model import CrossAttention, FeedForward, SelfAttention, Transformer
 from transformer.translation.ct2_format import (EXPORT_FORMAT, EXPORT_INFO, EXPORT_MODEL_FILE, EXPORT_TOKENIZER_DIR,
-                                                EXPORT_VERSION, import_ctranslate2, read_export_info)
+                                                EXPORT_VERSION, file_records, import_ctranslate2, read_export_info)
 from transformer.translation.torch_engine import load_checkpoint_and_tokenizers
 
 # What an export holds: CTranslate2's files (its vocabularies are .txt or .json, by version), our
@@ -169,6 +169,9 @@ def write_export_files(found: Path, directory: Path) -> None:
     description = _description(found, meta, model, tokenizers, load_decode_config(run_dir_of(found)))
     spec.save(str(directory))
     save_tokenizers(tokenizers, directory / EXPORT_TOKENIZER_DIR)
+    # Written last, so it records the files as they were written: a run's cached export is verified
+    # against it before use and written again when it differs (run_cache.py).
+    description["files"] = file_records(directory)
     write_json_atomic(directory / EXPORT_INFO, description)
 
 

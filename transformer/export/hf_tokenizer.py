@@ -44,6 +44,9 @@ def build_hf_tokenizer(tokenizers: Tokenizers, max_len: int) -> Any:
         padding_side="right",
         model_input_names=["input_ids", "attention_mask"],  # no token_type_ids, which generate() would refuse
         clean_up_tokenization_spaces=False,  # it would glue French "! ? : ;" to the word before
+        # A text that spells a special token reads as ours does (tokenizer.py decides it); the copy above
+        # lost the setting, which tokenizer files do not keep, and transformers saves it in its config.
+        split_special_tokens=tokenizers.source.encode_special_tokens,
     )
 
 

@@ -1,6 +1,7 @@
-"""Data-parallel plumbing for `torchrun`: the process group, rank helpers and the few collectives
-the trainer needs besides DistributedDataParallel's gradient reduction. Every helper is a no-op (or the identity) in a plain `python train.py`, which
-starts no process group; what each rank trains on lives in the trainer, not here.
+"""Data-parallel plumbing for `torchrun`: the process group, rank helpers, the few collectives the
+trainer needs besides DistributedDataParallel's gradient reduction, and stages whose failure on one
+rank stops them all (`fail_together`). Every helper is a no-op (or the identity) in a plain
+`python train.py`, which starts no process group; what each rank trains on lives in the trainer.
 
 torchrun sets WORLD_SIZE, RANK and LOCAL_RANK in every worker's environment; a process group is
 started only when WORLD_SIZE > 1.
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from transformer.errors import ConfigError
+from transformer.errors import CheckpointError, ConfigError, DataError, UserError
 
 # Rank 0 alone prepares the data, trains the tokenizer and validates while the other ranks wait in
 # a collective: on a large corpus that can take longer than torch's default 30-minute timeout.
@@ -103,16 +104,66 @@ def barrier() -> None:
         dist.barrier()
 
 
+# A rank's error as the others raise it: its family, so that every rank stops with the same kind of error.
+_FAMILIES = {family.__name__: family for family in (ConfigError, DataError, CheckpointError, UserError)}
+
+
+@contextlib.contextmanager
+def fail_together() -> Iterator[None]:
+    """A stage in which one rank may meet an error the others do not (rank 0 alone checks the run
+    directory, prepares the data first, writes checkpoints): at its end the ranks tell each other
+    whether they succeeded, in one collective, before any goes on to a collective of the next stage
+    where it would wait for a rank that has gone. A rank that failed with a UserError or an OSError
+    raises it again; the others raise an error of its family naming that rank and its first line,
+    so every rank stops with one line and the same exit code. Any other exception (a bug) is not
+    shared: torchrun stops the other ranks.
+
+    Every rank must enter the stage, at the same point of its program, and nothing inside may wait
+    in a collective. A no-op without a process group."""
+    if not dist.is_initialized():
+        yield
+        return
+    try:
+        yield
+    except (UserError, OSError) as error:
+        with contextlib.suppress(RuntimeError):  # a peer gone already: this rank's own error is the one to report
+            _outcomes(error)
+        raise
+    failed = [outcome for outcome in _outcomes(None) if outcome is not None]
+    if failed:
+        failed_rank, family, line = failed[0]
+        raise _FAMILIES[family](f"rank {failed_rank} failed: {line}")
+
+
+def _outcomes(error: BaseException | None) -> list[tuple[int, str, str] | None]:
+    """Every rank's outcome of a stage: None, or (rank, error family, the message's first line)."""
+    outcome = None
+    if error is not None:
+        family = next(name for name, kind in _FAMILIES.items() if kind is UserError or isinstance(error, kind))
+        outcome = (rank(), family, (str(error).splitlines() or [type(error).__name__])[0])
+    gathered: list[Any] = [None] * world_size()
+    dist.all_gather_object(gathered, outcome)
+    return gathered
+
+
 @contextlib.contextmanager
 def main_first() -> Iterator[None]:
     """Rank 0 runs the block first (e.g. writes the tokenizer, fills the datasets cache), then the
-    other ranks run it and find the results. If rank 0 fails inside, it exits and torchrun stops
-    the others, which are waiting in the barrier."""
-    if not is_main():
-        barrier()
-    yield
+    other ranks run it and find the results. Each turn is a `fail_together` stage: a rank that fails
+    in its turn stops every rank at the end of that turn."""
+    if not dist.is_initialized():
+        yield
+        return
     if is_main():
-        barrier()
+        with fail_together():
+            yield
+        with fail_together():  # the others' turn
+            pass
+    else:
+        with fail_together():  # rank 0's turn
+            pass
+        with fail_together():
+            yield
 
 
 def broadcast_object(value: Any) -> Any:
@@ -162,6 +213,6 @@ def seed_for_rank(seed: int, rank: int, step: int = 0) -> int:
 
 __all__ = [
     "launched", "env_rank", "local_rank", "rank", "world_size", "is_main", "training_device", "process_group",
-    "barrier", "main_first", "broadcast_object", "gather_objects", "all_reduce_max", "all_reduce_sum",
+    "barrier", "fail_together", "main_first", "broadcast_object", "gather_objects", "all_reduce_max", "all_reduce_sum",
     "seed_for_rank",
 ]

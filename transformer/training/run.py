@@ -27,10 +27,11 @@ from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config, config_to_dict, config_to_yaml
 from transformer.data.batching import PairCorpus
 from transformer.data.dropout import DropoutBatches
+from transformer.data.readers import describe_input
 from transformer.data.pairs import (SOURCE, TARGET, encode_splits, iter_texts, load_pairs, sample_rows, split_pairs,
                                      token_lengths)
 from transformer.data.tokenizer import load_tokenizers, save_tokenizers, tokenizer_fingerprint, train_tokenizers
-from transformer.errors import CheckpointError, ConfigError
+from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.model import Transformer, count_parameters
 from transformer.runtime import resolve_precision, seed_everything, select_device
 from transformer.training import distributed
@@ -112,15 +113,21 @@ def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambd
     # Device and precision first: a setting this machine cannot run fails before anything is written.
     device = distributed.training_device(select_device(config.train.device))
     precision = resolve_precision(config.train.precision, device)
-    with distributed.process_group(device):
-        if not distributed.is_main():  # rank 0 holds the lock for all of them
-            return _train(config, run, None, device, precision, should_stop, show_progress, data_cache_dir,
-                          before_training)
-        RunDirectory.check_trainable(run.path, rebuilding=rebuild_state)
-        with _writing(run.path), run.lock():
-            checkpoints = _open_run(config, run, rebuild_state)
-            return _train(config, run, checkpoints, device, precision, should_stop, show_progress, data_cache_dir,
-                          before_training)
+    with distributed.process_group(device), contextlib.ExitStack() as held:
+        checkpoints, resume_from = None, None
+        # Rank 0 alone checks and locks the run directory, for all ranks, and picks the checkpoint to
+        # resume from (moving damaged ones aside); a refusal there stops the other ranks too.
+        with distributed.fail_together():
+            if distributed.is_main():
+                RunDirectory.check_trainable(run.path, rebuilding=rebuild_state)
+                held.enter_context(_writing(run.path))
+                with _writing(run.path):
+                    held.enter_context(run.lock())
+                    checkpoints = _open_run(config, run, rebuild_state)
+                    resume_from = checkpoints.resume_point()
+        resume_from = distributed.broadcast_object(resume_from)
+        return _train(config, run, checkpoints, resume_from, device, precision, should_stop, show_progress,
+                      data_cache_dir, before_training)
 
 
 def _open_run(config: Config, run: RunDirectory, rebuild_state: bool) -> CheckpointManager:
@@ -143,14 +150,10 @@ def _open_run(config: Config, run: RunDirectory, rebuild_state: bool) -> Checkpo
     return checkpoints
 
 
-def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | None, device: torch.device,
-           precision: str, should_stop: Callable[[], bool], show_progress: bool,
+def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | None, resume_from: Path | None,
+           device: torch.device, precision: str, should_stop: Callable[[], bool], show_progress: bool,
            data_cache_dir: Path | None, before_training: Callable[[], None]) -> TrainOutcome:
     main = distributed.is_main()
-    # rank 0 picks the checkpoint (and moves damaged ones aside); every rank loads it
-    resume_from = distributed.broadcast_object(checkpoints.resume_point() if main else None)
-    # A fine-tuned run reads its parent once, at its start; a resume continues from its own checkpoints.
-    parent = open_parent(config) if config.train.init_from and resume_from is None else None
     # The saved config keeps `auto`; this session trains at what it resolves to on this machine.
     saved_config = config
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
@@ -158,15 +161,22 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
     # Data and tokenizers: rank 0 first, which fills the datasets cache and writes a new run's
     # tokenizer files; the other ranks then read them instead of racing it to write them.
     with distributed.main_first():
+        # A fine-tuned run reads its parent once, at its start; a resume continues from its own checkpoints.
+        parent = open_parent(saved_config) if config.train.init_from and resume_from is None else None
         data, heldout = _prepare_data(config, run, data_cache_dir, write=main, resuming=resume_from is not None,
                                       parent=parent)
     before_training()
 
     seed_everything(config.train.seed)  # the same config gives the same initial weights
-    model = Transformer(config.model, data.tokenizers.source_vocab_size, data.tokenizers.target_vocab_size).to(device)
-    if parent is not None:
-        load_parent_weights(parent, model)
-    optimizer = build_optimizer(model, config.train)
+    # Stages where one rank may fail alone end in an agreement (fail_together); none holds a collective.
+    with distributed.fail_together():
+        model = Transformer(config.model, data.tokenizers.source_vocab_size,
+                            data.tokenizers.target_vocab_size).to(device)
+        if parent is not None:
+            load_parent_weights(parent, model)
+        optimizer = build_optimizer(model, config.train)
+        with _writing(run.path):
+            tensorboard = TensorBoard(run.tensorboard_dir, enabled=main)
     rank, world_size = distributed.rank(), distributed.world_size()
     if rank:  # each rank draws its own dropout masks; rank 0 keeps the stream of a single-process run
         torch.manual_seed(distributed.seed_for_rank(config.train.seed, rank))
@@ -174,21 +184,20 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
              f"{count_parameters(model):,}", config.model.n_encoder_layers, config.model.n_decoder_layers,
              config.model.d_model, device, precision, torch.get_num_threads(),
              f", {world_size} processes" if world_size > 1 else "")
-    with _writing(run.path):
-        tensorboard = TensorBoard(run.tensorboard_dir, enabled=main)
     trainer = Trainer(config, model, optimizer, data, device, checkpoints, tensorboard, show_progress)
-    if parent is not None:  # a resume reads this back from the checkpoint
-        trainer.state.parent = parent.record()
-    if resume_from is not None:
-        load_checkpoint(resume_from, trainer)
-        log.info("resuming from %s (step %d, epoch %d, batch %d of it)", resume_from, trainer.state.step,
-                 trainer.state.epoch + 1, trainer.state.batch_in_epoch)
-    if main:  # every check has passed: the run's files may be written
-        with _writing(run.path):
-            run.write_config(config_to_yaml(saved_config))
-            if resume_from is None:
-                heldout()
-                tensorboard.text(0, "config", "```\n" + config_to_yaml(config) + "\n```")
+    with distributed.fail_together():
+        if parent is not None:  # a resume reads this back from the checkpoint
+            trainer.state.parent = parent.record()
+        if resume_from is not None:
+            load_checkpoint(resume_from, trainer)
+            log.info("resuming from %s (step %d, epoch %d, batch %d of it)", resume_from, trainer.state.step,
+                     trainer.state.epoch + 1, trainer.state.batch_in_epoch)
+        if main:  # every check has passed: the run's files may be written
+            with _writing(run.path):
+                run.write_config(config_to_yaml(saved_config))
+                if resume_from is None:
+                    heldout()
+                    tensorboard.text(0, "config", "```\n" + config_to_yaml(config) + "\n```")
     already_finished = trainer.finished()
     # Checkpoint saves raise their own CheckpointError; this catches the other writers (TensorBoard
     # re-raises its writer thread's OSError on a later call). The last checkpoint stays the resume point.
@@ -240,6 +249,10 @@ def _prepare_data(config: Config, run: RunDirectory, data_cache_dir: Path | None
                     "data_fingerprint": splits.fingerprint}
     log.info("encoding %d pairs into subword ids", len(splits.train) + len(splits.valid) + len(splits.test))
     encoded = encode_splits(splits, tokenizers, config.data.max_length)
+    if not len(encoded.train):
+        raise DataError(f"{describe_input(config.data)}: nothing to train on: all {encoded.train_too_long} training "
+                        f"pairs are longer than data.max_length={config.data.max_length} allows (more than "
+                        f"{config.data.max_length - 1} subword tokens on a side); raise data.max_length")
     # The valid loss feeds whole pairs to the model, so each side (+ BOS/EOS) must fit its position
     # table; a longer pair still counts in BLEU, where translation truncates its source.
     src_len, tgt_len = token_lengths(encoded.valid)

@@ -395,13 +395,14 @@ class Trainer:
         and return the metrics every rank then saves with. Every rank calls this at the same steps, and
         counts the validations in a row without a better valid BLEU (for train.patience)."""
         metrics, improved = None, False
-        if distributed.is_main():
-            result = self._evaluate()
-            metrics = {"valid_nll": result.loss, "valid_perplexity": result.perplexity,
-                       "valid_bleu": result.scores.bleu, "valid_chrf": result.scores.chrf}
-            improved = self.checkpoints.improves(metrics)
-            if improved:
-                log.info("  new best BLEU %.2f at step %d", result.scores.bleu, self.state.step)
+        with distributed.fail_together():  # a failure there (TensorBoard's disk) must not leave the others waiting
+            if distributed.is_main():
+                result = self._evaluate()
+                metrics = {"valid_nll": result.loss, "valid_perplexity": result.perplexity,
+                           "valid_bleu": result.scores.bleu, "valid_chrf": result.scores.chrf}
+                improved = self.checkpoints.improves(metrics)
+                if improved:
+                    log.info("  new best BLEU %.2f at step %d", result.scores.bleu, self.state.step)
         metrics, improved = distributed.broadcast_object((metrics, improved))
         state = self.state
         state.validations_without_improvement = 0 if improved else state.validations_without_improvement + 1
@@ -434,8 +435,11 @@ class Trainer:
         """Checkpoint this step, with its validation `metrics` if it was validated. Every rank calls
         this at the same steps (`state_dict` gathers every rank's RNG state); rank 0 writes."""
         state = self.state_dict()
-        if self.checkpoints is not None:
-            self.checkpoints.save(self.state.step, self.scored_model, state, metrics)
+        # Rank 0 alone writes: a save that fails there (a full disk) stops every rank at this step,
+        # rather than leaving the others waiting in the next step's collectives.
+        with distributed.fail_together():
+            if self.checkpoints is not None:
+                self.checkpoints.save(self.state.step, self.scored_model, state, metrics)
 
 
 class _Window:

@@ -240,7 +240,11 @@ def _sampler(generator: torch.Generator, top_k: int, top_p: float, temperature: 
         if top_p < 1.0:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             # A token stays if the more probable ones before it sum to less than top_p: the first always does.
-            sorted_probs = sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= top_p, 0.0)
+            # Said as a mask whose first column is cleared: a top_p below float32's smallest number
+            # compares as 0 there, and would drop that one too.
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+            drop[:, 0] = False
+            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
     return choose

@@ -124,12 +124,20 @@ def search_in_batches(engine: Engine, sources: list[list[int]], n_best: int,
                       prefixes: list[list[int]] | None = None) -> list[list[list[int]]]:
     """For each source, up to `n_best` output id lists best first, found by `engine.search` on
     decode.batch_size sources at a time, sorted by length; the result is in input order. A source
-    without ids gets n_best empty outputs, without a search."""
+    without ids gets n_best empty outputs, without a search. Every source gets at least one output:
+    one whose search finished nothing gets an empty one, with a logged warning."""
     results: list[list[list[int]]] = [[[]] * n_best for _ in sources]
+    unfinished = 0
     for chunk in length_sorted_batches(sources, engine.decode.batch_size):
         chunk_prefixes = None if prefixes is None else [prefixes[i] for i in chunk]
         for i, output in zip(chunk, engine.search([sources[i] for i in chunk], n_best, chunk_prefixes)):
-            results[i] = output[:n_best]
+            # A beam whose every hypothesis the model rules out (a forced prefix token it gives no
+            # probability) finishes nothing; every reader of these results takes a first output.
+            unfinished += not output
+            results[i] = output[:n_best] or [[]]
+    if unfinished:
+        log.warning("the search finished no translation of %d sentence(s): every hypothesis was ruled out; "
+                    "each is left blank", unfinished)
     return results
 
 

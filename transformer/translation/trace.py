@@ -215,8 +215,10 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
             output = greedy_search(translator.models, src, src_pad_mask, max_lengths, translator.use_cache,
                                    prefixes, observer=recorder)[0]
         else:
-            output = beam_search(translator.models, src, src_pad_mask, decode.beam_size, decode.length_penalty,
-                                 max_lengths, n_best, translator.use_cache, prefixes, observer=recorder)[0][0].tokens
+            hypotheses = beam_search(translator.models, src, src_pad_mask, decode.beam_size, decode.length_penalty,
+                                     max_lengths, n_best, translator.use_cache, prefixes, observer=recorder)[0]
+            # A search whose every hypothesis was ruled out finished nothing: its steps still show why.
+            output = hypotheses[0].tokens if hypotheses else []
     if recorder.steps:
         recorder.steps[-1].stopped = True  # also when the maximum length, not an EOS, ended it
     texts = tokenizers.decode_target([output] + [f.tokens for f in recorder.finished])

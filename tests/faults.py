@@ -1,0 +1,196 @@
+"""Fault injection for the scripts' tests: run train.py, translate.py, export.py or serve.py as a process
+of its own under one fault (a full disk, a read-only directory, a closed standard output, SIGINT or
+SIGKILL as a chosen function of the package is entered) and return how it ended. An over-long name is
+not a fault of the process but of an argument: LONG_NAME. test_faults.py holds the table of cases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LONG_NAME = "n" * 300  # longer than any common filesystem allows one name (NAME_MAX): ENAMETOOLONG
+
+# Started as `python -c LAUNCHER POINT SIGNAL SCRIPT ARGS...`: wraps the package function POINT
+# ("module:name" or "module:Class.name") so that the process sends itself SIGNAL as it is entered, then
+# runs SCRIPT as `python SCRIPT ARGS...` would. The signal is real: its handler (Python's, the
+# script's, or the kernel's for SIGKILL) decides what happens, as it would for a user's.
+LAUNCHER = """
+import importlib, os, runpy, signal, sys
+point, signal_name, script = sys.argv[1:4]
+if point:
+    module_name, _, path = point.partition(":")
+    owner = importlib.import_module(module_name)
+    *parents, name = path.split(".")
+    for parent in parents:
+        owner = getattr(owner, parent)
+    original = getattr(owner, name)
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), getattr(signal, signal_name))
+        return original(*args, **kwargs)
+    setattr(owner, name, signalled)
+sys.argv = [script, *sys.argv[4:]]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One way to disturb a script's process; `name` is its column in the table. `file_size`: files
+    cannot grow past this many bytes (RLIMIT_FSIZE, with SIGXFSZ ignored, so that a write fails with
+    EFBIG as on a full disk); `read_only`: the directory the case names is mounted read-only for the
+    process; `stdout_closed`: started with `>&-`; `signal` sent as the function `at` is entered, or,
+    with `at` None, once a server answers /health."""
+
+    name: str
+    file_size: int | None = None
+    read_only: bool = False
+    stdout_closed: bool = False
+    signal: signal.Signals | None = None
+    at: str | None = None
+
+
+NONE = Fault("none")
+# Room for the small files (a log, the datasets cache of a tiny corpus), none for a checkpoint, an export
+# or a long output.
+FULL_DISK = Fault("full disk", file_size=16 * 1024)
+READ_ONLY = Fault("read-only directory", read_only=True)
+LONG = Fault("over-long name")  # the case puts LONG_NAME in a path argument
+STDOUT_CLOSED = Fault("closed stdout", stdout_closed=True)
+
+
+def sigint_at(point: str | None) -> Fault:
+    return Fault(f"SIGINT at {point or 'serving'}", signal=signal.SIGINT, at=point)
+
+
+def sigkill_at(point: str) -> Fault:
+    return Fault(f"SIGKILL at {point}", signal=signal.SIGKILL, at=point)
+
+
+@dataclass
+class Ended:
+    """How a script's process ended: its exit code (negative: the signal that killed it) and output."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def last_line(self) -> str:
+        lines = self.stderr.rstrip("\n").splitlines()
+        return lines[-1] if lines else ""
+
+
+@functools.cache
+def read_only_unavailable() -> str | None:
+    """Why a read-only directory cannot be made here, or None. As root, permissions stop nothing: the
+    directory is bind-mounted read-only in a mount namespace of the process's own (unshare)."""
+    if os.geteuid() != 0:
+        return None
+    if shutil.which("unshare") is None:
+        return "running as root, and there is no unshare to mount a directory read-only"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount --bind -o ro / /"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"running as root, and a read-only bind mount is refused here: {probe.stderr.strip()}"
+    return None
+
+
+def _preexec(fault: Fault):
+    def prepare() -> None:
+        # A shell's background job may start with SIGINT ignored, and Python then installs no handler.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if fault.file_size is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fault.file_size, fault.file_size))
+        if fault.stdout_closed:
+            os.close(1)
+    return prepare
+
+
+def command(script: str, args: list[str], fault: Fault, read_only: Path | None = None) -> list[str]:
+    """The command line that runs `script` with `args` under `fault`."""
+    signal_name = fault.signal.name if fault.signal is not None and fault.at else ""
+    line = [sys.executable, "-c", LAUNCHER, fault.at or "", signal_name, str(ROOT / script), *map(str, args)]
+    if fault.read_only and os.geteuid() == 0:
+        mount = 'mount --bind -o ro "$1" "$1" && shift && exec "$@"'
+        line = ["unshare", "-m", "sh", "-c", mount, "sh", str(read_only), *line]
+    return line
+
+
+@contextlib.contextmanager
+def _read_only(directory: Path | None, fault: Fault):
+    """Without root, the directory's permissions make it read-only for the process (and are restored)."""
+    if not fault.read_only or os.geteuid() == 0:
+        yield
+        return
+    mode = directory.stat().st_mode
+    directory.chmod(0o555)
+    try:
+        yield
+    finally:
+        directory.chmod(mode)
+
+
+def environment(cache: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_script(script: str, args: list[str], fault: Fault, cwd: Path, cache: Path, read_only: Path | None = None,
+               timeout: float = 300) -> Ended:
+    """Run `script` (train.py, translate.py, export.py, serve.py) with `args` under `fault`, in `cwd`
+    with datasets' cache in `cache`; `read_only`: the directory READ_ONLY makes read-only."""
+    if fault.signal is not None and fault.at is None:
+        return _serve_then_signal(script, args, fault, cwd, cache, timeout)
+    with _read_only(read_only, fault):
+        result = subprocess.run(command(script, args, fault, read_only), cwd=cwd, env=environment(cache),
+                                stdout=subprocess.PIPE if not fault.stdout_closed else subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, timeout=timeout, preexec_fn=_preexec(fault))
+    return Ended(result.returncode, result.stdout or "", result.stderr)
+
+
+_SERVING = re.compile(r"serving (http://\S+?/) ")
+
+
+def _serve_then_signal(script: str, args: list[str], fault: Fault, cwd: Path, cache: Path, timeout: float) -> Ended:
+    """Start a server, wait until /health answers 200, send it `fault.signal` and return how it ended."""
+    process = subprocess.Popen(command(script, args, fault), cwd=cwd, env=environment(cache),
+                               stdout=subprocess.PIPE if not fault.stdout_closed else subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, preexec_fn=_preexec(fault))
+    lines = []
+    try:
+        deadline = time.monotonic() + timeout
+        for line in process.stderr:
+            lines.append(line)
+            if served := _SERVING.search(line):
+                break
+            assert time.monotonic() < deadline, "the server did not start"
+        else:
+            raise AssertionError(f"the server ended before serving: {''.join(lines)}")
+        for _ in range(100):  # uvicorn answers once its start-up is complete, just after that line
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(served[1] + "health", timeout=10) as health:
+                    assert health.status == 200
+                    break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("/health never answered")
+        process.send_signal(fault.signal)
+        stdout, rest = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return Ended(process.returncode, stdout or "", "".join(lines) + rest)

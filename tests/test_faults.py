@@ -1,0 +1,272 @@
+"""The fault kit: each script (train.py, translate.py, export.py, serve.py) run as its own process under
+each fault of tests/faults.py, as a table of cases. Every case ends with the documented exit code, its
+last line of standard error as expected and no traceback (with --quiet, that line alone), and keeps
+what was already done: the run's checkpoints verify, an earlier output or export is as it was, a
+half-written one is gone. A boundary a script gains is covered by a row added here.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import train_tiny_run
+from faults import (FULL_DISK, LONG, LONG_NAME, NONE, READ_ONLY, STDOUT_CLOSED, Ended, Fault, read_only_unavailable,
+                    run_script, sigint_at, sigkill_at)
+from transformer.checkpoints.format import read_meta
+from transformer.checkpoints.layout import CHECKPOINTS, read_run_state, step_dir_name
+from transformer.config import Config
+
+pytestmark = pytest.mark.slow  # every case starts a Python process with torch
+
+EARLIER = "an earlier translation\n"
+SENTENCE = "I'm cold."  # every character seen in training: no note about unknown ones
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
+    """One checkpoint at step 10, shared by every case: cases that write into a run use a copy."""
+    return train_tiny_run(tmp_path_factory.mktemp("faults") / "run", tiny_config, datasets_cache)
+
+
+@pytest.fixture(scope="module")
+def process_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """datasets' cache of the scripts' processes, shared by the module's cases."""
+    return tmp_path_factory.mktemp("faults_cache")
+
+
+@dataclass
+class Where:
+    """The paths one case works with: the shared run (read only), and its own directory."""
+
+    run: Path
+    tmp: Path
+    cache: Path  # datasets' cache of the scripts' processes
+
+    @functools.cached_property
+    def copy(self) -> Path:
+        """A copy of the run that this case may train on, export into or make read-only."""
+        copy = self.tmp / "run"
+        shutil.copytree(self.run, copy)
+        shutil.rmtree(copy / "ctranslate2", ignore_errors=True)
+        return copy
+
+    @functools.cached_property
+    def earlier(self) -> Path:
+        """An output file holding EARLIER, in a directory of its own (what READ_ONLY makes read-only)."""
+        path = self.tmp / "out" / "out.fr"
+        path.parent.mkdir()
+        path.write_text(EARLIER, encoding="utf-8")
+        return path
+
+    @functools.cached_property
+    def many(self) -> Path:
+        """Source lines whose translations are more than FULL_DISK lets a file hold."""
+        path = self.tmp / "many.en"
+        path.write_text("Where is the station? I am cold.\n" * 400, encoding="utf-8")
+        return path
+
+    @property
+    def export(self) -> Path:
+        return self.tmp / "out" / "export"
+
+
+def verifies(run: Path, *steps: int) -> None:
+    for step in steps:
+        read_meta(run / CHECKPOINTS / step_dir_name(step), verify=True, need_training_state=True)
+
+
+def nothing_beside(path: Path) -> None:
+    """Neither `path` nor a temporary of an interrupted write of it is there."""
+    assert not path.exists()
+    assert not path.parent.exists() or not [p.name for p in path.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+def resume(where: Where, *extra: str) -> list[str]:
+    return ["--config", where.copy / "config.yaml", "--run-dir", where.copy, "--no-progress",
+            "--set", "train.attention_images=false", *extra]
+
+
+def translate_torch(where: Where, *extra: str) -> list[str]:
+    return ["--run", where.run, "--engine", "torch", "--quiet", *extra]
+
+
+def export_ct2(where: Where, *extra: str) -> list[str]:
+    return ["--run", where.run, "--to", "ctranslate2", "--quiet", *extra]
+
+
+def served(run: Path, *extra: str) -> list[str]:
+    return ["--run", run, "--port", "0", "--device", "cpu", *extra]
+
+
+# --------------------------------------------------------------------------- what each case keeps
+
+
+def step_10_verifies(where: Where, ended: Ended) -> None:
+    verifies(where.copy, 10)
+    assert read_run_state(where.copy).latest == step_dir_name(10)
+
+
+def step_11_saved(where: Where, ended: Ended) -> None:
+    verifies(where.copy, 10, 11)
+
+
+def killed_at_a_save_then_resumed(where: Where, ended: Ended) -> None:
+    verifies(where.copy, 10)
+    rerun = run_script("train.py", resume(where, "--set", "train.max_steps=20"), NONE, where.tmp, where.cache)
+    assert rerun.code == 0 and "done: 20 steps" in rerun.stderr, rerun.stderr
+    verifies(where.copy, 10, 20)
+
+
+def earlier_output_kept(where: Where, ended: Ended) -> None:
+    assert where.earlier.read_text(encoding="utf-8") == EARLIER
+    others = [p.name for p in where.earlier.parent.iterdir() if p.name != "out.fr"]
+    assert not others or ended.code == -9, others  # only a killed process cannot remove its temporary
+
+
+def no_export(where: Where, ended: Ended) -> None:
+    nothing_beside(where.export)
+
+
+def exported(where: Where, ended: Ended) -> None:
+    assert (where.export / "model.bin").is_file()
+
+
+def killed_export_then_exported(where: Where, ended: Ended) -> None:
+    assert not where.export.exists()
+    again = run_script("export.py", export_ct2(where, where.export), NONE, where.tmp, where.cache)
+    assert again.code == 0, again.stderr
+    assert (where.export / "model.bin").is_file()
+    assert not [p.name for p in where.export.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+def run_export_healed(where: Where, ended: Ended) -> None:
+    verifies(where.copy, 10)
+    again = run_script("translate.py", ["--run", where.copy, "--engine", "ctranslate2", "--quiet", SENTENCE], NONE,
+                       where.tmp, where.cache)
+    assert again.code == 0 and again.stdout.strip(), again.stderr
+
+
+def nothing(where: Where, ended: Ended) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Case:
+    """`script` run with `args(where)` under `fault` ends with `code` and its last line of standard error
+    matching `line` (with `quiet`, its only line; "" for none; killed, it says nothing); `kept(where,
+    ended)` checks what must survive; `read_only(where)`: the directory READ_ONLY makes read-only."""
+
+    script: str
+    fault: Fault
+    args: Callable[[Where], list]
+    code: int
+    line: str
+    kept: Callable[[Where, Ended], None] = nothing
+    quiet: bool = False
+    read_only: Callable[[Where], Path] | None = None
+
+
+DATA_STAGE = ("interrupted while preparing the data; the datasets cache keeps what was finished, and the same "
+              "command continues from there")
+# A server writes nothing to standard output: closed, it serves until Ctrl-C.
+SERVE_WHILE_SERVING = Fault(STDOUT_CLOSED.name, stdout_closed=True, signal=signal.SIGINT)
+
+CASES = [
+    # train.py resumes a copy of the run (step 10) towards step 20
+    Case("train.py", FULL_DISK, lambda w: resume(w, "--set", "train.max_steps=20"), 2,
+         r"error: cannot write checkpoint \S+step_00000020: File too large\. Training stopped so that no work goes "
+         r"unsaved; .*", step_10_verifies),
+    Case("train.py", READ_ONLY, lambda w: resume(w, "--set", "train.max_steps=20"), 2,
+         r"error: .*Read-only file system.*", step_10_verifies, read_only=lambda w: w.copy),
+    Case("train.py", LONG, lambda w: ["--config", w.run / "config.yaml", "--run-dir", w.tmp / LONG_NAME], 2,
+         rf"error: .*{LONG_NAME}.*File name too long.*"),
+    Case("train.py", STDOUT_CLOSED, lambda w: resume(w), 0,
+         r".* already reached its budget at step 10; nothing to do\. .*", step_10_verifies),
+    Case("train.py", sigint_at("transformer.training.run:encode_splits"),
+         lambda w: resume(w, "--set", "train.max_steps=20"), 130, re.escape(DATA_STAGE), step_10_verifies),
+    Case("train.py", sigint_at("transformer.training.trainer:Trainer.train_step"),
+         lambda w: resume(w, "--set", "train.max_steps=20"), 0,
+         r"stopped at step 11; saved \S+step_00000011\. Resume with: python train.py .*", step_11_saved),
+    Case("train.py", sigkill_at("transformer.checkpoints.files:_fsync_file"),
+         lambda w: resume(w, "--set", "train.max_steps=20"), -9, r".*", killed_at_a_save_then_resumed),
+    # translate.py, with the torch engine: it writes nothing into the run
+    Case("translate.py", FULL_DISK, lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 2,
+         r"error: cannot write --output \S+out\.fr: File too large", earlier_output_kept, quiet=True),
+    Case("translate.py", READ_ONLY, lambda w: translate_torch(w, "--output", w.earlier, SENTENCE), 2,
+         r"error: cannot write --output \S+out\.fr: Read-only file system", earlier_output_kept, quiet=True,
+         read_only=lambda w: w.earlier.parent),
+    Case("translate.py", LONG, lambda w: translate_torch(w, "--output", w.tmp / LONG_NAME, SENTENCE), 2,
+         rf"error: .*{LONG_NAME}: File name too long", quiet=True),
+    Case("translate.py", STDOUT_CLOSED, lambda w: translate_torch(w, SENTENCE), 2,
+         r"error: cannot write standard output: it is closed \(Bad file descriptor\); .*", quiet=True),
+    Case("translate.py", sigint_at("transformer.translation.lines:translate_stream"),
+         lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 130,
+         r"interrupted: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
+    Case("translate.py", sigkill_at("transformer.translation.lines:translate_stream"),
+         lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), -9, "", earlier_output_kept,
+         quiet=True),
+    # export.py exports the run into a directory of the case's own
+    Case("export.py", FULL_DISK, lambda w: export_ct2(w, w.export), 2,
+         r"error: cannot write the CTranslate2 export \S+export: File too large", no_export, quiet=True),
+    Case("export.py", READ_ONLY, lambda w: export_ct2(w, w.export), 2, r"error: .*Read-only file system",
+         no_export, quiet=True, read_only=lambda w: w.earlier.parent),
+    Case("export.py", LONG, lambda w: export_ct2(w, w.tmp / LONG_NAME), 2,
+         rf"error: .*{LONG_NAME}: File name too long", quiet=True),
+    Case("export.py", STDOUT_CLOSED, lambda w: export_ct2(w, w.export), 0, "", exported, quiet=True),
+    Case("export.py", sigint_at("transformer.export.ctranslate2:CTranslate2Exporter.write_files"),
+         lambda w: export_ct2(w, w.export), 130, r"interrupted: nothing was exported; \S+export is as it was", no_export,
+         quiet=True),
+    Case("export.py", sigint_at("transformer.files:publish_directory"), lambda w: export_ct2(w, w.export), 130,
+         r"interrupted: nothing was exported; \S+export is as it was", no_export, quiet=True),
+    Case("export.py", sigint_at("transformer.export.huggingface:scores_on_test_split"),
+         lambda w: ["--run", w.run, "--to", "huggingface", "--score-test", "--quiet", w.export], 130,
+         r"interrupted: nothing was exported; \S+export is as it was", no_export, quiet=True),
+    Case("export.py", sigkill_at("transformer.files:publish_directory"), lambda w: export_ct2(w, w.export), -9, "",
+         killed_export_then_exported, quiet=True),
+    # serve.py; the CTranslate2 engine exports into the run on first use, so those cases serve a copy
+    Case("serve.py", FULL_DISK, lambda w: served(w.copy, "--engine", "ctranslate2"), 2,
+         r"error: cannot write the CTranslate2 export \S+: File too large(; .*)?", step_10_verifies),
+    Case("serve.py", READ_ONLY, lambda w: served(w.copy, "--engine", "ctranslate2"), 2,
+         r"error: .*Read-only file system.*", step_10_verifies, read_only=lambda w: w.copy),
+    Case("serve.py", LONG, lambda w: served(w.tmp / LONG_NAME), 2,
+         rf"error: .*{LONG_NAME}.*File name too long.*"),
+    Case("serve.py", SERVE_WHILE_SERVING, lambda w: served(w.run, "--engine", "torch"), 130, "interrupted"),
+    Case("serve.py", sigint_at("transformer.engines:open_server_engines"),
+         lambda w: served(w.run, "--engine", "torch"), 130, "interrupted"),
+    Case("serve.py", sigkill_at("transformer.files:publish_directory"),
+         lambda w: served(w.copy, "--engine", "ctranslate2"), -9, r".*", run_export_healed),
+]
+
+
+def case_id(case: Case) -> str:
+    return f"{case.script}-{case.fault.name}".replace(" ", "-")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(case) for case in CASES])
+def test_a_script_under_a_fault_ends_in_one_line_and_keeps_what_was_done(case: Case, trained_run: Path,
+                                                                         process_cache: Path, tmp_path: Path):
+    if case.fault.read_only and (why := read_only_unavailable()):
+        pytest.skip(why)
+    where = Where(trained_run, tmp_path, process_cache)
+    args = case.args(where)  # before the read-only directory is chosen: the arguments make it
+    ended = run_script(case.script, args, case.fault, tmp_path, process_cache,
+                       read_only=case.read_only(where) if case.read_only else None)
+    assert ended.code == case.code, ended.stderr
+    assert "Traceback" not in ended.stderr, ended.stderr
+    if case.code != -9:
+        assert re.fullmatch(case.line, ended.last_line), ended.stderr
+        assert sum(line.startswith("error: ") for line in ended.stderr.splitlines()) <= 1, ended.stderr
+    if case.quiet and case.code != -9:
+        assert ended.stderr == (ended.last_line + "\n" if case.line else ""), ended.stderr
+    case.kept(where, ended)

@@ -1,0 +1,231 @@
+"""The four scripts' one boundary (train.py, translate.py, export.py, serve.py), and nothing else in
+the package imports it: `run_script` turns a script's user errors, the operating system's errors,
+failed allocations, Ctrl-C and a reader leaving standard output into its last line and exit code
+(2 for a problem with the input or the system, 130 for Ctrl-C, 0 and nothing said when the reader of
+standard output left, `| head`); `guard_standard_streams` is what a script's `__main__` does to its
+standard streams first. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import sys
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from transformer.errors import Interrupted, OutputError, UserError, disk_full
+
+
+class CheckedOutput:
+    """A script's standard output whose failed writes are an OutputError (a UserError, so the script's
+    boundary prints one line and exits 2) instead of a traceback. After a failure the descriptor is
+    pointed at os.devnull: what stayed in the buffer is lost either way, and the interpreter's own flush
+    at exit must not fail a second time. `stream` None is a standard output the script was started
+    without (`>&-`): every write fails. For scripts only: it replaces a process-wide stream; see
+    `guard_standard_streams`."""
+
+    def __init__(self, stream: typing.TextIO | None) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if self._stream is None:
+            self._closed()
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise  # the reader left (`| head`): the boundary makes that a quiet exit
+        except OSError as error:
+            self._fail(error)
+
+    def flush(self) -> None:
+        if self._stream is None:
+            return  # nothing was written, so nothing is lost
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            self._fail(error)
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
+    @property
+    def closed(self) -> bool:
+        """True for a standard output the script was started without, as for one closed since."""
+        return self._stream is None or self._stream.closed
+
+    def __getattr__(self, name: str) -> typing.Any:
+        if self._stream is None:
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+    def _closed(self) -> typing.NoReturn:
+        raise OutputError(f"cannot write standard output: it is closed ({os.strerror(errno.EBADF)}); "
+                          "start the command with somewhere to write to (a file, a pipe, the terminal)")
+
+    def _fail(self, error: OSError) -> typing.NoReturn:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        full = disk_full(error)
+        reason = "the disk is full" if full else (error.strerror or str(error))
+        raise OutputError(f"cannot write standard output: {reason}; what was written before is complete, "
+                          f"the rest is not{' (write it where there is room)' if full else ''}") from None
+
+
+USER_ERROR = 2  # a problem with the input or the system, said in one line
+INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, what a shell reports for a command the signal ended
+
+
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a script ends after an exception: its exit code, and its last line (None: nothing to say)."""
+
+    code: int
+    line: str | None
+
+
+_ALLOCATION = re.compile(r"can't allocate memory|out of memory", re.IGNORECASE)
+_ALLOCATION_BYTES = re.compile(r"allocate (\d+) bytes")
+_ALLOCATION_SIZE = re.compile(r"(?i)tried to allocate ([\d.]+ [KMGTP]iB)")
+# pathlib's resolve() on Python before 3.13 reports a loop of links as this RuntimeError, not an OSError.
+_SYMLINK_LOOP = re.compile(r"Symlink loop from (.+)")
+
+
+def allocation_failure(error: BaseException) -> bool:
+    """Whether `error` says memory could not be allocated: Python's MemoryError, or one of torch's
+    allocators (on the CPU a RuntimeError "can't allocate memory", on a GPU "out of memory")."""
+    return isinstance(error, MemoryError) or (isinstance(error, RuntimeError)
+                                              and _ALLOCATION.search(str(error)) is not None)
+
+
+def _binary_size(n: int) -> str:
+    size, unit = float(n), "bytes"
+    for larger in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, larger
+    return f"{size:.1f} {unit}" if unit != "bytes" else f"{n} bytes"
+
+
+def describe_allocation(error: BaseException) -> str:
+    """An allocation failure in words, with the size asked for where the allocator said it."""
+    asked = _ALLOCATION_BYTES.search(str(error))
+    size = _binary_size(int(asked[1])) if asked else (m[1] if (m := _ALLOCATION_SIZE.search(str(error))) else None)
+    return f"out of memory: cannot allocate {size}" if size else "out of memory"
+
+
+def os_reason(error: OSError) -> str:
+    """The system's reason for `error`, in its words; for a directory that could not be made where a
+    link to nowhere stands (EEXIST, "File exists", though nothing does), what stands there."""
+    path = error.filename
+    if (error.errno == errno.EEXIST and isinstance(path, (str, bytes, os.PathLike)) and os.path.islink(path)
+            and not os.path.exists(path)):
+        return f"a symbolic link to {os.fsdecode(os.readlink(path))}, which does not exist"
+    return error.strerror or str(error) or type(error).__name__
+
+
+def describe_os_error(error: OSError) -> str:
+    """`error` as "PATH: the system's reason" (both paths for a call on two, such as a rename)."""
+    reason = os_reason(error)
+    if error.filename is None:
+        return reason
+    path = os.fsdecode(error.filename) if isinstance(error.filename, (bytes, str)) else str(error.filename)
+    if error.filename2 is not None:
+        path += f" -> {os.fsdecode(error.filename2) if isinstance(error.filename2, bytes) else error.filename2}"
+    return f"{path}: {reason}"
+
+
+def script_ending(error: BaseException, names: dict[str, str] | None = None,
+                  interrupted: str = "interrupted") -> Ending | None:
+    """The exit code and last line of a script stopped by `error`, or None for a bug (which keeps its
+    traceback). A library's own error raised from the system's (datasets wraps an OSError) is read by
+    its cause."""
+    if isinstance(error, KeyboardInterrupt):
+        return Ending(INTERRUPTED, str(error) if isinstance(error, Interrupted) and str(error) else interrupted)
+    if isinstance(error, UserError):
+        return Ending(USER_ERROR, f"error: {error.naming(names or {})}")
+    if isinstance(error, BrokenPipeError):
+        return Ending(0, None)  # the reader of standard output left (`| head`): it has what it wanted
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return Ending(USER_ERROR, f"error: {describe_os_error(cause)}")
+        if allocation_failure(cause):
+            return Ending(USER_ERROR, f"error: {describe_allocation(cause)}")
+        if type(cause) is RuntimeError and (loop := _SYMLINK_LOOP.fullmatch(str(cause))):
+            path = loop[1].strip("'")
+            return Ending(USER_ERROR, f"error: {path}: {os.strerror(errno.ELOOP)}")
+        cause = cause.__cause__
+    return None
+
+
+def check_command_line(argv: Sequence[str]) -> None:
+    """Refuse an argument holding bytes that are not UTF-8 (Python keeps them as lone surrogates), in
+    a sentence or a path alike: every later step (the tokenizer, a log, a JSON file, TensorBoard)
+    would meet them somewhere else."""
+    for position, word in enumerate(argv, start=1):
+        bad = next((char for char in word if "\udc80" <= char <= "\udcff"), None)
+        if bad is not None:
+            shown = word.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise UserError(f"command-line argument {position} ({shown}) holds the byte 0x{ord(bad) - 0xdc00:02x}, "
+                            "which is not UTF-8 text; give it in UTF-8 (rename a file whose name is not)")
+
+
+def run_script(main: Callable[[], int | None], stderr: typing.TextIO | None, argv: Sequence[str], *,
+               names: dict[str, str] | None = None, prefix: str = "", interrupted: str = "interrupted",
+               advise: Callable[[BaseException], str] | None = None) -> int:
+    """Run a script's `main` and return its exit code. The one place where a script's user errors, the
+    operating system's errors, failed allocations, Ctrl-C and a reader leaving standard output become
+    one line on `stderr` (the script's, passed in: the package writes only where it is told) and an
+    exit code: 2, 130 (`interrupted` is the line unless the Interrupted says more), or 0 unsaid.
+    `names`: each option's name on this command line; `prefix` starts the line (a rank's "[rank 1] ");
+    `advise(error)` is what the script can add (a command, a config key). `argv`, the script's
+    command line, is checked first. A bug keeps its traceback."""
+    try:
+        check_command_line(argv)
+        code = main() or 0
+        if sys.stdout is not None:
+            sys.stdout.flush()  # a full disk is found here at the latest, while the line can still say so
+        return code
+    except BaseException as error:  # noqa: B036 (everything not mapped is raised again)
+        ending = script_ending(error, names, interrupted)
+        if ending is None:
+            raise
+        if isinstance(error, BrokenPipeError) and isinstance(sys.stdout, CheckedOutput):
+            with contextlib.suppress(OSError, ValueError):  # the interpreter's flush at exit must not fail again
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+        line = ending.line
+        if line is not None and ending.code == USER_ERROR and advise is not None:
+            line += advise(error)
+        if line is not None and stderr is not None:
+            with contextlib.suppress(OSError, ValueError):  # standard error gone too: nowhere left to say it
+                print(prefix + line, file=stderr, flush=True)
+        return ending.code
+
+
+def guard_standard_streams() -> None:
+    """For a script's `__main__` only (it changes process-wide state): a standard stream the script was
+    started without (`>&-`) is opened on os.devnull, so that no file the script opens later takes its
+    number and receives what a library prints there; standard output becomes a CheckedOutput, whose
+    failures (a full disk, a closed stream) are one line."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                devnull = os.open(os.devnull, os.O_RDWR)
+                if devnull != fd:
+                    os.dup2(devnull, fd)
+                    os.close(devnull)
+    sys.stdout = CheckedOutput(sys.stdout)

@@ -36,7 +36,7 @@ from transformer.cli import allocation_failure, guard_standard_streams, os_reaso
 from transformer.errors import CheckpointError, Interrupted, UserError
 from transformer.runtime import select_device, set_threads
 from transformer.training.logs import setup_logging
-from transformer.training.run import VALID_SAMPLE, train
+from transformer.training.run import VALID_SAMPLE, TrainOutcome, train
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -116,84 +116,69 @@ STEP_INTERRUPTED = ("interrupted: nothing was saved for the current step; rerun 
                     "last checkpoint")
 
 
-def run(args: argparse.Namespace, rank: int, loaded: list[Config]) -> int:
-    """Train as `args` ask; `loaded` receives the config once it is read. Errors are main's to report."""
-    stop_requested = False
-    training = False  # the data is ready: Ctrl-C from now on finishes the step and saves
-    data_stage_interrupted = False
-    main_pid = os.getpid()
+class Signals:
+    """Ctrl-C and SIGTERM for the life of a training command. During the data stage Ctrl-C stops at
+    once (the datasets cache keeps what was finished); once training has begun, the first signal
+    finishes the step and saves, a second stops at once. As a context manager it restores the
+    handlers it found (main() may run inside a longer-lived process: tests, notebooks), and turns
+    whatever a library made of the KeyboardInterrupt into an Interrupted that says what was left."""
 
-    def interrupt_data_stage(signum: int, _frame) -> None:
+    def __init__(self) -> None:
+        self.stop_requested = self.training = self._data_stage_interrupted = False
+        self._main_pid = os.getpid()
+        self._previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def __enter__(self) -> "Signals":
+        signal.signal(signal.SIGINT, self._interrupt_data_stage)
+        return self
+
+    def training_begins(self) -> None:
+        self.training = True
+        for signum in self._previous:
+            signal.signal(signum, self._request_stop)
+
+    def _interrupt_data_stage(self, signum: int, _frame) -> None:
         # The data stage's worker processes (datasets' map, forked) inherit this handler, and a terminal
         # sends Ctrl-C to them too: they carry on until this process ends them, so none dies half-way
         # with a traceback and none is started again in its place.
-        nonlocal data_stage_interrupted
-        if os.getpid() == main_pid:
-            data_stage_interrupted = True
+        if os.getpid() == self._main_pid:
+            self._data_stage_interrupted = True
             raise KeyboardInterrupt
 
-    def request_stop(signum: int, _frame) -> None:
-        nonlocal stop_requested
-        if stop_requested:  # a second Ctrl-C: the user really wants out now
+    def _request_stop(self, signum: int, _frame) -> None:
+        if self.stop_requested:  # a second Ctrl-C: the user really wants out now
             raise KeyboardInterrupt
-        stop_requested = True
+        self.stop_requested = True
         logging.getLogger("train").warning("%s received: finishing this step and saving a checkpoint ...",
                                            signal.Signals(signum).name)
 
-    previous_handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        # A JSON string is a YAML string: a run named e.g. "2024" or "true" stays a path.
-        init_from = [f"train.init_from={json.dumps(str(args.init_from))}"] if args.init_from else []
-        config = load_config(args.config, args.overrides + init_from)
-        loaded.append(config)
-        run_dir = args.run_dir or Path("runs") / config.name
-        # Before the log file opens in it: a folder that is not a run gets nothing written into it.
-        RunDirectory.check_trainable(run_dir, rebuilding=args.rebuild_state)
-        try:
-            setup_logging(run_dir, rank=rank)
-        except OSError as error:
-            raise CheckpointError(f"cannot write the run directory {run_dir}: "
-                                  f"{os_reason(error)} ({error.filename})") from None
-        # datasets would draw a bar for every map/filter; the log already says what each stage does.
-        datasets.disable_progress_bars()
-        set_threads(config.train.threads)
-
-        def before_training() -> None:
-            # Once the data is ready, not before. The data stage's large arrays then go back to the
-            # system when freed, rather than staying in the heap for the rest of the run. And Ctrl-C
-            # stops the data stage at once (minutes on a large corpus; the datasets cache keeps what
-            # was finished) rather than after it.
-            nonlocal training
-            training = True
-            if args.reuse_freed_memory and select_device(config.train.device).type == "cpu" and reuse_freed_memory():
-                logging.getLogger("train").info("malloc: freed memory is kept for the next step "
-                                                "(--no-reuse-freed-memory to keep glibc's defaults)")
-            for signum in previous_handlers:
-                signal.signal(signum, request_stop)
-
-        signal.signal(signal.SIGINT, interrupt_data_stage)
-        outcome = train(config, run_dir, should_stop=lambda: stop_requested, show_progress=not args.no_progress,
-                        rebuild_state=args.rebuild_state, before_training=before_training)
-    except BaseException as error:
-        # Whatever a library made of the KeyboardInterrupt, the line says what the interruption left.
-        if data_stage_interrupted or isinstance(error, KeyboardInterrupt):
-            raise Interrupted(STEP_INTERRUPTED if training else DATA_STAGE_INTERRUPTED) from None
-        if distributed.launched():
+    def __exit__(self, kind, error, _traceback) -> None:
+        if error is not None and distributed.launched() and not isinstance(error, KeyboardInterrupt):
             # Every rank stops with this error (distributed.fail_together); torchrun sends SIGTERM to
             # those still ending once one has exited, which would turn their exit code into -15.
-            previous_handlers[signal.SIGTERM] = signal.SIG_IGN
-        raise
-    finally:  # main() may run inside a longer-lived process (tests, notebooks)
-        for signum, handler in previous_handlers.items():
+            self._previous[signal.SIGTERM] = signal.SIG_IGN
+        for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        if error is not None and (self._data_stage_interrupted or isinstance(error, KeyboardInterrupt)):
+            raise Interrupted(STEP_INTERRUPTED if self.training else DATA_STAGE_INTERRUPTED) from None
+
+
+def open_log(run_dir: Path, rank: int) -> None:
+    try:
+        setup_logging(run_dir, rank=rank)
+    except OSError as error:
+        raise CheckpointError(f"cannot write the run directory {run_dir}: "
+                              f"{os_reason(error)} ({error.filename})") from None
+
+
+def say_outcome(outcome: TrainOutcome, args: argparse.Namespace, config: Config, run_dir: Path) -> None:
+    """The last log line: done, already done, stopped early, or stopped (with the command that resumes)."""
     state, best, log = outcome.state, outcome.best, logging.getLogger("train")
-    command = resume_command(args)
-    patience = config.train.patience
     found = f"best valid BLEU {best.score:.2f} at step {best.step}" if best else "no validation"
     if outcome.already_finished and outcome.stopped_early:
         log.info("%s already stopped early at step %d (no better valid BLEU in %d validations); nothing to do. "
                  "Raise train.patience (e.g. --set train.patience=%d) to train further.", run_dir, state.step,
-                 state.validations_without_improvement, state.validations_without_improvement + patience)
+                 state.validations_without_improvement, state.validations_without_improvement + config.train.patience)
     elif outcome.stopped_early:
         log.info("stopped early at step %d: no better valid BLEU in %d validations; %s. Translate with: "
                  "python translate.py --run %s %s", state.step, state.validations_without_improvement,
@@ -207,7 +192,37 @@ def run(args: argparse.Namespace, rank: int, loaded: list[Config]) -> int:
                  state.step, minutes, found, run_dir, example_sentence(run_dir))
     else:
         log.info("stopped at step %d; saved %s. Resume with: %s",
-                 state.step, run_dir / CHECKPOINTS / step_dir_name(state.step), command)
+                 state.step, run_dir / CHECKPOINTS / step_dir_name(state.step), resume_command(args))
+
+
+def run(args: argparse.Namespace, rank: int, loaded: list[Config]) -> int:
+    """Train as `args` ask; `loaded` receives the config once it is read. Errors are main's to report."""
+    with Signals() as signals:
+        # A JSON string is a YAML string: a run named e.g. "2024" or "true" stays a path.
+        init_from = [f"train.init_from={json.dumps(str(args.init_from))}"] if args.init_from else []
+        config = load_config(args.config, args.overrides + init_from)
+        loaded.append(config)
+        run_dir = args.run_dir or Path("runs") / config.name
+        # Before the log file opens in it: a folder that is not a run gets nothing written into it.
+        RunDirectory.check_trainable(run_dir, rebuilding=args.rebuild_state)
+        open_log(run_dir, rank)
+        # datasets would draw a bar for every map/filter; the log already says what each stage does.
+        datasets.disable_progress_bars()
+        set_threads(config.train.threads)
+
+        def before_training() -> None:
+            # Once the data is ready, not before. The data stage's large arrays then go back to the
+            # system when freed, rather than staying in the heap for the rest of the run. And Ctrl-C
+            # stops the data stage at once (minutes on a large corpus) rather than after it.
+            signals.training_begins()
+            if args.reuse_freed_memory and select_device(config.train.device).type == "cpu" and reuse_freed_memory():
+                logging.getLogger("train").info("malloc: freed memory is kept for the next step "
+                                                "(--no-reuse-freed-memory to keep glibc's defaults)")
+
+        outcome = train(config, run_dir, should_stop=lambda: signals.stop_requested,
+                        show_progress=not args.no_progress, rebuild_state=args.rebuild_state,
+                        before_training=before_training)
+    say_outcome(outcome, args, config, run_dir)
     return 0
 
 

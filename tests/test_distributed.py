@@ -35,9 +35,9 @@ from transformer.errors import ConfigError
 from transformer.training import distributed
 from transformer.data.batching import PairCorpus, shard_batch
 from transformer.checkpoints.layout import TENSORBOARD_DIR
-from transformer.training.logs import LOG_FILE, TensorBoard, setup_logging
+from transformer.training.logs import LOG_FILE, setup_logging
 from transformer.training.budget import BudgetState, Plan
-from transformer.training.trainer import TrainingData, Trainer, TrainState
+from transformer.training.state import TrainState, adapt_data_position
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -396,11 +396,8 @@ def test_resuming_with_another_world_size_keeps_the_fraction_of_the_epoch(tiny_c
     own_batches = len(corpus.batches(train.batch_tokens, train.seed, 3))
     state = TrainState(step=40, epoch=3, batch_in_epoch=saved_batches // 2, world_size=2,
                        budget=BudgetState(Plan(60, 0, 0), {"max_steps": 60, "max_epochs": 0, "max_minutes": 0.0}))
-    trainer = Trainer(config, None, None, TrainingData(corpus, None, None, {}), torch.device("cpu"), None,
-                      TensorBoard(tmp_path, enabled=False), show_progress=False)
-    trainer.state = state
     with caplog.at_level(logging.WARNING):
-        trainer._adapt_data_position()
+        adapt_data_position(state, saved_batches, own_batches, world_size=1)
     assert state.epoch == 3 and state.world_size == 1
     assert state.batch_in_epoch == round(saved_batches // 2 * own_batches / saved_batches)
     assert "resuming a run trained by 2 process(es) with 1" in caplog.text and "approximate" in caplog.text

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from transformer.data.batching import Batch, make_batch
+from transformer.data.tokenizer import UNK_ID
 from transformer.errors import CheckpointError, ConfigError, DataError, UserError
 
 # Rank 0 alone prepares the data, trains the tokenizer and validates while the other ranks wait in
@@ -203,6 +205,22 @@ def all_reduce_sum(values: Sequence[float]) -> list[float]:
     return _all_reduce(values, dist.ReduceOp.SUM)
 
 
+# What a rank with no sentences in a step trains on, weighted zero (see `step_passes`).
+_ZERO_WEIGHT_BATCH = make_batch([[UNK_ID]], [[UNK_ID]])
+
+
+def step_passes(module: torch.nn.Module, batches: list[Batch]) -> Iterator[tuple[Batch, float, Any]]:
+    """The forward and backward passes of one optimiser step on this rank, each as (batch, weight,
+    the context both run in). DistributedDataParallel reduces gradients over ranks in the backward of
+    each rank's last pass, the others run under `no_sync`; a rank with no sentences in the step (a
+    small corpus cut into many shards) runs one pass weighted zero, since every rank must join that
+    reduction. Without a process group: each batch, weight 1, no context."""
+    passes = [(batch, 1.0) for batch in batches] or ([(_ZERO_WEIGHT_BATCH, 0.0)] if world_size() > 1 else [])
+    for index, (batch, weight) in enumerate(passes):
+        last = index == len(passes) - 1
+        yield batch, weight, contextlib.nullcontext() if last or world_size() == 1 else module.no_sync()
+
+
 def seed_for_rank(seed: int, rank: int, step: int = 0) -> int:
     """A seed for rank `rank`'s dropout: `seed + rank` at the start, and a distinct stream per
     (seed, rank, step) when a resume cannot restore this rank's own RNG state."""
@@ -214,5 +232,5 @@ def seed_for_rank(seed: int, rank: int, step: int = 0) -> int:
 __all__ = [
     "launched", "env_rank", "local_rank", "rank", "world_size", "is_main", "training_device", "process_group",
     "barrier", "fail_together", "main_first", "broadcast_object", "gather_objects", "all_reduce_max", "all_reduce_sum",
-    "seed_for_rank",
+    "step_passes", "seed_for_rank",
 ]

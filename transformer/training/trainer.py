@@ -1,5 +1,7 @@
-"""The training loop and its `TrainState`. It asks a `should_stop()` callable between steps, so
-signal handling stays in train.py; it builds nothing (see run.py) and never prints.
+"""The training loop: `Trainer.run` takes optimiser steps over token-budget batches until the budget's
+end step or a stop request, validating and saving on the way. It asks a `should_stop()` callable
+between steps, so signal handling stays in train.py; it builds nothing (see run.py) and never prints:
+what a run shows is reporting.py's, what it knows between steps is state.py's.
 
 Under torchrun every rank runs this loop in lockstep: each trains on its shard of every global
 batch, DistributedDataParallel reduces the gradients over ranks before each update, and every
@@ -9,43 +11,35 @@ waiting forever). Only rank 0 validates, logs to TensorBoard and writes checkpoi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from dataclasses import asdict
+from typing import Any, Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from transformer.checkpoints.manager import CheckpointManager
 from transformer.config import Config
-from transformer.data.batching import Batch, BatchPlan, PairCorpus, make_batch, shard_batch
-from transformer.data.tokenizer import UNK_ID, Tokenizers
+from transformer.data.batching import Batch, BatchPlan, shard_batch
 from transformer.errors import CheckpointError, UserError
 from transformer.model import Transformer
-from transformer.runtime import autocast, rng_state, set_rng_state
+from transformer.runtime import autocast, rng_state
 from transformer.training import distributed
 from transformer.training.averaging import WeightAverage
-from transformer.training.budget import Budget, BudgetState, Position
+from transformer.training.budget import Budget
 from transformer.training.logs import TensorBoard
 from transformer.training.loss import TrainingLoss
 from transformer.training.optim import learning_rate, set_learning_rate
-from transformer.training.validation import EvaluationResult, EvaluationSet, evaluate
-
-if TYPE_CHECKING:  # datasets is slow to import; the trainer only passes batches through
-    from transformer.data.dropout import DropoutBatches
+from transformer.training.reporting import Reporter
+from transformer.training.state import TrainingData, TrainState, adapt_data_position, restore_rng
+from transformer.training.validation import evaluate
 
 log = logging.getLogger(__name__)
 
 # Steps in a row whose loss or gradient is not finite before training gives up.
 MAX_NONFINITE_IN_A_ROW = 5
-
-
-# What a rank with no sentences in a step trains on, weighted zero (see Trainer.train_step).
-_ZERO_WEIGHT_BATCH = make_batch([[UNK_ID]], [[UNK_ID]])
 
 
 def build_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
@@ -57,58 +51,6 @@ def build_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradSca
 
 class TrainingDiverged(UserError):
     """The loss or gradients stayed non-finite; the last good checkpoint is kept."""
-
-
-@dataclass
-class TrainState:
-    """Where training is. Saved in every checkpoint's meta.json; enough to resume exactly. Which
-    checkpoint is best is the checkpoint manager's business, not this."""
-
-    step: int = 0  # optimiser steps done
-    epoch: int = 0  # current epoch, from 0
-    batch_in_epoch: int = 0  # batches of the current epoch already consumed
-    target_tokens: int = 0  # real target tokens trained on
-    train_seconds: float = 0.0  # time in training steps over all sessions (what max_minutes counts)
-    elapsed_seconds: float = 0.0  # wall time over all sessions, validation and saving included
-    nonfinite_steps: int = 0  # updates skipped for a non-finite loss or gradient, in total
-    nonfinite_in_a_row: int = 0  # ... of which the latest in a row (kept here so a resume counts on)
-    # Validations in a row since the last better valid BLEU (train.patience stops training at that many)
-    validations_without_improvement: int = 0
-    # A fine-tuned run's parent: {"run", "checkpoint", "weights_sha256"} of the weights it started from
-    parent: dict[str, str] | None = None
-    # Processes that trained: a global batch holds world_size x batch_tokens tokens, so the data
-    # position above counts batches of that size.
-    world_size: int = 1
-    budget: BudgetState = field(default_factory=BudgetState)  # the budget as steps: budget.py's
-
-    @property
-    def end_step(self) -> int:
-        return self.budget.plan.end_step
-
-    @property
-    def position(self) -> Position:
-        return Position(self.step, self.epoch, self.batch_in_epoch, self.train_seconds)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainState":
-        names = {f.name for f in fields(cls)}
-        values = {key: value for key, value in data.items() if key in names}
-        return cls(**dict(values, budget=BudgetState.from_dict(data["budget"])))
-
-
-@dataclass
-class TrainingData:
-    """What the trainer trains and validates on, and the fingerprints checkpoints record."""
-
-    corpus: PairCorpus
-    valid: EvaluationSet
-    tokenizers: Tokenizers
-    fingerprints: dict[str, str]  # tokenizer_fingerprint, data_fingerprint
-    dropout: DropoutBatches | None = None  # with tokenizer.dropout: training pairs re-encoded every epoch
-
-    def batch(self, indices: Sequence[int], epoch: int) -> Batch:
-        """Training batch `indices` of `epoch`: with BPE-dropout, its pairs split afresh for that epoch."""
-        return self.dropout.batch(indices, epoch) if self.dropout else self.corpus.batch(indices)
 
 
 class Trainer:
@@ -142,7 +84,7 @@ class Trainer:
         # no other epoch is planned before training, whatever train.max_epochs says.
         batches_per_epoch = len(self._batches(self.state.epoch))
         return Budget(self.train_config, self.state.budget, self.state.position, batches_per_epoch,
-                      self._tokens_per_step(batches_per_epoch))
+                      self.data.tokens_per_step(batches_per_epoch, self.train_config.accumulate_batches))
 
     def _batches(self, epoch: int) -> BatchPlan:
         """The global batches of `epoch`: every rank builds the same ones, world_size times the
@@ -152,11 +94,10 @@ class Trainer:
                                                                  self.train_config.seed, epoch)}
         return self._batch_lists[epoch]
 
-    def _tokens_per_step(self, batches_per_epoch: int) -> float:
-        """Source + target tokens (with EOS) of an average step over an epoch, all ranks."""
-        corpus = self.data.corpus
-        tokens = corpus.n_tokens + 2 * len(corpus)
-        return tokens / math.ceil(batches_per_epoch / self.train_config.accumulate_batches)
+    @property
+    def scored_model(self) -> Transformer:
+        """The weights that validate and that a checkpoint's weights file holds: the average, if kept."""
+        return self.average.model if self.average is not None else self.model
 
     def finished(self) -> bool:
         """Whether training is over: the budget is used up, or it stopped early."""
@@ -167,77 +108,6 @@ class Trainer:
         patience = self.train_config.patience
         return bool(patience) and self.state.validations_without_improvement >= patience
 
-    # ------------------------------------------------------------------ saving and resuming
-
-    def state_dict(self) -> dict[str, Any] | None:
-        """Everything a resume needs apart from the weights: {"training": tensors and numbers, "meta": JSON}.
-        Every rank calls it at the same steps: it gathers each rank's RNG state to rank 0, which alone
-        gets the state (the others get None)."""
-        rng_states = distributed.gather_objects(rng_state())
-        if not distributed.is_main():
-            return None
-        training: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng": rng_states[0]}
-        if len(rng_states) > 1:
-            training["rank_rng"] = rng_states
-        if self.grad_scaler.is_enabled():
-            training["grad_scaler"] = self.grad_scaler.state_dict()
-        if self.average is not None:  # the checkpoint's weights file holds the average: these go on training
-            training["weights"], training["ema_updates"] = self.model.state_dict(), self.average.updates
-        meta = {"state": asdict(self.state), "config_name": self.config.name, **self.data.fingerprints}
-        return {"training": training, "meta": meta}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint's `state_dict()`, after checking that it was trained on these pairs
-        with these tokenizer files (the weights are loaded already)."""
-        meta, training = state["meta"], state["training"]
-        if meta.get("tokenizer_fingerprint") != self.data.fingerprints["tokenizer_fingerprint"]:
-            raise CheckpointError("was trained with other tokenizer files than the run's tokenizer/ holds")
-        if meta.get("data_fingerprint") != self.data.fingerprints["data_fingerprint"]:
-            raise CheckpointError("was trained on other sentence pairs: the data file changed since this run "
-                                  "started. Train on the new data in a new run directory")
-        self.state = TrainState.from_dict(meta["state"])
-        if "weights" in training:  # the weights loaded so far are the average; these are the trained ones
-            if self.average is not None:
-                self.average.restore(self.model, int(training["ema_updates"]))
-            self.model.load_state_dict(training["weights"])
-        elif self.average is not None:
-            raise CheckpointError("holds no average of the weights, which train.ema_decay asks for")
-        self.optimizer.load_state_dict(training["optimizer"])
-        if self.grad_scaler.is_enabled() and "grad_scaler" in training:
-            self.grad_scaler.load_state_dict(training["grad_scaler"])
-        self._restore_rng(training)
-        if self.state.world_size != self.world_size:
-            self._adapt_data_position()
-        self.budget = self._budget()
-
-    def _restore_rng(self, training: dict[str, Any]) -> None:
-        """Rank 0 restores the state saved as `rng` (a single-process run's); another rank its own from
-        `rank_rng` if the run had as many processes, else (fewer or more than before) a fresh stream
-        seeded from (seed, rank, step): deterministic, but not the stream it would have drawn."""
-        per_rank = training.get("rank_rng")
-        if self.rank == 0:
-            set_rng_state(training["rng"])
-        elif per_rank is not None and len(per_rank) == self.world_size:
-            set_rng_state(per_rank[self.rank])
-        else:
-            torch.manual_seed(distributed.seed_for_rank(self.train_config.seed, self.rank, self.state.step))
-
-    def _adapt_data_position(self) -> None:
-        """Map a data position saved by a run with another number of processes onto this one's.
-
-        Global batches hold world_size x batch_tokens tokens, so the number of batches in an epoch
-        changes with the world size; the position keeps the fraction of the epoch already done.
-        The epoch stays; which pairs of this epoch are seen again or skipped is approximate.
-        """
-        train, state = self.train_config, self.state
-        old = len(self.data.corpus.batches(train.batch_tokens * state.world_size, train.seed, state.epoch))
-        new = len(self._batches(state.epoch))
-        position = min(new, round(state.batch_in_epoch * new / max(old, 1)))
-        log.warning("resuming a run trained by %d process(es) with %d: batch %d of %d in epoch %d becomes batch %d "
-                    "of %d; the data order of this epoch is approximate (pairs may be seen twice or not at all)",
-                    state.world_size, self.world_size, state.batch_in_epoch, old, state.epoch + 1, position, new)
-        state.batch_in_epoch, state.world_size = position, self.world_size
-
     # ------------------------------------------------------------------ the loop
 
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> TrainState:
@@ -246,9 +116,8 @@ class Trainer:
         state = self.state
         if self.finished():
             return state
-        self._window, self._session_start = _Window(), time.monotonic() - state.elapsed_seconds
-        progress = tqdm(total=state.end_step or None, initial=state.step, unit="step", dynamic_ncols=True,
-                        disable=not self.show_progress, desc=self.config.name)
+        self._session_start = time.monotonic() - state.elapsed_seconds
+        self.reporter = Reporter(self.config, self.tensorboard, state, self.budget.expected_end, self.show_progress)
         try:
             stop, first = False, True
             while not stop:
@@ -260,40 +129,33 @@ class Trainer:
                 state.step, state.batch_in_epoch = state.step + 1, state.batch_in_epoch + len(indices)
                 if state.batch_in_epoch >= len(batches):  # the epoch ran to its end
                     state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-                stop = self._end_step(metrics, time.monotonic() - started, should_stop, progress)
+                stop = self._end_step(metrics, time.monotonic() - started, should_stop)
                 if first:  # the log's mark of when data, model and batch plan were ready
                     log.info("step %d: the first step of this session", state.step)
                     first = False
         finally:
-            progress.close()
-            self.tensorboard.flush()
+            self.reporter.close()
         return state
 
     def train_step(self, batches: list[Batch]) -> dict[str, float]:
         """One optimiser step over `batches` (gradient accumulation; under torchrun, this rank's
-        shards of the step's global batches, possibly none).
-
-        The loss is normalised by the real target tokens of the whole step on all ranks, so that N
-        ranks compute the gradient one process would on the union of their batches: DDP averages
-        gradients over ranks, hence the factor world_size. It reduces once a step, in the backward of
-        each rank's last pass (the others run under no_sync); a rank with no sentences in this step
-        runs one pass weighted zero, since every rank must join that reduction. Loss, token counts
-        and gradient norm returned are global.
-        """
-        train, scaler, world, state = self.train_config, self.grad_scaler, self.world_size, self.state
+        shards of the step's global batches, possibly none): forward, loss, backward, schedule,
+        clip, step. The loss is normalised by the real target tokens of the whole step on all ranks,
+        so that N ranks compute the gradient one process would on the union of their batches (DDP
+        averages gradients over ranks, hence the factor world_size; see distributed.step_passes).
+        Loss, token counts and gradient norm returned are global."""
+        train, scaler, state = self.train_config, self.grad_scaler, self.state
         self.model.train()
         n_tokens, n_src_tokens = map(int, distributed.all_reduce_sum(
             [sum(b.n_tgt_tokens for b in batches), sum(b.n_src_tokens for b in batches)]))
         self.optimizer.zero_grad(set_to_none=True)
-        passes = [(batch, 1.0) for batch in batches] or ([(_ZERO_WEIGHT_BATCH, 0.0)] if world > 1 else [])
         loss_sum, nll_sum = 0.0, 0.0
-        for index, (batch, weight) in enumerate(passes):
+        for batch, weight, context in distributed.step_passes(self._loss, batches):
             batch = batch.to(self.device)
-            syncs = index == len(passes) - 1 or world == 1
-            with contextlib.nullcontext() if syncs else self._loss.no_sync():
+            with context:
                 with autocast(self.device, train.precision):
                     loss, nll = self._loss(batch.src, batch.tgt_in, batch.tgt_out)
-                scaler.scale(loss * weight * world / n_tokens).backward()
+                scaler.scale(loss * weight * self.world_size / n_tokens).backward()
             loss_sum, nll_sum = loss_sum + weight * float(loss.detach()), nll_sum + weight * float(nll)
         lr = learning_rate(state.step + 1, train, self.config.model, state.budget.plan)
         set_learning_rate(self.optimizer, lr)
@@ -303,8 +165,15 @@ class Trainer:
         # flags makes sure all ranks take the same branch below (or their weights would part ways).
         loss_sum, nll_sum, ranks_nonfinite = distributed.all_reduce_sum(
             [loss_sum, nll_sum, float(not math.isfinite(grad_norm))])
-        # fp16 gradients that overflow are routine, not divergence: the scaler skips that update itself
-        # and lowers its scale, and nothing is counted.
+        finite = self._update(loss_sum, ranks_nonfinite, grad_norm)
+        return {"loss": loss_sum / max(n_tokens, 1), "nll": nll_sum / max(n_tokens, 1), "lr": lr,
+                "grad_norm": grad_norm, "target_tokens": n_tokens, "source_tokens": n_src_tokens, "finite": finite}
+
+    def _update(self, loss_sum: float, ranks_nonfinite: float, grad_norm: float) -> bool:
+        """The optimiser's step and the average's, or, for a non-finite loss or gradient, none (counted).
+        fp16 gradients that overflow are routine, not divergence: the scaler skips that update itself
+        and lowers its scale, and nothing is counted. Returns whether the step was finite."""
+        scaler, state = self.grad_scaler, self.state
         finite = math.isfinite(loss_sum) and (ranks_nonfinite == 0 or scaler.is_enabled())
         if finite:
             if ranks_nonfinite:
@@ -320,13 +189,11 @@ class Trainer:
             log.warning("step %d: non-finite loss or gradient (loss %s, grad norm %s); update skipped",
                         state.step + 1, loss_sum, grad_norm)
         scaler.update()  # fp16: a recorded inf lowers the scale
-        return {"loss": loss_sum / max(n_tokens, 1), "nll": nll_sum / max(n_tokens, 1), "lr": lr,
-                "grad_norm": grad_norm, "target_tokens": n_tokens, "source_tokens": n_src_tokens, "finite": finite}
+        return finite
 
-    def _end_step(self, metrics: dict[str, float], step_seconds: float, should_stop: Callable[[], bool],
-                  progress: tqdm) -> bool:
-        """What follows every step, in this order: count, check, log, validate, save (with this step's
-        validation), stop. Returns whether training stops after this step."""
+    def _end_step(self, metrics: dict[str, float], step_seconds: float, should_stop: Callable[[], bool]) -> bool:
+        """What follows every step, in this order: count, check, report, validate, save (with this
+        step's validation), stop. Returns whether training stops after this step."""
         state, train = self.state, self.train_config
         # Ranks agree once per step: any rank asked to stop (torchrun forwards SIGTERM to all, but not
         # at the same instant) stops them all, and time follows rank 0's clock (the others send 0).
@@ -338,13 +205,10 @@ class Trainer:
         self.budget.measure(state.position, step_seconds, int(metrics["target_tokens"] + metrics["source_tokens"]))
         if state.nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
             self._diverged()
-        if self.budget.expected_end and progress.total != self.budget.expected_end:  # measured or re-planned
-            progress.total = self.budget.expected_end
         last = self.finished()
-        self._window.add(metrics, step_seconds)
-        progress.update(1)
-        if state.step % train.log_every == 0 or last or stop_requested:
-            self._log(metrics, progress)
+        self.reporter.step(state, metrics, step_seconds, self.budget.expected_end,
+                           state.batch_in_epoch / len(self._batches(state.epoch)),
+                           log_now=state.step % train.log_every == 0 or last or bool(stop_requested))
         validated = self.validate() if state.step % train.valid_every == 0 or last else None
         if validated is not None and not last and self.stopped_early():
             last = True
@@ -353,22 +217,6 @@ class Trainer:
         if validated is not None or state.step % train.checkpoint_every == 0 or last or stop_requested:
             self.save(validated)
         return last or bool(stop_requested)
-
-    def _log(self, metrics: dict[str, float], progress: tqdm) -> None:
-        state, window = self.state, self._window
-        if not window.steps:
-            return
-        tokens_per_second = window.target_tokens / max(window.seconds, 1e-9)
-        progress.set_postfix(loss=f"{window.loss:.3f}", nll=f"{window.nll:.3f}", lr=f"{metrics['lr']:.2e}",
-                             tok_s=f"{tokens_per_second:.0f}", epoch=state.epoch + 1)
-        self.tensorboard.scalars(state.step, {
-            "train/smoothed_loss": window.loss, "train/nll": window.nll,
-            "train/perplexity": math.exp(min(window.nll, 50.0)), "train/lr": metrics["lr"],
-            "train/grad_norm": metrics["grad_norm"], "train/target_tokens_per_second": tokens_per_second,
-            "train/source_target_tokens_per_second": window.all_tokens / max(window.seconds, 1e-9),
-            "train/epoch": state.epoch + state.batch_in_epoch / len(self._batches(state.epoch)),
-        })
-        self._window = _Window()
 
     def _diverged(self) -> None:
         # No save here: skipped steps left the weights as they were, and the newest checkpoint
@@ -385,11 +233,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation and saving
 
-    @property
-    def scored_model(self) -> Transformer:
-        """The weights that validate and that a checkpoint's weights file holds: the average, if kept."""
-        return self.average.model if self.average is not None else self.model
-
     def validate(self) -> dict[str, float]:
         """Score the valid split (rank 0 scores; the others wait in the broadcast of the outcome)
         and return the metrics every rank then saves with. Every rank calls this at the same steps, and
@@ -397,7 +240,9 @@ class Trainer:
         metrics, improved = None, False
         with distributed.fail_together():  # a failure there (TensorBoard's disk) must not leave the others waiting
             if distributed.is_main():
-                result = self._evaluate()
+                result = evaluate(self.scored_model, self.data.valid, self.data.tokenizers, self.config, self.device)
+                self.reporter.validation(self.state.step, result, self.scored_model, self.data.tokenizers,
+                                         self.device)
                 metrics = {"valid_nll": result.loss, "valid_perplexity": result.perplexity,
                            "valid_bleu": result.scores.bleu, "valid_chrf": result.scores.chrf}
                 improved = self.checkpoints.improves(metrics)
@@ -407,29 +252,6 @@ class Trainer:
         state = self.state
         state.validations_without_improvement = 0 if improved else state.validations_without_improvement + 1
         return metrics
-
-    def _evaluate(self) -> EvaluationResult:
-        result = evaluate(self.scored_model, self.data.valid, self.data.tokenizers, self.config, self.device)
-        state = self.state
-        log.info("step %d  valid nll %.3f  ppl %.2f  %s", state.step, result.loss, result.perplexity, result.scores)
-        self.tensorboard.scalars(state.step, {
-            "valid/nll": result.loss, "valid/perplexity": result.perplexity,
-            "valid/bleu": result.scores.bleu, "valid/chrf": result.scores.chrf,
-        })
-        samples = "\n\n".join(
-            f"**source** {s}  \n**output** {h}  \n**reference** {' / '.join(r)}" for s, h, r in result.samples
-        )
-        if samples:
-            self.tensorboard.text(state.step, "valid/samples", samples)
-            for source, hypothesis, _ in result.samples:
-                log.info("  %s  ->  %s", source, hypothesis)
-        if not self.train_config.attention_images:
-            return result
-        from transformer.translation.attention_plots import log_attention_images  # matplotlib: only to draw
-
-        log_attention_images(self.tensorboard, self.scored_model, self.data.tokenizers, self.config.decode,
-                             [s for s, _, _ in result.samples], state.step, self.device)
-        return result
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Checkpoint this step, with its validation `metrics` if it was validated. Every rank calls
@@ -441,28 +263,51 @@ class Trainer:
             if self.checkpoints is not None:
                 self.checkpoints.save(self.state.step, self.scored_model, state, metrics)
 
+    # ------------------------------------------------------------------ saving and resuming
 
-class _Window:
-    """What the steps since the last log line add up to (the progress bar and TensorBoard show means)."""
+    def state_dict(self) -> dict[str, Any] | None:
+        """Everything a resume needs apart from the weights file: {"training": tensors and numbers,
+        "meta": JSON}. Every rank calls it at the same steps: it gathers each rank's RNG state to
+        rank 0, which alone gets the state (the others get None)."""
+        rng_states = distributed.gather_objects(rng_state())
+        if not distributed.is_main():
+            return None
+        training: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng": rng_states[0]}
+        if len(rng_states) > 1:
+            training["rank_rng"] = rng_states
+        if self.grad_scaler.is_enabled():
+            training["grad_scaler"] = self.grad_scaler.state_dict()
+        if self.average is not None:  # the checkpoint's weights file holds the average: these go on training
+            training["weights"], training["ema_updates"] = self.model.state_dict(), self.average.updates
+        meta = {"state": asdict(self.state), "config_name": self.config.name, **self.data.fingerprints}
+        return {"training": training, "meta": meta}
 
-    def __init__(self) -> None:
-        self.steps = self.finite_steps = self.target_tokens = self.all_tokens = 0
-        self.seconds = self._loss = self._nll = 0.0
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's `state_dict()`, after checking that it was trained on these pairs
+        with these tokenizer files (its weights file is loaded into the model already)."""
+        meta, training = state["meta"], state["training"]
+        if meta.get("tokenizer_fingerprint") != self.data.fingerprints["tokenizer_fingerprint"]:
+            raise CheckpointError("was trained with other tokenizer files than the run's tokenizer/ holds")
+        if meta.get("data_fingerprint") != self.data.fingerprints["data_fingerprint"]:
+            raise CheckpointError("was trained on other sentence pairs: the data file changed since this run "
+                                  "started. Train on the new data in a new run directory")
+        self.state = TrainState.from_dict(meta["state"])
+        if "weights" in training:  # the weights loaded so far are the average; these are the trained ones
+            if self.average is not None:
+                self.average.restore(self.model, int(training["ema_updates"]))
+            self.model.load_state_dict(training["weights"])
+        elif self.average is not None:
+            raise CheckpointError("holds no average of the weights, which train.ema_decay asks for")
+        self.optimizer.load_state_dict(training["optimizer"])
+        if self.grad_scaler.is_enabled() and "grad_scaler" in training:
+            self.grad_scaler.load_state_dict(training["grad_scaler"])
+        restore_rng(training, self.train_config.seed, self.state.step)
+        if self.state.world_size != self.world_size:
+            train = self.train_config
+            old = self.data.corpus.batches(train.batch_tokens * self.state.world_size, train.seed, self.state.epoch)
+            adapt_data_position(self.state, len(old), len(self._batches(self.state.epoch)), self.world_size)
+        self.budget = self._budget()
 
-    def add(self, metrics: dict[str, float], seconds: float) -> None:
-        self.steps += 1
-        self.seconds += seconds
-        self.target_tokens += int(metrics["target_tokens"])
-        self.all_tokens += int(metrics["target_tokens"] + metrics["source_tokens"])
-        if metrics["finite"]:
-            self.finite_steps += 1
-            self._loss += metrics["loss"]
-            self._nll += metrics["nll"]
 
-    @property
-    def loss(self) -> float:
-        return self._loss / max(self.finite_steps, 1)
-
-    @property
-    def nll(self) -> float:
-        return self._nll / max(self.finite_steps, 1)
+__all__ = ["Trainer", "TrainState", "TrainingData", "TrainingDiverged", "MAX_NONFINITE_IN_A_ROW",
+           "build_grad_scaler"]

@@ -110,16 +110,22 @@ def report(run: Path) -> dict[int, float]:
     return rates
 
 
-def draw(curves: dict[str, dict[int, float]], png: Path) -> None:
+def draw(disturbed: dict[str, dict[int, float]], undisturbed: dict[str, dict[int, float]], png: Path) -> None:
+    """The i-th undisturbed run is drawn dashed, in the colour of the i-th disturbed one."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
     figure, axes = pyplot.subplots(figsize=(8, 4.5))
-    for label, rates in curves.items():
+    colours = pyplot.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (label, rates) in enumerate(disturbed.items()):
         steps = sorted(rates)
-        axes.plot(steps, [rates[step] for step in steps], label=label)
+        axes.plot(steps, [rates[step] for step in steps], label=label, color=colours[index % len(colours)])
+    for index, (label, rates) in enumerate(undisturbed.items()):
+        steps = sorted(rates)
+        axes.plot(steps, [rates[step] for step in steps], label=f"{label} (undisturbed)", linestyle="--",
+                  color=colours[index % len(colours)])
     axes.set_xlabel("step")
     axes.set_ylabel("learning rate")
     axes.set_title("Learning rate of each step")
@@ -147,11 +153,10 @@ def main() -> None:
         code = run_with_hogs(args.command, args.hogs, args.window)
         if code:
             sys.exit(code)
-    curves = {}
-    for run in args.report + args.against:
-        curves[f"{run.name}{' (undisturbed)' if run in args.against else ''}"] = report(run)
-    if args.png and curves:
-        draw(curves, args.png)
+    disturbed = {run.name: report(run) for run in args.report}
+    undisturbed = {run.name: report(run) for run in args.against}
+    if args.png and (disturbed or undisturbed):
+        draw(disturbed, undisturbed, args.png)
 
 
 if __name__ == "__main__":

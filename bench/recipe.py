@@ -104,6 +104,9 @@ def main() -> None:
           f"valid sentences: {len(valid[0])}")
     shown = ["python", "bench/recipe.py", "--name", args.name, "--config", args.config]
     shown += [word for override in args.overrides for word in ("--set", override)]
+    if args.hogs:
+        start, end = args.hog_window
+        shown += ["--hogs", str(args.hogs), "--hog-window", f"{start:g}:{end:g}"]
     print("| " + " | ".join(cells) + f" | `{shlex.join(shown)}` |")
 
 

@@ -190,7 +190,7 @@ _MEMORY_CHILD = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_data_stage_memory_does_not_grow_with_the_corpus(tmp_path, tiny_tokenizers):
-    """The anonymous memory the data stage holds, at 2x and 8x a synthetic corpus (200,000 and 800,000
+    """The anonymous memory the data stage holds, at 2x and 5x a synthetic corpus (200,000 and 500,000
     pairs): the token ids and the batch plan are files, so what grows with the corpus is a few
     bytes a pair (the split's labels, datasets' bookkeeping), a fraction of what holding the ids
     and the plan in memory took."""
@@ -200,14 +200,14 @@ def test_data_stage_memory_does_not_grow_with_the_corpus(tmp_path, tiny_tokenize
     save_tokenizers(tiny_tokenizers, tokenizer_dir)
     base = _synthetic_rows(100_000)  # batches of the data stage are 100,000 rows: several of them
     added = {}
-    for scale in (2, 8):
+    for scale in (2, 5):
         rows = [(s + f" ({copy})", t + f" ({copy})") for copy in range(scale) for s, t in base]
         csv = write_csv(tmp_path / f"x{scale}.csv", rows)
         child = _child(_MEMORY_CHILD, csv, tmp_path / f"cache{scale}", tokenizer_dir)
         assert child.returncode == 0, child.stderr
         grown, n_pairs, _ = map(int, child.stdout.split()[-3:])
         added[scale] = (grown, n_pairs)
-    (small, small_pairs), (large, large_pairs) = added[2], added[8]
+    (small, small_pairs), (large, large_pairs) = added[2], added[5]
     per_pair = (large - small) / (large_pairs - small_pairs)
     assert per_pair < 150, added  # holding ids and plan in memory grew by some 300 bytes a pair
 

@@ -60,6 +60,15 @@ class Reporter:
                    device) -> None:
         """A validation's scores and samples in the log and TensorBoard, with attention pictures of the
         samples where train.attention_images asks for them."""
+        try:
+            self._log_validation(step, result, model, tokenizers, device)
+        finally:
+            # The bar's rate and time left are of training steps: without this, the step after a
+            # validation would count the validation's seconds as its own, and the bar would show
+            # many more minutes left until the rate caught up again.
+            self.progress.unpause()
+
+    def _log_validation(self, step: int, result: EvaluationResult, model: Transformer, tokenizers, device) -> None:
         log.info("step %d  valid nll %.3f  ppl %.2f  %s", step, result.loss, result.perplexity, result.scores)
         self.tensorboard.scalars(step, {
             "valid/nll": result.loss, "valid/perplexity": result.perplexity,

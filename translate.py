@@ -33,11 +33,11 @@ from pathlib import Path
 # CTranslate2 engine starts without it (and matplotlib only loads for --attention).
 from transformer.engines import ENGINES, EngineRequest, open_engine
 from transformer.cli import guard_standard_streams, run_script
+from transformer.decoding import Sampling
 from transformer.errors import UserError, name_options
 from transformer.files import same_file
 from transformer.training.logs import setup_logging
 from transformer.translation import lines
-from transformer.translation.options import Sampling
 
 # The package names options generically; these are their flags.
 FLAGS = {"n_best": "--n-best", "length_penalty": "--length-penalty", "max_length_a": "--max-length-a",
@@ -118,7 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse flags that do not go together on this command line (the package checks the values)."""
+    """Refuse flags that do not go together on this command line (the package checks the values, and
+    what a decoding method excludes)."""
     if args.sentences and (args.input or args.interactive):
         raise UserError("give sentences as arguments, or --input FILE, or --interactive; not several of them")
     blank = [i for i, sentence in enumerate(args.sentences, start=1) if not sentence.strip()]
@@ -140,13 +141,12 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.score and clashes:
         raise UserError(f"--score scores the given translations and searches for none: leave out {clashes[0]}")
     if args.explain:
-        clashes = {"--sample": args.sample, "--attention": args.attention is not None, "--alignment": args.alignment,
+        clashes = {"--attention": args.attention is not None, "--alignment": args.alignment,
                    "--reference": bool(args.reference), "--prefix-column": args.prefix_column,
                    "--format jsonl": args.format == "jsonl"}
         clash = next((flag for flag, given in clashes.items() if given), None)
         if clash:
-            why = "shows greedy or beam search, not sampling" if clash == "--sample" else "writes a report of its own"
-            raise UserError(f"--explain {why}: leave out {clash}")
+            raise UserError(f"--explain writes a report of its own: leave out {clash}")
     if args.targets is not None and args.input is None:
         raise UserError("--targets needs --input, the source of each target line")
     for flag, path in [("--input", args.input), ("--targets", args.targets)] + [("--reference", path) for path in
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
         if args.explain:  # the explain module loads only here
             from transformer.translation.explain import explain_lines
 
-            explain_lines(translator, source.lines, out, args.prefix, args.n_best)
+            explain_lines(translator, source.lines, out, args.prefix)
             return
         if args.score:
             print(lines.score_pairs(translator, out, source, args.targets, args.input, args.format == "jsonl")
@@ -193,7 +193,7 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
             from tqdm import tqdm
 
             progress = stack.enter_context(tqdm(total=source.count, unit="sent", file=sys.stderr, desc="translating"))
-        report = lines.translate_lines(translator, source, out, args.n_best, args.reference, progress,
+        report = lines.translate_lines(translator, source, out, translator.decode.n_best, args.reference, progress,
                                        attention_dir=maps, alignment_layer=layer, prefix=args.prefix,
                                        prefix_column=args.prefix_column, jsonl=args.format == "jsonl")
     if report:

@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from transformer.config import load_config  # noqa: E402
-from transformer.data.pairs import SOURCE, TARGET, iter_texts, load_pairs, sample_rows, split_pairs  # noqa: E402
+from transformer.data.corpus import SOURCE, TARGET, load_pairs  # noqa: E402
+from transformer.data.rows import iter_texts, sample_rows  # noqa: E402
+from transformer.data.split import split_pairs  # noqa: E402
 from transformer.data.tokenizer import train_tokenizers  # noqa: E402
 
 

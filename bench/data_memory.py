@@ -3,7 +3,7 @@
     python bench/data_memory.py [--scale 10] [--data data/eng_-french.csv] [--repo DIR]
 
 The data stage is what a run does before the model exists: load_pairs -> split_pairs ->
-encode_splits -> PairCorpus.from_dataset -> token_batches for one epoch. Each corpus is measured
+encode_splits -> corpus_of -> token_batches for one epoch. Each corpus is measured
 in a fresh Python process with its own empty datasets cache, so its RSS is its own and nothing is
 read from an earlier cache. The Nx CSV repeats every row N times, appending " (copy k)" to both
 sides of the k-th copy so that every English sentence stays a distinct group.
@@ -13,7 +13,7 @@ measurements: the figures are the data path's, not the BPE trainer's (whose memo
 number of distinct words, which the copies barely change).
 
 Prints, per corpus: pairs, wall seconds by step, RSS after the imports, peak RSS of the process,
-what the data stage added to it, the peak RSS of map worker processes (from data.PARALLEL_ROWS
+what the data stage added to it, the peak RSS of map worker processes (from rows.PARALLEL_ROWS
 rows on, cleaning and encoding run in one process per CPU; each worker's RSS is its own), and the
 sizes of the CSV and of the datasets cache it left (all in MB). The last line is `peak RSS Nx/1x: R`.
 --repo imports `transformer` from another checkout in the measuring processes (e.g. one made with
@@ -98,9 +98,10 @@ def measure(data: Path, tokenizer_dir: Path, cache_dir: Path, batch_tokens: int)
     """Run the data stage once in this process; called in a fresh process (--child)."""
     import datasets
 
-    from transformer.data.batching import PairCorpus
     from transformer.config import DataConfig
-    from transformer.data.pairs import encode_splits, load_pairs, split_pairs
+    from transformer.data.corpus import load_pairs
+    from transformer.data.encode import corpus_of, encode_splits
+    from transformer.data.split import split_pairs
     from transformer.data.tokenizer import load_tokenizers
 
     datasets.disable_progress_bars()
@@ -121,13 +122,13 @@ def measure(data: Path, tokenizer_dir: Path, cache_dir: Path, batch_tokens: int)
         start = time.perf_counter()
 
     with sampler:
-        pairs, _ = load_pairs(config, cache_dir=cache_dir)
+        pairs, _ = load_pairs(config)  # into HF_DATASETS_CACHE, which run_child set to `cache_dir`
         lap("load")
         splits = split_pairs(pairs, config)
         lap("split")
         encoded = encode_splits(splits, tokenizers, config.max_length)
         lap("encode")
-        corpus = PairCorpus.from_dataset(encoded.train)
+        corpus = corpus_of(encoded.train)
         lap("corpus")
         batches = corpus.batches(batch_tokens, seed=42, epoch=0)
         lap("batches")
@@ -154,12 +155,17 @@ def run_child(data: Path, tokenizer_dir: Path, work: Path, repo: Path, batch_tok
 
 def train_tokenizer_once(data: Path, work: Path) -> Path:
     """BPE on the 1x corpus's training split, with the default tokenizer config, saved under `work`."""
+    import datasets
+
     from transformer.config import DataConfig, TokenizerConfig
-    from transformer.data.pairs import SOURCE, TARGET, iter_texts, load_pairs, split_pairs
+    from transformer.data.corpus import SOURCE, TARGET, load_pairs
+    from transformer.data.rows import iter_texts
+    from transformer.data.split import split_pairs
     from transformer.data.tokenizer import save_tokenizers, train_tokenizers
 
+    datasets.config.HF_DATASETS_CACHE = work / "tokenizer-cache"  # this process's cache, away from the user's
     config = DataConfig(path=str(data))
-    pairs, _ = load_pairs(config, cache_dir=work / "tokenizer-cache")
+    pairs, _ = load_pairs(config)
     splits = split_pairs(pairs, config)
     tokenizers = train_tokenizers(iter_texts(splits.train, SOURCE), iter_texts(splits.train, TARGET),
                                   TokenizerConfig())

@@ -51,7 +51,7 @@ MIB = 1024 * 1024
 # (stage name, pattern of the train.log line that ends it); a stage missing from a run (a resume
 # trains no BPE) is skipped, and its time counts in the next one found.
 STAGES = (
-    ("start-up (imports)", r"INFO transformer\.data\.pairs: reading "),
+    ("start-up (imports)", r"INFO transformer\.data\.\w+: reading "),  # pairs.py before, corpus.py now
     ("read + clean", r"sentence pairs$"),
     ("split", r"split by groups"),
     ("BPE", r"trained (joint|separate) BPE|tokenizers: reusing"),

@@ -38,7 +38,10 @@ os.environ.setdefault(*onednn_cache_setting())  # as train.py does, before torch
 from transformer.training.allocator import reuse_freed_memory  # noqa: E402
 from transformer.data.batching import PairCorpus  # noqa: E402
 from transformer.config import load_config  # noqa: E402
-from transformer.data.pairs import SOURCE, TARGET, encode_splits, iter_texts, load_pairs, split_pairs  # noqa: E402
+from transformer.data.corpus import SOURCE, TARGET, load_pairs  # noqa: E402
+from transformer.data.encode import corpus_of, encode_splits  # noqa: E402
+from transformer.data.rows import iter_texts  # noqa: E402
+from transformer.data.split import split_pairs  # noqa: E402
 from transformer.data.batching import Batch  # noqa: E402
 from transformer.training.loss import TrainingLoss, batch_loss  # noqa: E402
 import transformer.model  # noqa: E402
@@ -95,7 +98,7 @@ def load_corpus(config, tokenizer_dir: Path | None) -> tuple[PairCorpus, int, in
         tokenizers = train_tokenizers(iter_texts(splits.train, SOURCE), iter_texts(splits.train, TARGET),
                                       config.tokenizer)
     encoded = encode_splits(splits, tokenizers, config.data.max_length)
-    return PairCorpus.from_dataset(encoded.train), tokenizers.source_vocab_size, tokenizers.target_vocab_size
+    return corpus_of(encoded.train), tokenizers.source_vocab_size, tokenizers.target_vocab_size
 
 
 def padding_share(corpus: PairCorpus, batches: list[np.ndarray]) -> float:

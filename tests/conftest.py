@@ -11,12 +11,17 @@ import csv
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pytest
 import torch
 
 from transformer.training import run
 from transformer.config import Config, config_from_dict, config_to_dict
-from transformer.data.pairs import EncodedSplits, Splits, encode_splits, iter_texts, load_pairs, split_pairs
+from transformer.data.batching import PairCorpus
+from transformer.data.corpus import load_pairs
+from transformer.data.encode import EncodedSplits, encode_splits
+from transformer.data.rows import Rows, iter_texts
+from transformer.data.split import Splits, split_pairs
 from transformer.data.tokenizer import Tokenizers, train_tokenizers
 
 NBSP, NNBSP = "\u00a0", "\u202f"  # French puts one of these before ! ? : ;
@@ -118,7 +123,8 @@ def one_thread():
 
 @pytest.fixture(scope="session", autouse=True)
 def _hermetic_datasets_cache(tmp_path_factory: pytest.TempPathFactory):
-    """Point datasets' default cache at a tmp dir, for code that passes no cache_dir."""
+    """Point datasets' cache at a tmp dir for the whole session (this process, and the scripts tests
+    start, through HF_DATASETS_CACHE)."""
     cache = tmp_path_factory.mktemp("hf_datasets_cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
@@ -128,9 +134,18 @@ def _hermetic_datasets_cache(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def datasets_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A session-wide `cache_dir` for load_pairs."""
-    return tmp_path_factory.mktemp("datasets_cache")
+def datasets_cache(_hermetic_datasets_cache: Path) -> Path:
+    """The session's datasets cache, where the data stage keeps its tables, split and token files."""
+    return _hermetic_datasets_cache
+
+
+@pytest.fixture
+def fresh_datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty datasets cache of this test's own, `tmp_path / "cache"`, for this test only."""
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    return cache
 
 
 @pytest.fixture(scope="session")
@@ -162,7 +177,7 @@ def tiny_config(tiny_csv: Path) -> Config:
 
 @pytest.fixture(scope="session")
 def tiny_splits(tiny_config: Config, datasets_cache: Path) -> Splits:
-    pairs, _ = load_pairs(tiny_config.data, cache_dir=datasets_cache)
+    pairs, _ = load_pairs(tiny_config.data)
     return split_pairs(pairs, tiny_config.data)
 
 
@@ -186,6 +201,27 @@ def train_tiny_run(run_dir: Path, config: Config, datasets_cache: Path, joint_to
     raw["tokenizer"]["joint"] = joint_tokenizer
     raw["model"].update(model)
     raw["decode"]["beam_size"] = 2
-    run.train(config_from_dict(raw), run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    run.train(config_from_dict(raw), run_dir, show_progress=False)
     return run_dir
+
+
+def in_memory_rows(columns: dict[str, list], key: str = "in-memory") -> Rows:
+    """Rows of a table held in memory, e.g. {"source": [...], "target": [...]}: what the data stage's
+    functions take, without a file behind them."""
+    return Rows(datasets.Dataset.from_dict(columns), key)
+
+
+def column(rows: Rows, name: str) -> list:
+    """Column `name` of `rows`, in order, as Python values."""
+    return [value for batch in rows.batches([name]) for value in batch.column(0).to_pylist()]
+
+
+def corpus_from_ids(src_ids: list[list[int]], tgt_ids: list[list[int]]) -> PairCorpus:
+    """A PairCorpus of these ids in memory (row i: src_ids[i], tgt_ids[i]): a test's expected corpus."""
+    def flat(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(row) for row in rows])
+        return np.fromiter((t for row in rows for t in row), dtype=np.int32, count=int(offsets[-1])), offsets
+
+    return PairCorpus(*flat(src_ids), *flat(tgt_ids))
 

@@ -1,18 +1,18 @@
 """Tests for transformer/data/batching.py: every pair once per epoch, the token budget, reproducible
-orders, teacher-forcing layout (BOS/EOS, shifted targets, right padding, masks), PairCorpus from
-lists and from Arrow, and little padding on sorted batches."""
+orders, teacher-forcing layout (BOS/EOS, shifted targets, right padding, masks), PairCorpus over flat
+arrays and built from encoded rows (encode.corpus_of), and little padding on sorted batches."""
 
 from __future__ import annotations
 
-import datasets
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import column, corpus_from_ids, in_memory_rows
 from transformer.data.batching import Batch, PairCorpus, make_batch, pad_rows, source_tensor, token_batches
-from transformer.data.pairs import token_lengths
+from transformer.data.encode import SRC_IDS, TGT_IDS, corpus_of, token_lengths
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 PROPERTY = settings(max_examples=150, deadline=None, derandomize=True, database=None)
@@ -222,9 +222,9 @@ def test_batch_to_keeps_the_tensors():
 @given(rows=st.lists(st.tuples(st.lists(st.integers(4, 999), max_size=20),
                                st.lists(st.integers(4, 999), max_size=20)), min_size=1, max_size=30),
        data=st.data())
-def test_pair_corpus_from_lists_keeps_every_pair(rows, data):
+def test_pair_corpus_keeps_every_pair(rows, data):
     sources, targets = [s for s, _ in rows], [t for _, t in rows]
-    corpus = PairCorpus.from_lists(sources, targets)
+    corpus = corpus_from_ids(sources, targets)
     assert len(corpus) == len(rows)
     assert corpus.src_lengths.tolist() == [len(s) for s in sources]
     assert corpus.tgt_lengths.tolist() == [len(t) for t in targets]
@@ -244,37 +244,37 @@ def assert_same_corpus(corpus: PairCorpus, expected: PairCorpus) -> None:
         assert np.array_equal(getattr(corpus, name), getattr(expected, name)), name
 
 
-def test_pair_corpus_from_dataset_equals_from_lists(tiny_encoded):
-    dataset = tiny_encoded.train
-    expected = PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"])
-    assert len(expected) == len(dataset) > 10
-    assert_same_corpus(PairCorpus.from_dataset(dataset), expected)
+def expected_corpus(rows) -> PairCorpus:
+    return corpus_from_ids(column(rows, SRC_IDS), column(rows, TGT_IDS))
 
 
-def test_pair_corpus_from_dataset_respects_selections(tiny_encoded):
-    """select/shuffle/filter give an indices mapping over the same Arrow table; the corpus must
-    follow the mapping, not the underlying table."""
-    dataset = tiny_encoded.train
-    chosen = dataset.select(list(range(len(dataset)))[::-3])
-    shuffled = dataset.shuffle(seed=3)
-    median = sorted(len(ids) for ids in dataset["tgt_ids"])[len(dataset) // 2]
-    long_only = dataset.filter(lambda row: len(row["tgt_ids"]) > median)
-    for view in (chosen, shuffled, long_only):
-        assert 0 < len(view)
-        assert_same_corpus(PairCorpus.from_dataset(view), PairCorpus.from_lists(view["src_ids"], view["tgt_ids"]))
-    assert len(long_only) < len(dataset)
+def test_corpus_of_encoded_rows_holds_their_ids(tiny_encoded):
+    expected = expected_corpus(tiny_encoded.train)
+    assert len(expected) == len(tiny_encoded.train) > 10
+    assert_same_corpus(corpus_of(tiny_encoded.train), expected)
+
+
+def test_corpus_of_follows_the_rows_mask(tiny_encoded):
+    """A mask over the encoded table chooses the rows: the corpus holds those, not the table's others."""
+    train = tiny_encoded.train
+    median = sorted(len(ids) for ids in column(train, TGT_IDS))[len(train) // 2]
+    every_third = train.where(np.arange(len(train)) % 3 == 1, "every third")
+    long_only = train.where(np.array([len(ids) > median for ids in column(train, TGT_IDS)]), "long only")
+    for view in (every_third, long_only):
+        assert 0 < len(view) < len(train)
+        assert_same_corpus(corpus_of(view), expected_corpus(view))
 
 
 @pytest.mark.parametrize("largest, dtype", [(65_535, np.uint16), (65_536, np.int32)])
-def test_pair_corpus_from_dataset_stores_ids_in_the_smallest_type_that_holds_them(largest, dtype):
-    rows = {"src_ids": [[4, largest], [], [7]], "tgt_ids": [[5], [largest, 0, 9], [8, 8]]}
-    corpus = PairCorpus.from_dataset(datasets.Dataset.from_dict(rows))
+def test_corpus_of_stores_ids_in_the_smallest_type_that_holds_them(largest, dtype):
+    rows = in_memory_rows({SRC_IDS: [[4, largest], [], [7]], TGT_IDS: [[5], [largest, 0, 9], [8, 8]]})
+    corpus = corpus_of(rows)
     assert corpus.src_tokens.dtype == corpus.tgt_tokens.dtype == dtype
-    assert_same_corpus(corpus, PairCorpus.from_lists(rows["src_ids"], rows["tgt_ids"]))
+    assert_same_corpus(corpus, expected_corpus(rows))
 
 
 def test_pair_corpus_batches_are_token_batches(tiny_encoded):
-    corpus = PairCorpus.from_dataset(tiny_encoded.train)
+    corpus = corpus_of(tiny_encoded.train)
     src_lengths, tgt_lengths = token_lengths(tiny_encoded.train)
     assert np.array_equal(corpus.src_lengths, src_lengths) and np.array_equal(corpus.tgt_lengths, tgt_lengths)
     ours, theirs = corpus.batches(64, seed=5, epoch=2), token_batches(src_lengths, tgt_lengths, 64, seed=5, epoch=2)

@@ -25,9 +25,10 @@ from test_resume import assert_same_training
 from test_tokenizer import SPELLED, SPELLED_TEXTS, SPELLING_CORPUS
 from transformer.checkpoints import layout
 from transformer.config import TokenizerConfig, load_config
-from transformer.data.batching import PairCorpus
+from transformer.data.corpus import SOURCE, TARGET
 from transformer.data.dropout import BpeDropout, DropoutBatches
-from transformer.data.pairs import SOURCE, TARGET, iter_texts
+from transformer.data.encode import corpus_of
+from transformer.data.rows import iter_texts
 from transformer.data.tokenizer import load_tokenizers, train_tokenizers
 from transformer.training import run, trainer
 
@@ -60,28 +61,39 @@ def test_dropout_splits_words_differently_but_always_into_the_same_text(tiny_tok
 
 def test_training_batches_differ_between_epochs_and_repeat_for_the_same_seed_and_epoch(tiny_encoded,
                                                                                        tiny_tokenizers):
-    corpus = PairCorpus.from_dataset(tiny_encoded.train)
+    corpus = corpus_of(tiny_encoded.train)
     indices = np.arange(len(corpus))
 
     def batches(seed: int, epoch: int) -> torch.Tensor:
-        return DropoutBatches(tiny_encoded.train, corpus, tiny_tokenizers, 0.3, seed, 127).batch(indices, epoch).src
+        return DropoutBatches(tiny_encoded.train_texts, corpus, tiny_tokenizers, 0.3, seed, 127).batch(indices,
+                                                                                                      epoch).src
 
     assert torch.equal(batches(1, 0), batches(1, 0)) and torch.equal(batches(1, 4), batches(1, 4))
     assert not torch.equal(batches(1, 0), batches(1, 1))
     assert not torch.equal(batches(1, 0), batches(2, 0))
     # a pair's split depends on its index, not on the batch it is in (so data-parallel shards agree)
-    alone = DropoutBatches(tiny_encoded.train, corpus, tiny_tokenizers, 0.3, 1, 127).batch(indices[5:6], 3).src
+    alone = DropoutBatches(tiny_encoded.train_texts, corpus, tiny_tokenizers, 0.3, 1, 127).batch(indices[5:6], 3).src
     together = batches(1, 3)[5]
     assert torch.equal(alone[0], together[: alone.shape[1]])
 
 
+def test_without_dropout_training_batches_are_the_corpus_batches(tiny_encoded, tiny_tokenizers):
+    """The training texts BPE-dropout reads are the corpus's pairs, row for row: with p = 0 every batch is
+    the corpus's own."""
+    corpus = corpus_of(tiny_encoded.train)
+    plain = DropoutBatches(tiny_encoded.train_texts, corpus, tiny_tokenizers, 0.0, 1, 127)
+    for indices in corpus.batches(64, seed=2, epoch=0):
+        ours, theirs = plain.batch(indices, 0), corpus.batch(indices)
+        assert torch.equal(ours.src, theirs.src) and torch.equal(ours.tgt_out, theirs.tgt_out)
+
+
 def test_a_side_that_dropout_makes_too_long_keeps_its_plain_ids(tiny_encoded, tiny_tokenizers):
-    corpus = PairCorpus.from_dataset(tiny_encoded.train)
+    corpus = corpus_of(tiny_encoded.train)
     longest = int(np.argmax(corpus.src_lengths))
     limit = int(corpus.src_lengths[longest])
-    dropout = DropoutBatches(tiny_encoded.train, corpus, tiny_tokenizers, 0.9, 0, limit)
-    texts = tiny_encoded.train[longest]
-    src, _ = dropout.encode(longest, 0, texts[SOURCE], texts[TARGET])
+    dropout = DropoutBatches(tiny_encoded.train_texts, corpus, tiny_tokenizers, 0.9, 0, limit)
+    texts = tiny_encoded.train_texts.take([longest], [SOURCE, TARGET])
+    src, _ = dropout.encode(longest, 0, texts[SOURCE][0], texts[TARGET][0])
     assert src == corpus.source(longest).tolist()
 
 

@@ -76,7 +76,7 @@ def test_a_time_budget_is_measured_once_and_recorded(tiny_config, tmp_path, data
     monkeypatch.setattr(trainer, "time", TickingClock(0.01))
     config = configured(tiny_config, max_steps=0, max_minutes=0.03, warmup_steps=MEASURE_UNTIL_STEP)
     run_dir = tmp_path / "run"
-    outcome = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    outcome = train(config, run_dir, show_progress=False)
     state = outcome.state
     # the latest of the two measurements (the second, if the first plan left room for it)
     assert state.budget.measured_at_step >= MEASURE_UNTIL_STEP and state.budget.seconds_per_step > 0
@@ -88,7 +88,7 @@ def test_a_time_budget_is_measured_once_and_recorded(tiny_config, tmp_path, data
     meta = checkpoint.read_meta(run_dir / "checkpoints" / layout.step_dir_name(state.step))
     assert meta["state"]["budget"]["plan"]["end_step"] == state.end_step
     assert meta["state"]["budget"]["seconds_per_step"] == state.budget.seconds_per_step
-    again = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    again = train(config, run_dir, show_progress=False)
     assert again.already_finished and again.state.step == state.step
     # The schedule was a function of the step: warm-up to the measurement, then a line to the recorded end.
     rates, warmup = lr_by_step(run_dir), MEASURE_UNTIL_STEP
@@ -103,9 +103,8 @@ def test_raising_the_budget_of_a_finished_linear_run_starts_a_new_segment(tiny_c
                                                                          caplog):
     caplog.set_level(logging.INFO)
     run_dir = tmp_path / "run"
-    train(configured(tiny_config, max_steps=20), run_dir, show_progress=False, data_cache_dir=datasets_cache)
-    outcome = train(configured(tiny_config, max_steps=30), run_dir, show_progress=False,
-                    data_cache_dir=datasets_cache)
+    train(configured(tiny_config, max_steps=20), run_dir, show_progress=False)
+    outcome = train(configured(tiny_config, max_steps=30), run_dir, show_progress=False)
     assert outcome.state.step == 30 and (outcome.state.budget.plan.segment_start, outcome.state.budget.plan.decay_start) == (20, 24)
     assert ("train.max_steps: 20 -> 30: the finished linear schedule starts a new segment at step 20: warm-up over 4 "
             "steps to peak_lr 0.002, then down to zero at step 30") in caplog.text
@@ -119,15 +118,14 @@ def test_changing_the_budget_in_the_middle_of_a_linear_schedule_is_refused(tiny_
     run_dir = tmp_path / "run"
     calls = iter(range(1000))
     stopped = train(configured(tiny_config, max_steps=20, checkpoint_every=5), run_dir,
-                    should_stop=lambda: next(calls) >= 9, show_progress=False, data_cache_dir=datasets_cache)
+                    should_stop=lambda: next(calls) >= 9, show_progress=False)
     assert stopped.state.step == 10 and stopped.state.end_step == 20
     state_bytes = (run_dir / STATE_FILE).read_bytes()
     with pytest.raises(ConfigError, match=r"train.max_steps: 20 -> 40: the budget changed in the middle of this "
                                           r"run's linear schedule, which ends at step 20 \(now at step 10\)"):
-        train(configured(tiny_config, max_steps=40), run_dir, show_progress=False, data_cache_dir=datasets_cache)
+        train(configured(tiny_config, max_steps=40), run_dir, show_progress=False)
     assert (run_dir / STATE_FILE).read_bytes() == state_bytes  # nothing lost: the old budget resumes
-    finished = train(configured(tiny_config, max_steps=20, checkpoint_every=5), run_dir, show_progress=False,
-                     data_cache_dir=datasets_cache)
+    finished = train(configured(tiny_config, max_steps=20, checkpoint_every=5), run_dir, show_progress=False)
     assert finished.state.step == 20 and read_run_state(run_dir).latest == "step_00000020"
 
 
@@ -135,9 +133,9 @@ def test_a_schedule_that_ignores_the_end_just_moves_the_stop(tiny_config, tmp_pa
     run_dir = tmp_path / "run"
     calls = iter(range(1000))
     config = configured(tiny_config, schedule="inverse_sqrt", max_steps=20, checkpoint_every=5)
-    train(config, run_dir, should_stop=lambda: next(calls) >= 9, show_progress=False, data_cache_dir=datasets_cache)
+    train(config, run_dir, should_stop=lambda: next(calls) >= 9, show_progress=False)
     longer = dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=25))
-    assert train(longer, run_dir, show_progress=False, data_cache_dir=datasets_cache).state.step == 25
+    assert train(longer, run_dir, show_progress=False).state.step == 25
     meta = json.loads((run_dir / "checkpoints" / "step_00000025" / "meta.json").read_text())
     assert meta["state"]["budget"]["plan"]["end_step"] == 25
 
@@ -156,15 +154,14 @@ def test_an_epoch_budget_plans_no_epoch_but_the_one_at_hand(tiny_config, tmp_pat
 
     monkeypatch.setattr(PairCorpus, "batches", counted)
     config = configured(tiny_config, schedule="inverse_sqrt", max_steps=3, max_epochs=10_000)
-    outcome = train(config, tmp_path / "run", show_progress=False, data_cache_dir=datasets_cache)
+    outcome = train(config, tmp_path / "run", show_progress=False)
     # the epochs the three steps trained on (a tiny corpus has few batches an epoch), and no other
     assert outcome.state.step == 3 and set(planned) == set(range(outcome.state.epoch + 1))
     # With the epochs as the only budget, the end is counted from the epoch at hand.
     planned.clear()
     stop_requests = iter([False, True])
     config = configured(tiny_config, max_steps=0, max_epochs=10_000, valid_every=10**6, checkpoint_every=10**6)
-    outcome = train(config, tmp_path / "epochs", should_stop=lambda: next(stop_requests), show_progress=False,
-                    data_cache_dir=datasets_cache)
+    outcome = train(config, tmp_path / "epochs", should_stop=lambda: next(stop_requests), show_progress=False)
     assert outcome.state.step == 2 and set(planned) == set(range(outcome.state.epoch + 1))
     assert outcome.state.end_step == 10_000 * planned[0]
 

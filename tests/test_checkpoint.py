@@ -29,6 +29,7 @@ from transformer.errors import CheckpointError
 from transformer.translation.torch_engine import load_translator
 from transformer.model import Transformer
 from transformer.runtime import rng_state
+from transformer.data.rows import iter_texts
 from transformer.data.tokenizer import save_tokenizers, train_tokenizers
 
 
@@ -43,7 +44,7 @@ def config(tiny_config: Config) -> Config:
 def trained(tmp_path_factory: pytest.TempPathFactory, config: Config, datasets_cache: Path) -> Path:
     """A finished 10-step run with checkpoints at steps 5 and 10 and a best one. Copy before changing."""
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    run.train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    run.train(config, run_dir, show_progress=False)
     return run_dir
 
 
@@ -275,7 +276,7 @@ def test_resuming_from_a_tampered_checkpoint_stops_without_running_the_payload(
     raw = config_to_dict(config)
     raw["train"]["max_steps"] = 20
     with pytest.raises(CheckpointError, match=f"{ckpt / checkpoint.TRAINING_FILE}: refused to load"):
-        run.train(config_from_dict(raw), run_dir, show_progress=False, data_cache_dir=datasets_cache)
+        run.train(config_from_dict(raw), run_dir, show_progress=False)
     assert not marker.exists()
 
 
@@ -320,7 +321,7 @@ def test_a_checkpoint_names_config_keys_and_vocabulary_sizes_that_differ(trained
 def test_a_tokenizer_of_another_vocabulary_is_refused_naming_the_sizes(run_dir: Path, tiny_splits):
     tokenizer_dir = run_dir / layout.TOKENIZER_DIR
     shutil.rmtree(tokenizer_dir)
-    smaller = train_tokenizers((s for s in tiny_splits.train["source"]), (t for t in tiny_splits.train["target"]),
+    smaller = train_tokenizers(iter_texts(tiny_splits.train, "source"), iter_texts(tiny_splits.train, "target"),
                                TokenizerConfig(vocab_size=150, min_frequency=1))
     save_tokenizers(smaller, tokenizer_dir)
     best = find_checkpoint(run_dir)

@@ -26,9 +26,10 @@ from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, train_tiny_run, w
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import layout, lookup
 from transformer.checkpoints.rundir import RunDirectory
-from transformer.training import run, trainer
+from transformer.training import trainer
 from transformer.config import Config
-from transformer.data.pairs import MAX_CHARS_PER_TOKEN
+from transformer.data import prepare
+from transformer.data.corpus import MAX_CHARS_PER_TOKEN
 from transformer.translation.attention import translate_with_attention
 from transformer.translation.torch_engine import load_translator
 
@@ -116,8 +117,8 @@ def test_csv_with_a_1mb_line_is_read_and_that_row_dropped_naming_it(tmp_path: Pa
         longest.append(max(map(len, sources + targets)))
         return real_train_tokenizers(sources, targets, config)
 
-    real_train_tokenizers = run.train_tokenizers
-    monkeypatch.setattr(run, "train_tokenizers", train_tokenizers)
+    real_train_tokenizers = prepare.train_tokenizers
+    monkeypatch.setattr(prepare, "train_tokenizers", train_tokenizers)
     assert run_train(tmp_path, path) == 0
     assert len(longest) == 1 and longest[0] <= 128 * MAX_CHARS_PER_TOKEN
     line = 2 if where == "first" else N_ROWS + 2
@@ -310,20 +311,20 @@ def test_ctrl_c_while_the_data_is_prepared_stops_at_once_and_the_rerun_trains(tm
     finished), rather than being held until the first step."""
     import signal
 
-    encode = run.encode_splits
+    encode = prepare.encode_splits
 
     def interrupted_encode(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it, in the middle of the encode
         return encode(*args, **kwargs)
 
-    monkeypatch.setattr(run, "encode_splits", interrupted_encode)
+    monkeypatch.setattr(prepare, "encode_splits", interrupted_encode)
     assert run_train(tmp_path, tiny_csv, max_steps=4) == 130
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.rstrip().endswith(
         "interrupted while preparing the data; the datasets cache keeps what was finished, and the same command "
         "continues from there")
     assert not layout.list_checkpoints(tmp_path / "run")
-    monkeypatch.setattr(run, "encode_splits", encode)
+    monkeypatch.setattr(prepare, "encode_splits", encode)
     assert run_train(tmp_path, tiny_csv, max_steps=4) == 0
     assert "done: 4 steps" in capsys.readouterr().err
 

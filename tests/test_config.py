@@ -184,13 +184,14 @@ def test_some_budget_is_required():
     ("train.batch_tokens", 0), ("train.warmup_steps", 0), ("train.max_steps", -5), ("train.peak_lr", 0),
     ("train.label_smoothing", 1.0), ("train.clip_grad_norm", -1.0), ("train.adam_betas", [0.9, 1.0]),
     ("train.device", "gpu"), ("decode.beam_size", 0), ("decode.max_length_b", 0), ("name", "a/b"),
+    ("decode.beam_size", 1000), ("decode.length_penalty", 12), ("decode.max_length_a", ".inf"), ("decode.batch_size", 0),
     ("train.schedule", "wsdx"), ("train.cooldown_fraction", 0), ("train.cooldown_fraction", 1.5),
     ("train.cooldown_fraction", ".nan"), ("train.ema_decay", 1.0), ("train.ema_decay", -0.1),
     ("train.ema_decay", ".inf"),
 ])
 def test_out_of_range_values_name_the_key(key, value):
     message = refused(BUDGET, f"{key}={value}")
-    assert message.startswith((f"{key}:", f"{key} (", f"{key}[")), message
+    assert message.startswith((f"{key}:", f"{key} (", f"{key}[", f"{key} must")), message  # decode: decoding.py's words
 
 
 # --------------------------------------------------------------------------- --set overrides
@@ -439,7 +440,7 @@ def test_a_random_value_that_loads_trains_a_step_or_is_one_user_error(tmp_path_f
         return
     run_dir = tmp_path_factory.mktemp("run")
     try:
-        outcome = train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+        outcome = train(config, run_dir, show_progress=False)
     except UserError as error:
         assert "\n" not in str(error)
         return

@@ -1,5 +1,6 @@
-"""Tests for transformer/data/pairs.py, text.py and readers.py: cleaning, strict CSV/TSV and line-aligned text
-reading, splitting by groups of pairs that share a sentence, encoding."""
+"""Tests for the data stage's reading, cleaning and split (transformer/data/corpus.py, readers.py,
+delimited.py, parallel_text.py, split.py, rows.py): strict CSV/TSV and line-aligned text reading,
+cleaning, splitting by groups of pairs that share a sentence, the cache keyed by content, encoding."""
 
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SOURCE_COLUMN, TARGET_COLUMN, write_csv
+from conftest import SOURCE_COLUMN, TARGET_COLUMN, column, in_memory_rows, write_csv
 from transformer.config import DataConfig, load_config
-from transformer.data import pairs as data
-from transformer.data.pairs import encode_splits, iter_texts, load_pairs, split_pairs
+from transformer.data import rows as data_rows
+from transformer.data import split as data_split
+from transformer.data.corpus import SOURCE, TARGET, load_pairs
+from transformer.data.encode import SRC_IDS, TGT_IDS, encode_splits
+from transformer.data.rows import Rows, iter_texts, sample_rows
+from transformer.data.split import split_pairs
 from transformer.errors import DataError
 from transformer.data.text import clean_text
 
@@ -32,109 +37,109 @@ def config_for(path: Path, **overrides) -> DataConfig:
     return DataConfig(path=str(path), **overrides)
 
 
-def rows_of(dataset: datasets.Dataset) -> list[tuple[str, str]]:
-    return list(zip(dataset["source"][:], dataset["target"][:]))
+def rows_of(pairs: Rows) -> list[tuple[str, str]]:
+    return list(zip(column(pairs, SOURCE), column(pairs, TARGET)))
 
 
 # --------------------------------------------------------------------------- load_pairs
 
 
 def test_tiny_csv_loads_cleaned(tiny_config, tiny_pairs, datasets_cache):
-    pairs, report = load_pairs(tiny_config.data, cache_dir=datasets_cache)
-    assert pairs.column_names == ["source", "target"]
+    pairs, report = load_pairs(tiny_config.data)
+    assert pairs.table.column_names == ["source", "target"]
     assert report.rows_read == len(tiny_pairs) and report.rows_dropped_empty == 0 and report.rows_kept == len(pairs)
     assert rows_of(pairs) == [(clean_text(s), clean_text(t)) for s, t in tiny_pairs]
-    targets = set(pairs["target"][:])
+    targets = set(column(pairs, TARGET))
     assert {"Va !", "Qui êtes-vous ?", "Oui, je sais.", "Il a dit « oui ».", "Je suis content 😀"} <= targets
 
 
-def test_na_like_strings_are_kept(tmp_path: Path):
+def test_na_like_strings_are_kept(tmp_path: Path, fresh_datasets_cache):
     words = ["NA", "N/A", "#N/A", "null", "NULL", "None", "nan", "NaN", "-nan", "1984", "0", "True"]
     path = write_csv(tmp_path / "na.csv", [(w, w) for w in words])
-    pairs, report = load_pairs(config_for(path), cache_dir=tmp_path / "cache")
+    pairs, report = load_pairs(config_for(path))
     assert report.rows_dropped_empty == 0
     assert rows_of(pairs) == [(w, w) for w in words]
 
 
-def test_empty_rows_are_dropped_and_counted(tmp_path: Path, caplog):
+def test_empty_rows_are_dropped_and_counted(tmp_path: Path, caplog, fresh_datasets_cache):
     rows = [("Hi.", "Salut !"), ("", "Vide"), ("Empty", ""), (" \u00a0 ", "Espace"), ("Go.", "Va !"), ("", "")]
     path = write_csv(tmp_path / "empty.csv", rows)
-    with caplog.at_level(logging.WARNING, logger="transformer.data.pairs"):
-        pairs, report = load_pairs(config_for(path), cache_dir=tmp_path / "cache")
+    with caplog.at_level(logging.WARNING, logger="transformer.data.corpus"):
+        pairs, report = load_pairs(config_for(path))
     assert rows_of(pairs) == [("Hi.", "Salut !"), ("Go.", "Va !")]
     assert (report.rows_read, report.rows_dropped_empty, report.rows_kept) == (6, 4, 2)
     assert "dropped 4 of 6 rows" in caplog.text
 
 
-def test_missing_file_names_the_path(tmp_path: Path):
+def test_missing_file_names_the_path(tmp_path: Path, fresh_datasets_cache):
     with pytest.raises(DataError, match="not found.*nope.csv"):
-        load_pairs(config_for(tmp_path / "nope.csv"), cache_dir=tmp_path / "cache")
+        load_pairs(config_for(tmp_path / "nope.csv"))
 
 
-def test_missing_column_names_it_and_the_existing_ones(tmp_path: Path):
+def test_missing_column_names_it_and_the_existing_ones(tmp_path: Path, fresh_datasets_cache):
     path = write_csv(tmp_path / "cols.csv", [("Hi.", "Salut !")], header=("English", SOURCE_COLUMN))
     with pytest.raises(DataError) as error:
-        load_pairs(config_for(path), cache_dir=tmp_path / "cache")
+        load_pairs(config_for(path))
     message = str(error.value)
     assert str(path) in message and repr(TARGET_COLUMN) in message and "data.target_column" in message
     assert "'English'" in message and repr(SOURCE_COLUMN) in message
 
 
-def test_columns_are_found_by_name_among_others(tmp_path: Path):
+def test_columns_are_found_by_name_among_others(tmp_path: Path, fresh_datasets_cache):
     path = write_csv(tmp_path / "more.csv", [("3", "Salut !", "Hi.", ""), ("4", "Va !", "Go.", "x")],
                      header=("id", TARGET_COLUMN, SOURCE_COLUMN, ""))
-    pairs, _ = load_pairs(config_for(path), cache_dir=tmp_path / "cache")
+    pairs, _ = load_pairs(config_for(path))
     assert rows_of(pairs) == [("Hi.", "Salut !"), ("Go.", "Va !")]
 
 
-def test_utf8_bom_is_ignored(tmp_path: Path):
+def test_utf8_bom_is_ignored(tmp_path: Path, fresh_datasets_cache):
     path = tmp_path / "bom.csv"
     path.write_bytes(f"\ufeff{SOURCE_COLUMN},{TARGET_COLUMN}\nHi.,Salut\n".encode("utf-8"))
-    pairs, _ = load_pairs(config_for(path), cache_dir=tmp_path / "cache")
+    pairs, _ = load_pairs(config_for(path))
     assert rows_of(pairs) == [("Hi.", "Salut")]
 
 
-def test_non_utf8_names_the_file_and_line(tmp_path: Path):
+def test_non_utf8_names_the_file_and_line(tmp_path: Path, fresh_datasets_cache):
     path = tmp_path / "latin1.csv"
     path.write_bytes(f"{SOURCE_COLUMN},{TARGET_COLUMN}\nHi.,Salut\nCoffee,Café\n".encode("latin-1"))
     with pytest.raises(DataError, match=r"latin1\.csv: not UTF-8 text at line 3"):
-        load_pairs(config_for(path), cache_dir=tmp_path / "cache")
+        load_pairs(config_for(path))
 
 
 @pytest.mark.parametrize("body", ["Hello, world,Bonjour\nHi.,Salut\n", "Hi.,Salut\nHello, world,Bonjour\n"])
-def test_unquoted_separator_is_an_error_not_a_silent_shift(tmp_path: Path, body: str):
+def test_unquoted_separator_is_an_error_not_a_silent_shift(tmp_path: Path, body: str, fresh_datasets_cache):
     path = tmp_path / "ragged.csv"
     path.write_text(f"{SOURCE_COLUMN},{TARGET_COLUMN}\n{body}", encoding="utf-8")
     with pytest.raises(DataError, match="ragged.csv.*must be quoted"):
-        load_pairs(config_for(path), cache_dir=tmp_path / "cache")
+        load_pairs(config_for(path))
 
 
-def test_header_only_file_is_an_error(tmp_path: Path):
+def test_header_only_file_is_an_error(tmp_path: Path, fresh_datasets_cache):
     path = write_csv(tmp_path / "header.csv", [])
     with pytest.raises(DataError, match="no sentence pairs"):
-        load_pairs(config_for(path), cache_dir=tmp_path / "cache")
+        load_pairs(config_for(path))
 
 
-def test_tsv_reads_tabs_and_keeps_quotes(tmp_path: Path):
+def test_tsv_reads_tabs_and_keeps_quotes(tmp_path: Path, fresh_datasets_cache):
     path = tmp_path / "pairs.tsv"
     path.write_text('en\tfr\n"Hi," he said.\t« Salut », dit-il.\nI, too.\tMoi aussi.\n', encoding="utf-8")
     config = config_for(path, format="tsv", source_column="en", target_column="fr")
-    pairs, _ = load_pairs(config, cache_dir=tmp_path / "cache")
+    pairs, _ = load_pairs(config)
     assert rows_of(pairs) == [('"Hi," he said.', "« Salut », dit-il."), ("I, too.", "Moi aussi.")]
 
 
-def test_cache_is_reused_and_a_changed_file_is_reread(tmp_path: Path):
-    cache = tmp_path / "cache"
+def test_cache_is_reused_and_a_changed_file_is_reread(tmp_path: Path, fresh_datasets_cache):
+    cache = fresh_datasets_cache
     path = write_csv(tmp_path / "pairs.csv", [("Hi.", "Salut !")])
-    first, _ = load_pairs(config_for(path), cache_dir=cache)
+    first, _ = load_pairs(config_for(path))
     files = sorted(cache.rglob("*.arrow"))
-    again, _ = load_pairs(config_for(path), cache_dir=cache)
+    again, _ = load_pairs(config_for(path))
     assert rows_of(again) == rows_of(first) and sorted(cache.rglob("*.arrow")) == files  # nothing rebuilt
 
     write_csv(path, [("Go.", "Va !"), ("Run!", "Cours !")])
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a later edit, even on coarse clocks
-    changed, report = load_pairs(config_for(path), cache_dir=cache)
+    changed, report = load_pairs(config_for(path))
     assert rows_of(changed) == [("Go.", "Va !"), ("Run!", "Cours !")] and report.rows_read == 2
 
 
@@ -146,13 +151,12 @@ def replace_keeping_mtime(path: Path, write) -> None:
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-def test_a_file_replaced_with_its_old_modification_time_is_read_anew(tmp_path: Path):
+def test_a_file_replaced_with_its_old_modification_time_is_read_anew(tmp_path: Path, fresh_datasets_cache):
     """datasets knows a data file by its path and modification time: the cache is keyed by the content."""
-    cache = tmp_path / "cache"
     path = write_csv(tmp_path / "pairs.csv", [("Hi.", "Salut !"), ("Go.", "Va !")])
-    load_pairs(config_for(path), cache_dir=cache)
+    load_pairs(config_for(path))
     replace_keeping_mtime(path, lambda p: write_csv(p, [("Hi.", "Allô !"), ("Go.", "File !")]))  # same size too
-    changed, _ = load_pairs(config_for(path), cache_dir=cache)
+    changed, _ = load_pairs(config_for(path))
     assert rows_of(changed) == [("Hi.", "Allô !"), ("Go.", "File !")]
 
 
@@ -168,22 +172,22 @@ def text_config(source: Path, target: Path, **overrides) -> DataConfig:
     return DataConfig(path=str(source), format="text", target_path=str(target), **overrides)
 
 
-def test_text_files_read_like_the_same_csv(tmp_path: Path, tiny_pairs):
+def test_text_files_read_like_the_same_csv(tmp_path: Path, tiny_pairs, fresh_datasets_cache):
     source = write_lines(tmp_path / "tiny.en", [s for s, _ in tiny_pairs])
     target = write_lines(tmp_path / "tiny.fr", [t for _, t in tiny_pairs])
     csv_path = write_csv(tmp_path / "tiny.csv", tiny_pairs)
-    pairs, report = load_pairs(text_config(source, target), cache_dir=tmp_path / "cache")
-    as_csv, csv_report = load_pairs(config_for(csv_path), cache_dir=tmp_path / "cache")
-    assert pairs.column_names == ["source", "target"] and rows_of(pairs) == rows_of(as_csv)
+    pairs, report = load_pairs(text_config(source, target))
+    as_csv, csv_report = load_pairs(config_for(csv_path))
+    assert pairs.table.column_names == ["source", "target"] and rows_of(pairs) == rows_of(as_csv)
     assert (report.rows_read, report.rows_kept, report.path, report.target_path) == (
         csv_report.rows_read, csv_report.rows_kept, str(source), str(target))
 
 
-def test_text_empty_lines_are_dropped_naming_their_lines(tmp_path: Path, caplog):
+def test_text_empty_lines_are_dropped_naming_their_lines(tmp_path: Path, caplog, fresh_datasets_cache):
     source = write_lines(tmp_path / "a.en", ["Hi.", "", "Go.", SOURCE_COLUMN, "Run!"])
     target = write_lines(tmp_path / "a.fr", ["Salut !", "Vide", "\u00a0", TARGET_COLUMN, "Cours !"])
-    with caplog.at_level(logging.WARNING, logger="transformer.data.pairs"):
-        pairs, report = load_pairs(text_config(source, target), cache_dir=tmp_path / "cache")
+    with caplog.at_level(logging.WARNING, logger="transformer.data.corpus"):
+        pairs, report = load_pairs(text_config(source, target))
     # Text has no header line, so a line reading like the CSV header is a pair like any other.
     assert rows_of(pairs) == [("Hi.", "Salut !"), (SOURCE_COLUMN, TARGET_COLUMN), ("Run!", "Cours !")]
     assert (report.rows_read, report.rows_dropped_empty, report.rows_dropped_header) == (5, 2, 0)
@@ -191,87 +195,87 @@ def test_text_empty_lines_are_dropped_naming_their_lines(tmp_path: Path, caplog)
             in caplog.text)
 
 
-def test_text_crlf_byte_order_mark_and_unicode_line_separators(tmp_path: Path):
+def test_text_crlf_byte_order_mark_and_unicode_line_separators(tmp_path: Path, fresh_datasets_cache):
     source = tmp_path / "a.en"
     source.write_bytes("\ufeffHi.\r\nOne\u2028line.\r\nGo.".encode("utf-8"))  # no final line break
     target = write_lines(tmp_path / "a.fr", ["Salut !", "Une\x85ligne.", "Va !"], ending="\r\n")
-    pairs, _ = load_pairs(text_config(source, target), cache_dir=tmp_path / "cache")
+    pairs, _ = load_pairs(text_config(source, target))
     assert rows_of(pairs) == [("Hi.", "Salut !"), ("One line.", "Une ligne."), ("Go.", "Va !")]
 
 
-def test_text_files_of_different_lengths_name_both_files_and_counts(tmp_path: Path):
+def test_text_files_of_different_lengths_name_both_files_and_counts(tmp_path: Path, fresh_datasets_cache):
     source = write_lines(tmp_path / "a.en", ["Hi.", "Go.", "Run!"])
     target = write_lines(tmp_path / "a.fr", ["Salut !", "Va !"])
     with pytest.raises(DataError) as error:
-        load_pairs(text_config(source, target), cache_dir=tmp_path / "cache")
+        load_pairs(text_config(source, target))
     assert str(error.value) == (f"{source} (data.path) has 3 lines but {target} (data.target_path) has 2: the files "
                                 "must be line-aligned, line N of one translating line N of the other")
 
 
-def test_text_carriage_return_inside_a_line_is_pointed_out(tmp_path: Path):
+def test_text_carriage_return_inside_a_line_is_pointed_out(tmp_path: Path, fresh_datasets_cache):
     source = write_lines(tmp_path / "a.en", ["Hi.", "Go.", "Run!"])
     target = tmp_path / "a.fr"
     target.write_bytes(b"Salut !\nVa\r !\nCours !\n")
     with pytest.raises(DataError, match=rf"has 3 lines but .* has 4: .*; {target} has a carriage return \(\\r\) "
                                         "inside line 2, which counts as a line break"):
-        load_pairs(text_config(source, target), cache_dir=tmp_path / "cache")
+        load_pairs(text_config(source, target))
 
 
 @pytest.mark.parametrize("missing, key", [("source", "data.path"), ("target", "data.target_path")])
-def test_text_missing_file_names_it_and_its_key(tmp_path: Path, missing: str, key: str):
+def test_text_missing_file_names_it_and_its_key(tmp_path: Path, missing: str, key: str, fresh_datasets_cache):
     files = {"source": tmp_path / "a.en", "target": tmp_path / "a.fr"}
     write_lines(files["target" if missing == "source" else "source"], ["Hi."])
     with pytest.raises(DataError) as error:
-        load_pairs(text_config(files["source"], files["target"]), cache_dir=tmp_path / "cache")
+        load_pairs(text_config(files["source"], files["target"]))
     assert str(error.value) == f"data file not found: {files[missing]} ({key})"
 
 
-def test_text_non_utf8_names_the_file_and_line(tmp_path: Path):
+def test_text_non_utf8_names_the_file_and_line(tmp_path: Path, fresh_datasets_cache):
     source = write_lines(tmp_path / "a.en", ["Hi.", "Go.", "Coffee"])
     target = tmp_path / "a.fr"
     target.write_bytes("Salut\nVa !\nCafé\n".encode("latin-1"))
     with pytest.raises(DataError) as error:
-        load_pairs(text_config(source, target), cache_dir=tmp_path / "cache")
+        load_pairs(text_config(source, target))
     assert str(error.value).startswith(f"{target}: not UTF-8 text at line 3 (")
 
 
-def test_text_empty_file_names_it(tmp_path: Path):
+def test_text_empty_file_names_it(tmp_path: Path, fresh_datasets_cache):
     source = write_lines(tmp_path / "a.en", ["Hi."])
     target = tmp_path / "a.fr"
     target.write_bytes(b"")
     with pytest.raises(DataError, match=rf"^{target}: the file is empty \(data.target_path\)$"):
-        load_pairs(text_config(source, target), cache_dir=tmp_path / "cache")
+        load_pairs(text_config(source, target))
 
 
-def test_text_cache_is_reused_and_a_changed_file_is_reread(tmp_path: Path):
-    cache = tmp_path / "cache"
+def test_text_cache_is_reused_and_a_changed_file_is_reread(tmp_path: Path, fresh_datasets_cache):
+    cache = fresh_datasets_cache
     source = write_lines(tmp_path / "a.en", ["Hi.", "Go."])
     target = write_lines(tmp_path / "a.fr", ["Salut !", "Va !"])
-    first, _ = load_pairs(text_config(source, target), cache_dir=cache)
+    first, _ = load_pairs(text_config(source, target))
     files = sorted(cache.rglob("*.arrow"))
-    again, _ = load_pairs(text_config(source, target), cache_dir=cache)
+    again, _ = load_pairs(text_config(source, target))
     assert rows_of(again) == rows_of(first) and sorted(cache.rglob("*.arrow")) == files  # nothing rebuilt
 
     write_lines(target, ["Bonjour !", "Bouge !"])
     stat = target.stat()
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    changed, _ = load_pairs(text_config(source, target), cache_dir=cache)
+    changed, _ = load_pairs(text_config(source, target))
     assert rows_of(changed) == [("Hi.", "Bonjour !"), ("Go.", "Bouge !")]
 
 
-def test_a_text_file_replaced_with_its_old_modification_time_is_read_anew(tmp_path: Path):
-    cache = tmp_path / "cache"
+def test_a_text_file_replaced_with_its_old_modification_time_is_read_anew(tmp_path: Path, fresh_datasets_cache):
     source = write_lines(tmp_path / "a.en", ["Hi.", "Go."])
     target = write_lines(tmp_path / "a.fr", ["Salut !", "Va !"])
-    load_pairs(text_config(source, target), cache_dir=cache)
+    load_pairs(text_config(source, target))
     replace_keeping_mtime(target, lambda p: write_lines(p, ["Allô !", "File !"]))
-    changed, _ = load_pairs(text_config(source, target), cache_dir=cache)
+    changed, _ = load_pairs(text_config(source, target))
     assert rows_of(changed) == [("Hi.", "Allô !"), ("Go.", "File !")]
 
 
 @pytest.mark.slow
 def test_a_run_refuses_to_resume_on_a_file_replaced_with_its_old_modification_time(tmp_path: Path, tiny_config,
-                                                                                     tiny_pairs):
+                                                                                     tiny_pairs,
+                                                                                     fresh_datasets_cache):
     """The checkpoint's check of the data ("was trained on other sentence pairs") sees the new pairs, not
     the cached old ones."""
     from transformer.errors import CheckpointError
@@ -281,31 +285,35 @@ def test_a_run_refuses_to_resume_on_a_file_replaced_with_its_old_modification_ti
     config = dataclasses.replace(
         tiny_config, data=dataclasses.replace(tiny_config.data, path=str(path)),
         train=dataclasses.replace(tiny_config.train, max_steps=2, valid_every=2, checkpoint_every=2, threads=1))
-    run.train(config, tmp_path / "run", show_progress=False, data_cache_dir=tmp_path / "cache")
+    run.train(config, tmp_path / "run", show_progress=False)
     replace_keeping_mtime(path, lambda p: write_csv(p, [(english, french.upper()) for english, french in tiny_pairs]))
     with pytest.raises(CheckpointError, match="was trained on other sentence pairs: the data file changed"):
-        run.train(config, tmp_path / "run", show_progress=False, data_cache_dir=tmp_path / "cache")
+        run.train(config, tmp_path / "run", show_progress=False)
 
 
 def test_large_corpora_clean_and_encode_in_worker_processes_alike(monkeypatch, tmp_path: Path, tiny_config,
                                                                   tiny_tokenizers, datasets_cache):
-    """Past data.PARALLEL_ROWS rows, map runs one process per CPU; the result must not change."""
-    serial_pairs, _ = load_pairs(tiny_config.data, cache_dir=datasets_cache)
+    """Past rows.PARALLEL_ROWS rows, map runs one process per CPU; the result must not change."""
+    serial_pairs, _ = load_pairs(tiny_config.data)
     serial = encode_splits(split_pairs(serial_pairs, tiny_config.data), tiny_tokenizers, 128)
-    monkeypatch.setattr(data, "PARALLEL_ROWS", 10)
-    monkeypatch.setattr(data.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    pairs, _ = load_pairs(tiny_config.data, cache_dir=tmp_path / "cache")
-    assert any("_of_00002" in f["filename"] for f in pairs.cache_files)  # really written by two workers
+    monkeypatch.setattr(data_rows, "PARALLEL_ROWS", 10)
+    monkeypatch.setattr(data_rows.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")  # nothing read back
+    pairs, _ = load_pairs(tiny_config.data)
+    assert any("_of_00002" in f["filename"] for f in pairs.table.cache_files)  # really written by two workers
     parallel = encode_splits(split_pairs(pairs, tiny_config.data), tiny_tokenizers, 128)
+    assert any("_of_00002" in f["filename"] for f in parallel.train.table.cache_files)
     for name in ("train", "valid", "test"):
-        assert getattr(parallel, name)[:] == getattr(serial, name)[:], name
+        for ids in (SRC_IDS, TGT_IDS):
+            assert column(getattr(parallel, name), ids) == column(getattr(serial, name), ids), name
+    assert rows_of(parallel.train_texts) == rows_of(serial.train_texts)
 
 
 # --------------------------------------------------------------------------- split_pairs
 
 
-def make_pairs(rows: list[tuple[str, str]]) -> datasets.Dataset:
-    return datasets.Dataset.from_dict({"source": [s for s, _ in rows], "target": [t for _, t in rows]})
+def make_pairs(rows: list[tuple[str, str]]) -> Rows:
+    return in_memory_rows({SOURCE: [s for s, _ in rows], TARGET: [t for _, t in rows]})
 
 
 def blake8(text: str) -> int:
@@ -331,7 +339,7 @@ def reference_split(rows: list[tuple[str, str]], config: DataConfig) -> tuple[Co
     members: dict = {}
     for row in rows:
         members.setdefault(find(("source", row[0])), []).append(row)
-    seed_key = lambda source: int(data._mix(np.array([blake8(source)], dtype=np.uint64), config.split_seed)[0])
+    seed_key = lambda source: int(data_split._mix(np.array([blake8(source)], dtype=np.uint64), config.split_seed)[0])
     order = sorted(members.values(), key=lambda group: min(seed_key(source) for source, _ in group))
     held, position = [Counter(), Counter()], 0
     for index, wanted in enumerate((config.valid_pairs, config.test_pairs)):
@@ -357,7 +365,7 @@ def check_split(rows: list[tuple[str, str]], splits, valid_pairs: int, test_pair
 def test_tiny_split_keeps_every_sentence_on_one_side(tiny_config, tiny_splits, tiny_pairs):
     rows = [(clean_text(s), clean_text(t)) for s, t in tiny_pairs]
     check_split(rows, tiny_splits, tiny_config.data.valid_pairs, tiny_config.data.test_pairs)
-    assert tiny_splits.train.column_names == ["source", "target"]
+    assert tiny_splits.train.table.column_names == ["source", "target"]
 
 
 def test_split_is_deterministic_and_ignores_row_order(tiny_config, tiny_pairs):
@@ -454,12 +462,13 @@ def test_split_property(rows, valid_pairs, test_pairs, seed, order):
 
 @pytest.mark.parametrize("name, how", [("sides.npy", "empty"), ("fingerprint", "empty"), ("sides.npy", "missing"),
                                        ("manifest.json", "empty"), ("sides.npy", "flipped")])
-def test_a_damaged_split_is_split_again_with_one_warning(tmp_path: Path, tiny_config, caplog, name, how):
+def test_a_damaged_split_is_split_again_with_one_warning(tmp_path: Path, tiny_config, caplog, name, how,
+                                                        fresh_datasets_cache):
     """The split stored beside the datasets cache, damaged as a power cut, a partial copy or a full disk
     leaves it: the pairs are split again, the same way, with one warning, and stored whole."""
-    pairs, _ = load_pairs(tiny_config.data, cache_dir=tmp_path / "cache")
+    pairs, _ = load_pairs(tiny_config.data)
     first = split_pairs(pairs, tiny_config.data)
-    (entry,) = [path.parent for path in (tmp_path / "cache").rglob("splits/*/sides.npy")]
+    (entry,) = [path.parent for path in fresh_datasets_cache.rglob("splits/*/sides.npy")]
     damaged = entry / name
     if how == "empty":
         damaged.write_bytes(b"")
@@ -480,13 +489,14 @@ def test_a_damaged_split_is_split_again_with_one_warning(tmp_path: Path, tiny_co
     assert not caplog.records  # read back whole: no further note
 
 
-def test_training_pairs_all_longer_than_max_length_are_one_line_naming_the_file(tmp_path: Path, tiny_config):
+def test_training_pairs_all_longer_than_max_length_are_one_line_naming_the_file(tmp_path: Path, tiny_config,
+                                                                               fresh_datasets_cache):
     from transformer.training import run
 
     config = dataclasses.replace(tiny_config, data=dataclasses.replace(tiny_config.data, max_length=2))
     with pytest.raises(DataError, match=f"^{tiny_config.data.path}: nothing to train on: all [0-9]+ training pairs "
                                         "are longer than data.max_length=2 allows"):
-        run.train(config, tmp_path / "run", show_progress=False, data_cache_dir=tmp_path / "cache")
+        run.train(config, tmp_path / "run", show_progress=False)
 
 
 @pytest.mark.slow
@@ -494,7 +504,7 @@ def test_no_held_out_sentence_of_the_shipped_csv_is_on_the_same_side_of_train(da
     """The shipped Tatoeba file, split as configs/base.yaml splits it: about 10% of test references
     occurred on the French side of train when the split went by English sentence alone."""
     config = load_config(ROOT / "configs" / "base.yaml").data
-    pairs, _ = load_pairs(dataclasses.replace(config, path=str(ROOT / config.path)), cache_dir=datasets_cache)
+    pairs, _ = load_pairs(dataclasses.replace(config, path=str(ROOT / config.path)))
     splits = split_pairs(pairs, config)
     for side in ("source", "target"):
         seen = set(iter_texts(splits.train, side))
@@ -517,7 +527,8 @@ def test_a_run_without_test_pairs_trains_and_writes_no_test_files(tmp_path: Path
     assert RunDirectory(run_dir).read_heldout("test") is None
 
 
-def test_a_datasets_cache_on_a_full_disk_is_one_line_naming_it(tiny_config, tmp_path, monkeypatch):
+def test_a_datasets_cache_on_a_full_disk_is_one_line_naming_it(tiny_config, tmp_path, monkeypatch,
+                                                               fresh_datasets_cache):
     """datasets writes Arrow files while it reads, cleans, splits and encodes: ENOSPC there is a DataError."""
     import errno
 
@@ -526,7 +537,7 @@ def test_a_datasets_cache_on_a_full_disk_is_one_line_naming_it(tiny_config, tmp_
 
     monkeypatch.setattr(datasets.Dataset, "map", full)
     with pytest.raises(DataError, match=f"^cannot write the datasets cache {tmp_path / 'cache'}: the disk is full"):
-        load_pairs(tiny_config.data, cache_dir=tmp_path / "cache")
+        load_pairs(tiny_config.data)
 
 
 # --------------------------------------------------------------------------- sample_rows
@@ -534,13 +545,13 @@ def test_a_datasets_cache_on_a_full_disk_is_one_line_naming_it(tiny_config, tmp_
 
 def test_sample_rows_is_a_seeded_subset_read_in_order(tiny_splits):
     train = tiny_splits.train
-    assert data.sample_rows(len(train), len(train), seed=1) is None  # no more rows than asked: all of them
-    chosen = data.sample_rows(len(train), 10, seed=1)
+    assert sample_rows(len(train), len(train), seed=1) is None  # no more rows than asked: all of them
+    chosen = sample_rows(len(train), 10, seed=1)
     assert chosen.shape == (len(train),) and chosen.sum() == 10
-    assert np.array_equal(data.sample_rows(len(train), 10, seed=1), chosen)
-    assert not np.array_equal(data.sample_rows(len(train), 10, seed=2), chosen)
-    for side in (data.SOURCE, data.TARGET):
-        every = list(data.iter_texts(train, side))
+    assert np.array_equal(sample_rows(len(train), 10, seed=1), chosen)
+    assert not np.array_equal(sample_rows(len(train), 10, seed=2), chosen)
+    for side in (SOURCE, TARGET):
+        every = list(iter_texts(train, side))
         # Batches smaller than the split, so the mask is followed across batch boundaries.
-        sampled = list(data.iter_texts(train, side, batch_size=7, rows=chosen))
+        sampled = list(iter_texts(train, side, batch_size=7, rows=chosen))
         assert sampled == [text for text, keep in zip(every, chosen) if keep]  # the split's order

@@ -25,36 +25,39 @@ from conftest import tiny_settings, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# A child: the data stage on CSV argv[1] with datasets' cache argv[2] and the tokenizer of argv[3];
-# the split encoded in shards of argv[4] rows. With argv[5] = K, it kills itself (SIGKILL, as the OOM
-# killer or `kill -9` would) the moment the K-th shard of the pairs is encoded.
-# It prints a JSON line: the cache files of the encoded training split, and its ids.
+# A child: the data stage on CSV argv[1] with the tokenizer of argv[2] (and datasets' cache where its
+# HF_DATASETS_CACHE says); the pairs encoded in shards of argv[3] rows. With argv[4] = K, it kills itself
+# (SIGKILL, as the OOM killer or `kill -9` would) the moment the K-th shard of the pairs is encoded.
+# It prints a JSON line: the cache files of the encoded table, and the training pairs' ids.
 _ENCODE_CHILD = textwrap.dedent("""
     import json, logging, os, signal, sys
     from transformer.config import DataConfig
-    from transformer.data import pairs
+    from transformer.data import encode
+    from transformer.data.corpus import load_pairs
+    from transformer.data.split import split_pairs
     from transformer.data.tokenizer import load_tokenizers
 
-    csv, cache, tokenizer_dir, shard_rows, kill_after = sys.argv[1:6]
-    pairs.ENCODE_SHARD_ROWS = int(shard_rows)
+    csv, tokenizer_dir, shard_rows, kill_after = sys.argv[1:5]
+    encode.ENCODE_SHARD_ROWS = int(shard_rows)
 
     class KillAfterShard(logging.Handler):
         def emit(self, record):
             if record.getMessage().startswith(f"encoded pairs: shard {kill_after} of"):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    pairs.logger.setLevel(logging.DEBUG)
-    pairs.logger.addHandler(KillAfterShard())
+    encode.logger.setLevel(logging.DEBUG)
+    encode.logger.addHandler(KillAfterShard())
     config = DataConfig(path=csv, valid_pairs=20, test_pairs=20)
-    loaded, _ = pairs.load_pairs(config, cache_dir=cache)
-    encoded = pairs.encode_splits(pairs.split_pairs(loaded, config), load_tokenizers(tokenizer_dir), config.max_length)
-    print(json.dumps({"files": [f["filename"] for f in encoded.train.cache_files],
-                      "ids": encoded.train["src_ids"][:] + encoded.train["tgt_ids"][:]}))
+    loaded, _ = load_pairs(config)
+    encoded = encode.encode_splits(split_pairs(loaded, config), load_tokenizers(tokenizer_dir), config.max_length)
+    ids = [[value for batch in encoded.train.batches([name]) for value in batch.column(0).to_pylist()]
+           for name in (encode.SRC_IDS, encode.TGT_IDS)]
+    print(json.dumps({"files": [f["filename"] for f in encoded.train.table.cache_files], "ids": ids}))
 """)
 
 
-def _child(script: str, *args: object) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1"}
+def _child(script: str, *args: object, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(cache)}
     return subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -75,20 +78,20 @@ def test_an_encode_killed_part_way_loses_no_finished_shard(tmp_path, tiny_tokeni
     tokenizer_dir = tmp_path / "tokenizer"
     save_tokenizers(tiny_tokenizers, tokenizer_dir)
     cache = tmp_path / "cache"
-    killed = _child(_ENCODE_CHILD, csv, cache, tokenizer_dir, 100, 3)
+    killed = _child(_ENCODE_CHILD, csv, tokenizer_dir, 100, 3, cache=cache)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     arrow_files = {path: path.stat().st_mtime_ns for path in cache.rglob("*.arrow")}
 
-    rerun = _child(_ENCODE_CHILD, csv, cache, tokenizer_dir, 100, 0)
+    rerun = _child(_ENCODE_CHILD, csv, tokenizer_dir, 100, 0, cache=cache)
     assert rerun.returncode == 0, rerun.stderr
     result = json.loads(rerun.stdout.splitlines()[-1])
     files = [Path(name) for name in result["files"]]
-    assert len(files) == 7  # 600 pairs encoded in 6 shards of 100, and the filter keeping training pairs
+    assert len(files) == 6  # 600 pairs encoded in 6 shards of 100
     reused = [path for path in files if path in arrow_files]
     assert len(reused) == 3  # the three shards the killed run finished, read back
     assert all(path.stat().st_mtime_ns == arrow_files[path] for path in reused)  # not written again
 
-    fresh = _child(_ENCODE_CHILD, csv, tmp_path / "fresh-cache", tokenizer_dir, 100, 0)
+    fresh = _child(_ENCODE_CHILD, csv, tokenizer_dir, 100, 0, cache=tmp_path / "fresh-cache")
     assert json.loads(fresh.stdout.splitlines()[-1])["ids"] == result["ids"]
 
 
@@ -98,19 +101,19 @@ def test_an_encode_killed_part_way_loses_no_finished_shard(tmp_path, tiny_tokeni
 _CTRL_C_CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from transformer.data import pairs
+    from transformer.data import encode, rows
     import train
 
     config, run_dir, started = sys.argv[1:4]
-    pairs.PARALLEL_ROWS = 100
-    encode_batch = pairs._encode_batch
+    rows.PARALLEL_ROWS = 100
+    encode_batch = encode._encode_batch
 
     def held_encode_batch(*args, **kwargs):
         Path(started).touch()
         time.sleep(60)
         return encode_batch(*args, **kwargs)
 
-    pairs._encode_batch = held_encode_batch
+    encode._encode_batch = held_encode_batch
     sys.exit(train.main(["--config", config, "--run-dir", run_dir, "--no-progress"]))
 """)
 
@@ -162,26 +165,27 @@ _MEMORY_CHILD = textwrap.dedent("""
     from pathlib import Path
     import numpy as np
     from transformer.config import DataConfig
-    from transformer.data import pairs
-    from transformer.data.batching import PairCorpus
+    from transformer.data.corpus import load_pairs
+    from transformer.data.encode import corpus_of, encode_splits
+    from transformer.data.split import split_pairs
     from transformer.data.tokenizer import load_tokenizers
 
     def anon():
         return int(re.search(r"RssAnon:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
 
-    csv, cache, tokenizer_dir = sys.argv[1:4]
+    csv, tokenizer_dir = sys.argv[1:3]
     tokenizers = load_tokenizers(tokenizer_dir)
     config = DataConfig(path=csv, valid_pairs=100, test_pairs=100)
     np.lexsort((np.random.default_rng(0).random(1000), np.arange(1000)))  # numpy's first-call costs
     before = anon()
     peak = before
-    loaded, _ = pairs.load_pairs(config, cache_dir=cache)
+    loaded, _ = load_pairs(config)
     peak = max(peak, anon())
-    splits = pairs.split_pairs(loaded, config)
+    splits = split_pairs(loaded, config)
     peak = max(peak, anon())
-    encoded = pairs.encode_splits(splits, tokenizers, config.max_length)
+    encoded = encode_splits(splits, tokenizers, config.max_length)
     peak = max(peak, anon())
-    corpus = PairCorpus.from_dataset(encoded.train)
+    corpus = corpus_of(encoded.train)
     plan = corpus.batches(1024, seed=1, epoch=0)
     peak = max(peak, anon())
     print(peak - before, len(corpus), len(plan))
@@ -203,7 +207,7 @@ def test_data_stage_memory_does_not_grow_with_the_corpus(tmp_path, tiny_tokenize
     for scale in (2, 5):
         rows = [(s + f" ({copy})", t + f" ({copy})") for copy in range(scale) for s, t in base]
         csv = write_csv(tmp_path / f"x{scale}.csv", rows)
-        child = _child(_MEMORY_CHILD, csv, tmp_path / f"cache{scale}", tokenizer_dir)
+        child = _child(_MEMORY_CHILD, csv, tokenizer_dir, cache=tmp_path / f"cache{scale}")
         assert child.returncode == 0, child.stderr
         grown, n_pairs, _ = map(int, child.stdout.split()[-3:])
         added[scale] = (grown, n_pairs)
@@ -238,22 +242,23 @@ def test_a_datasets_cache_that_reaches_the_file_size_limit_is_one_line_naming_it
     assert line.startswith(f"error: cannot write the datasets cache {cache}: ") and "(File too large)" in line
 
 
-# A child: the data stage on CSV argv[1] with datasets' cache argv[2] and the tokenizer of argv[3], up to
-# the training corpus and its first batch plan, as a run prepares them. It prints a JSON line: the
-# split's fingerprint, the training ids and the plan.
+# A child: the data stage on CSV argv[1] with the tokenizer of argv[2] (and datasets' cache where its
+# HF_DATASETS_CACHE says), up to the training corpus and its first batch plan, as a run prepares them. It
+# prints a JSON line: the split's fingerprint, the training ids and the plan.
 _PREPARE_CHILD = textwrap.dedent("""
     import json, sys
     from transformer.config import DataConfig
-    from transformer.data import pairs
-    from transformer.data.batching import PairCorpus
+    from transformer.data.corpus import load_pairs
+    from transformer.data.encode import corpus_of, encode_splits
+    from transformer.data.split import split_pairs
     from transformer.data.tokenizer import load_tokenizers
 
-    csv, cache, tokenizer_dir = sys.argv[1:4]
+    csv, tokenizer_dir = sys.argv[1:3]
     config = DataConfig(path=csv, valid_pairs=20, test_pairs=20)
-    loaded, _ = pairs.load_pairs(config, cache_dir=cache)
-    splits = pairs.split_pairs(loaded, config)
-    encoded = pairs.encode_splits(splits, load_tokenizers(tokenizer_dir), config.max_length)
-    corpus = PairCorpus.from_dataset(encoded.train)
+    loaded, _ = load_pairs(config)
+    splits = split_pairs(loaded, config)
+    encoded = encode_splits(splits, load_tokenizers(tokenizer_dir), config.max_length)
+    corpus = corpus_of(encoded.train)
     plan = corpus.batches(512, seed=1, epoch=0)
     print(json.dumps({"fingerprint": splits.fingerprint, "ids": [corpus.source(i).tolist() for i in range(len(corpus))],
                       "plan": [batch.tolist() for batch in plan]}, separators=(",", ":")))
@@ -270,8 +275,9 @@ def test_two_runs_preparing_the_same_data_into_one_cache_at_once_agree(tmp_path,
     tokenizer_dir = tmp_path / "tokenizer"
     save_tokenizers(tiny_tokenizers, tokenizer_dir)
     csv = write_csv(tmp_path / "pairs.csv", _synthetic_rows(3_000))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1"}
-    command = [sys.executable, "-c", _PREPARE_CHILD, str(csv), str(tmp_path / "shared"), str(tokenizer_dir)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "shared")}
+    command = [sys.executable, "-c", _PREPARE_CHILD, str(csv), str(tokenizer_dir)]
     together = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for _ in range(2)]
     outputs = [process.communicate(timeout=600) for process in together]
@@ -279,6 +285,6 @@ def test_two_runs_preparing_the_same_data_into_one_cache_at_once_agree(tmp_path,
         assert process.returncode == 0, stderr
     first, second = (json.loads(stdout.splitlines()[-1]) for stdout, _ in outputs)
     assert first == second
-    after = _child(_PREPARE_CHILD, csv, tmp_path / "shared", tokenizer_dir)
+    after = _child(_PREPARE_CHILD, csv, tokenizer_dir, cache=tmp_path / "shared")
     assert after.returncode == 0 and "is damaged" not in after.stderr, after.stderr
     assert json.loads(after.stdout.splitlines()[-1]) == first

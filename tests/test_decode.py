@@ -3,6 +3,7 @@ never changes a result, the stopping rule is exact, and translate() keeps input 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import logging
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from transformer.data.batching import make_batch, source_tensor
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.translation.search import Hypothesis, beam_search, greedy_search, max_output_lengths
+from transformer.translation.step_decoder import StepDecoder
 from transformer.translation.texts import gnmt_length_penalty, translate_texts
 from transformer.translation.torch_engine import Translator, translate
 from transformer.model import Transformer
@@ -38,17 +40,31 @@ def random_sources(seed: int, n: int, lengths: tuple[int, int] = (1, 9), vocab: 
     return [torch.randint(FIRST_WORD, vocab, (size,), generator=generator).tolist() for size in sizes]
 
 
+@contextlib.contextmanager
+def recomputed():
+    """Searches within the block decode without the cache: every step reads the whole prefix again
+    (StepDecoder's private hook: the reference the cache is tested against)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StepDecoder, "_use_cache", False)
+        yield
+
+
+def cache(use_cache: bool):
+    return contextlib.nullcontext() if use_cache else recomputed()
+
+
 def greedy(model: Transformer, sources: list[list[int]], max_lengths: list[int], use_cache: bool = True):
     src, src_pad_mask = source_tensor(sources)
-    return greedy_search(model, src, src_pad_mask, torch.tensor(max_lengths), use_cache)
+    with cache(use_cache):
+        return greedy_search(model, src, src_pad_mask, torch.tensor(max_lengths))
 
 
 def beam(model: Transformer, sources: list[list[int]], max_lengths: list[int], beam_size: int,
          alpha: float = 1.0, n_best: int = 1, use_cache: bool = True,
          prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     src, src_pad_mask = source_tensor(sources)
-    return beam_search(model, src, src_pad_mask, beam_size, alpha, torch.tensor(max_lengths), n_best, use_cache,
-                       prefixes)
+    with cache(use_cache):
+        return beam_search(model, src, src_pad_mask, beam_size, alpha, torch.tensor(max_lengths), n_best, prefixes)
 
 
 def sequence_log_prob(model: Transformer, source: list[int], tokens: list[int]) -> float:
@@ -153,8 +169,8 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
 
 
 class ScriptedModel:
-    """Stands in for a Transformer (use_cache=False only): the next-token probabilities depend
-    on the step alone, as scripted."""
+    """Stands in for a Transformer (without the cache only: `recomputed`): the next-token probabilities
+    depend on the step alone, as scripted."""
 
     def __init__(self, steps: list[dict[int, float]], vocab: int) -> None:
         self.table = torch.full((len(steps), vocab), -30.0)  # (T, V) log-probs; unscripted ~ never
@@ -174,8 +190,8 @@ class ScriptedModel:
 
 
 class PrefixScriptedModel:
-    """Stands in for a Transformer (use_cache=False only): the next-token probabilities depend on
-    the whole prefix, looked up in `script` (prefix tuple -> {token: p}), else `default`."""
+    """Stands in for a Transformer (without the cache only: `recomputed`): the next-token probabilities
+    depend on the whole prefix, looked up in `script` (prefix tuple -> {token: p}), else `default`."""
 
     def __init__(self, script: dict[tuple[int, ...], dict[int, float]], default: dict[int, float], vocab: int):
         self.script, self.default, self.vocab = script, default, vocab
@@ -209,7 +225,8 @@ def test_a_hypothesis_that_ends_does_not_cost_a_live_beam_its_slot():
     script = {(): {a: 0.36, EOS_ID: 0.33, b: 0.31}, (b,): {EOS_ID: 0.999, x: 0.001}}
     model = PrefixScriptedModel(script, default={x: 0.5, y: 0.49, EOS_ID: 0.01}, vocab=FIRST_WORD + 4)
     src, src_pad_mask = source_tensor([[a]])
-    hyps = beam_search(model, src, src_pad_mask, 2, 1.0, torch.tensor([6]), n_best=2, use_cache=False)[0]
+    with recomputed():
+        hyps = beam_search(model, src, src_pad_mask, 2, 1.0, torch.tensor([6]), n_best=2)[0]
     assert [h.tokens for h in hyps] == [[b], []]
     assert hyps[0].score == pytest.approx((math.log(0.31) + math.log(0.999)) / gnmt_length_penalty(2, 1.0))
 
@@ -224,7 +241,8 @@ def test_stopping_rule_waits_for_a_long_hypothesis_the_length_penalty_favours(al
     steps.append({EOS_ID: 0.999, a: 0.001})  # step 10: the forced EOS
     model = ScriptedModel(steps, vocab=FIRST_WORD + 1)
     src, src_pad_mask = source_tensor([[a]])
-    best = beam_search(model, src, src_pad_mask, 2, alpha, torch.tensor([max_length]), use_cache=False)[0][0]
+    with recomputed():
+        best = beam_search(model, src, src_pad_mask, 2, alpha, torch.tensor([max_length]))[0][0]
     assert best.tokens == ([] if alpha == 0 else [a] * max_length)
     expected_log_prob = math.log(0.55) if alpha == 0 else math.log(0.45 * 0.75) + 9 * math.log(0.999)
     assert best.log_prob == pytest.approx(expected_log_prob, abs=1e-4)

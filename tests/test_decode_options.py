@@ -1,10 +1,13 @@
-"""The decode options (translation/options.py): each is checked once, where it enters the package, within
-what both engines compute; translate.py names the flag in one line with exit code 2, the API answers a
-JSON 422 naming the field. Random values at each boundary (the typed objects, translate.py's main, the
-API) give either that refusal or a run that works, never another exception."""
+"""The decode options and methods (transformer/decoding.py): each value is checked once, where it enters
+the one typed object, within what both engines compute; the config names the key, translate.py the flag
+in one line with exit code 2, the API answers a JSON 422 naming the field, all with the same limits (the
+server's own smaller caps apart). The strategy table agrees with the engines that run each method.
+Random values at each boundary (the typed objects, translate.py's main, the API) give either that
+refusal or a run that works, never another exception."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -16,14 +19,19 @@ from hypothesis import strategies as st
 
 from conftest import train_tiny_run
 from test_cli import user_error
-from transformer.config import Config, DecodeConfig
+from test_decode import FakeTokenizers, tiny_model
+from transformer.config import Config, DecodeConfig, config_from_dict
+from transformer.decoding import MAX_BEAM, SETTINGS, STRATEGIES, DecodeOptions, Sampling
 from transformer.errors import ConfigError, DecodeOptionError
-from transformer.translation.options import MAX_BEAM, Sampling, check_n_best, decode_config
+from transformer.translation.search import SEARCHES
+from transformer.translation.texts import translate_texts
+from transformer.translation.torch_engine import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-import translate as translate_cli  # noqa: E402  (the CLI script at the repository root)
+import train as train_cli  # noqa: E402  (the CLI scripts at the repository root)
+import translate as translate_cli  # noqa: E402
 
 # What a user may type or send: integers of any size, floats of every kind (NaN, infinities, subnormals),
 # and now and then a value of the wrong type.
@@ -56,19 +64,105 @@ def test_sampling_is_refused_with_its_option_named_or_made(top_k, top_p, tempera
 def test_decode_overrides_are_refused_with_their_option_named_or_applied(overrides, n_best, sampled):
     sampling = Sampling() if sampled else None
     try:
-        decode = decode_config(DecodeConfig(), sampling, **overrides)
-        check_n_best(n_best, decode.beam_size, sampling)
+        decode = DecodeOptions.over(DecodeConfig(), sampling, n_best, **overrides)
     except DecodeOptionError as error:
         assert error.option in (*overrides, "n_best", "sampling") and "\n" not in str(error)
         return
-    assert 1 <= decode.beam_size <= MAX_BEAM and 1 <= n_best <= MAX_BEAM
+    assert 1 <= decode.beam_size <= MAX_BEAM and 1 <= decode.n_best <= MAX_BEAM
     assert math.isfinite(decode.max_length_a) and math.isfinite(((5 + 10**6) / 6) ** decode.length_penalty)
+    assert decode.n_best <= decode.beam_size or sampled
 
 
-def test_a_run_whose_own_decode_config_no_engine_computes_names_its_key():
-    with pytest.raises(ConfigError, match=r"^the run's decode.length_penalty must be from 0 to 10, got 1000.0$"):
-        decode_config(DecodeConfig(length_penalty=1000.0))
-    assert decode_config(DecodeConfig(length_penalty=1000.0), length_penalty=1.0).length_penalty == 1.0
+@pytest.mark.parametrize("key, value, flag, field, reason", [
+    ("length_penalty", 12.5, "--length-penalty", None, "must be from 0 to 10, got 12.5"),
+    ("beam_size", 1000, "--beam", "beam", "must be from 1 to 128, got 1000"),
+    ("beam_size", 0, "--beam", "beam", "must be from 1 to 128, got 0"),
+    ("max_length_b", 0, "--max-length-b", None, "must be 1 or more, got 0"),
+])
+def test_a_value_is_refused_with_the_same_limits_by_the_config_translate_py_and_the_api(
+        trained_run: Path, client, capsys, key: str, value: int, flag: str, field: str | None, reason: str):
+    """One rule (decoding.RANGES), three faces: each names the value its own way."""
+    with pytest.raises(ConfigError, match=rf"^decode\.{key} {reason}$"):
+        config_from_dict({"train": {"max_steps": 1}}, [f"decode.{key}={value}"])
+    assert translate(trained_run, f"{flag}={value}", "I'm cold.") == 2
+    assert user_error(capsys) == f"{flag} {reason}"
+    if field is not None:
+        response = client.post("/translate", json={"texts": ["I'm cold."], field: value})
+        assert response.status_code == 422 and response.json()["error"] == f"{field} {reason}"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("decode.length_penalty=12", "decode.length_penalty must be from 0 to 10, got 12"),
+    ("decode.beam_size=1000", "decode.beam_size must be from 1 to 128, got 1000"),
+])
+def test_train_py_refuses_a_decode_value_translate_py_would_before_any_work(tmp_path: Path, capsys, override: str,
+                                                                         message: str):
+    run_dir = tmp_path / "run"
+    code = train_cli.main(["--config", str(ROOT / "configs" / "tiny.yaml"), "--set", override, "--run-dir",
+                           str(run_dir), "--no-progress"])
+    assert code == 2 and user_error(capsys) == f"{ROOT / 'configs' / 'tiny.yaml'}: {message}"
+    assert not run_dir.exists()
+
+
+def test_the_server_s_own_caps_are_separate_and_smaller(client):
+    """A beam within what the engines compute but above a shared server's cap: the server's refusal."""
+    response = client.post("/translate", json={"texts": ["I'm cold."], "beam": 17})
+    assert response.status_code == 422 and response.json()["error"] == "beam must be at most 16 on this server, got 17"
+    response = client.post("/translate", json={"texts": ["I'm cold."], "sampling": {}, "n_best": 17})
+    assert response.status_code == 422
+    assert response.json()["error"] == "n_best must be at most 16 on this server, got 17"
+    assert client.get("/health").json()["max_beam"] == 16
+
+
+# --------------------------------------------------------------------------- the strategy table
+
+
+def test_each_method_has_an_implementation_on_every_engine_the_table_names():
+    pytest.importorskip("ctranslate2", reason="the ctranslate2 extra is not installed")
+    from transformer.translation.ct2_engine import CT2_SEARCHES
+
+    implemented = {"torch": set(SEARCHES), "ctranslate2": set(CT2_SEARCHES)}
+    for name, strategy in STRATEGIES.items():
+        assert strategy.name == name and strategy.engines
+        for engine, names in implemented.items():
+            assert (name in names) == (engine in strategy.engines), (name, engine)
+        assert set(strategy.reads) | set(strategy.excludes) <= {*SETTINGS, "n_best", "top_k", "top_p", "temperature",
+                                                                 "seed"}
+
+
+def test_the_first_row_that_asks_is_the_method():
+    assert DecodeOptions(beam_size=1).strategy.name == "greedy"
+    assert DecodeOptions(beam_size=3).strategy.name == "beam"
+    assert DecodeOptions(beam_size=1, n_best=5, sampling=Sampling()).strategy.name == "sampling"
+    with pytest.raises(DecodeOptionError, match="needs a beam of at least 2"):
+        DecodeOptions(beam_size=1, n_best=2)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_what_a_method_does_not_read_leaves_its_translations_as_they_are(strategy: str):
+    """`reads` is true to the searches: a setting outside it changes no output of the torch engine."""
+    chosen = {"greedy": dict(beam_size=1), "beam": dict(beam_size=3, n_best=2),
+              "sampling": dict(beam_size=2, n_best=2, sampling=Sampling(seed=4))}[strategy]
+    others = {"beam_size": 4, "length_penalty": 0.0, "n_best": 3, "top_k": 3, "top_p": 0.5, "temperature": 0.5,
+              "seed": 9}
+    texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9"]
+    base = DecodeOptions(max_length_a=1.0, max_length_b=3, **chosen)
+    assert base.strategy.name == strategy
+    model = tiny_model(3)
+    expected = translate_texts(Translator(model, FakeTokenizers(), base, "cpu"), texts, warn_unknown=False)
+    for name, value in others.items():
+        if name in STRATEGIES[strategy].reads or (name == "beam_size" and strategy == "greedy"):
+            continue
+        if name in ("top_k", "top_p", "temperature", "seed"):
+            if base.sampling is None:
+                continue
+            changed = dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, **{name: value}))
+        elif name == "n_best" and base.strategy.n_best_in_beam and value > base.beam_size:
+            continue
+        else:
+            changed = dataclasses.replace(base, **{name: value})
+        translator = Translator(model, FakeTokenizers(), changed, "cpu")
+        assert translate_texts(translator, texts, warn_unknown=False) == expected, name
 
 
 # --------------------------------------------------------------------------- translate.py

@@ -33,7 +33,8 @@ from transformer.checkpoints import layout
 
 from transformer.errors import ConfigError
 from transformer.training import distributed
-from transformer.data.batching import PairCorpus, shard_batch
+from transformer.data.batching import shard_batch
+from transformer.data.encode import corpus_of
 from transformer.checkpoints.layout import TENSORBOARD_DIR
 from transformer.training.logs import LOG_FILE, setup_logging
 from transformer.training.budget import BudgetState, Plan
@@ -388,7 +389,7 @@ def test_shards_split_each_global_batch_into_contiguous_near_equal_slices():
 
 def test_resuming_with_another_world_size_keeps_the_fraction_of_the_epoch(tiny_config, tiny_encoded, tmp_path,
                                                                           caplog):
-    corpus = PairCorpus.from_dataset(tiny_encoded.train)
+    corpus = corpus_of(tiny_encoded.train)
     config = dataclasses.replace(tiny_config, train=dataclasses.replace(tiny_config.train, batch_tokens=64))
     train = config.train
     # Saved by 2 processes (global batches of 128 tokens); resumed by this one (64).

@@ -1,4 +1,4 @@
-"""Ensembles (search._StepDecoder over several models, translate.py --run A --run B): a model
+"""Ensembles (step_decoder.StepDecoder over several models, translate.py --run A --run B): a model
 ensembled with itself searches as the model does (greedy, beam, sampling), an ensemble's step
 scores are the log of its models' mean probability, and runs that do not share tokenizer files, or an
 ensemble on CTranslate2, are refused with one line."""
@@ -15,7 +15,8 @@ from test_cli import translate, user_error
 from test_decode import beam, greedy, random_sources, tiny_model
 from transformer.config import Config
 from transformer.data.batching import source_tensor
-from transformer.translation.search import _StepDecoder, sample_search
+from transformer.translation.search import sample_search
+from transformer.translation.step_decoder import StepDecoder
 from transformer.translation.texts import score_texts
 from transformer.translation.torch_engine import load_translator
 
@@ -41,7 +42,7 @@ def test_an_ensembles_step_scores_are_the_log_of_the_mean_probability():
     prefix = torch.tensor([[2, 9]])
     with torch.inference_mode():
         each = [m(src, prefix, src_pad_mask)[:, -1].softmax(-1) for m in (first, second)]  # whole vocabulary
-        both = _StepDecoder([first, second], src, src_pad_mask, use_cache=True)
+        both = StepDecoder([first, second], src, src_pad_mask)
         both.logits(prefix[:, :1])
         combined = both.logits(prefix)
     expected = ((each[0] + each[1]) / 2).log()

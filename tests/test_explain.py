@@ -15,7 +15,7 @@ from conftest import train_tiny_run
 from transformer.config import Config
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS_ID, EOS_ID
-from transformer.translation.explain import dimension_sizes, evaluate_dims, explain, stage_shapes
+from transformer.translation.explain import dimension_sizes, explain, stage_shapes
 from transformer.translation.search import beam_search
 from transformer.translation.torch_engine import load_translator
 from transformer.translation.trace import CHOSEN, FINISHED
@@ -25,6 +25,15 @@ sys.path.insert(0, str(ROOT))
 import translate as translate_cli  # noqa: E402  (the CLI script at the repository root)
 
 SENTENCE = "I'm cold."
+
+
+def evaluate_dims(dims: str, sizes: dict[str, int]) -> tuple[int, ...]:
+    """The shape the letters of a stage's `dims` ("(B, S, 3D)") stand for, with `sizes` (dimension_sizes)."""
+    shape = []
+    for part in dims.strip("()").split(","):
+        part = part.strip()
+        shape.append(int(part[:-1] or 1) * sizes[part[-1]])
+    return tuple(shape)
 
 
 @pytest.fixture(scope="module")

@@ -193,7 +193,7 @@ CASES = [
          rf"error: .*{LONG_NAME}.*File name too long.*"),
     Case("train.py", STDOUT_CLOSED, lambda w: resume(w), 0,
          r".* already reached its budget at step 10; nothing to do\. .*", step_10_verifies),
-    Case("train.py", sigint_at("transformer.training.run:encode_splits"),
+    Case("train.py", sigint_at("transformer.data.prepare:encode_splits"),
          lambda w: resume(w, "--set", "train.max_steps=20"), 130, re.escape(DATA_STAGE), step_10_verifies),
     Case("train.py", sigint_at("transformer.training.trainer:Trainer.train_step"),
          lambda w: resume(w, "--set", "train.max_steps=20"), 0,

@@ -21,12 +21,11 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import tiny_settings, write_csv
+from conftest import corpus_from_ids, tiny_settings, write_csv
 from transformer.checkpoints import files, layout, lookup
 from transformer.checkpoints.format import META_FILE, MODEL_FILE, read_meta
 from transformer.checkpoints.layout import read_run_state
 from transformer.config import load_config
-from transformer.data.batching import PairCorpus
 from transformer.data.tokenizer import load_tokenizers
 from transformer.training.optim import learning_rate
 from transformer.training.validation import evaluation_loss
@@ -112,7 +111,7 @@ def test_the_child_scores_better_on_its_own_domain_than_its_parent(parent: Path,
     tokenizers = load_tokenizers(run_dir / layout.TOKENIZER_DIR)
     sources = (run_dir / layout.HELDOUT_DIR / "test.en").read_text(encoding="utf-8").splitlines()
     targets = (run_dir / layout.HELDOUT_DIR / "test.fr.1").read_text(encoding="utf-8").splitlines()
-    corpus = PairCorpus.from_lists(tokenizers.encode_source(sources), tokenizers.encode_target(targets))
+    corpus = corpus_from_ids(tokenizers.encode_source(sources), tokenizers.encode_target(targets))
 
     def loss(run: Path) -> float:
         model, _ = files.load_model(lookup.find_checkpoint(run))

@@ -1,5 +1,5 @@
 """Every module the project's text names exists: paths such as `transformer/training/allocator.py`
-or `tests/test_cli.py` and dotted names such as `transformer.data.pairs.iter_texts`, wherever they
+or `tests/test_cli.py` and dotted names such as `transformer.data.rows.iter_texts`, wherever they
 appear (README, docs, bench notes, docstrings, comments, --help text), so that a move leaves no stale name."""
 
 from __future__ import annotations

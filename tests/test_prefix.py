@@ -13,7 +13,7 @@ import torch
 
 from conftest import train_tiny_run
 from test_cli import stdin_of, translate, user_error
-from test_decode import beam, greedy, random_sources, sequence_log_prob, tiny_model
+from test_decode import beam, greedy, random_sources, recomputed, sequence_log_prob, tiny_model
 from transformer.config import Config
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS_ID
@@ -28,7 +28,8 @@ def test_greedy_keeps_the_prefix_and_continues_as_greedy_from_it():
     src, src_pad_mask = source_tensor(sources)
     limits = torch.tensor([8] * 6)
     outputs = greedy_search(model, src, src_pad_mask, limits, prefixes=prefixes)
-    uncached = greedy_search(model, src, src_pad_mask, limits, use_cache=False, prefixes=prefixes)
+    with recomputed():
+        uncached = greedy_search(model, src, src_pad_mask, limits, prefixes=prefixes)
     assert outputs == uncached
     plain = greedy(model, sources, [8] * 6)
     for output, prefix, without in zip(outputs, prefixes, plain):

@@ -17,7 +17,7 @@ from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import layout
 
 from transformer.training import run
-from transformer.data.batching import PairCorpus
+from transformer.data.encode import corpus_of
 from transformer.errors import ConfigError
 from transformer.training.logs import TensorBoard
 from transformer.model import Transformer
@@ -78,7 +78,7 @@ def make_trainer(tiny_config, tiny_tokenizers, tiny_encoded, tmp_path: Path, gra
     config = short_config(tiny_config)
     torch.manual_seed(0)
     model = Transformer(config.model, tiny_tokenizers.source_vocab_size, tiny_tokenizers.target_vocab_size)
-    data = TrainingData(PairCorpus.from_dataset(tiny_encoded.train), None, tiny_tokenizers,
+    data = TrainingData(corpus_of(tiny_encoded.train), None, tiny_tokenizers,
                         {"tokenizer_fingerprint": "", "data_fingerprint": ""})
     trainer = Trainer(config, model, build_optimizer(model, config.train), data, CPU, None,
                       TensorBoard(tmp_path, enabled=False), show_progress=False)
@@ -113,10 +113,10 @@ def test_the_grad_scaler_state_is_saved_and_restored_on_resume(tiny_config, tmp_
                         lambda precision, device: torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1))
     config = short_config(tiny_config, max_steps=2, checkpoint_every=1)
     run_dir = tmp_path / "run"
-    run.train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    run.train(config, run_dir, show_progress=False)
     saved = checkpoint.load_training_state(run_dir / "checkpoints" / layout.step_dir_name(2))["grad_scaler"]
     assert saved["scale"] == 4096.0  # doubled after each of 2 good steps (weights_only load: plain numbers)
     run.train(dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=3)), run_dir,
-              show_progress=False, data_cache_dir=datasets_cache)
+              show_progress=False)
     resumed = checkpoint.load_training_state(run_dir / "checkpoints" / layout.step_dir_name(3))["grad_scaler"]
     assert resumed["scale"] == 8192.0  # went on from 4096: a fresh scaler would be at 2048

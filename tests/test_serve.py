@@ -38,7 +38,8 @@ from transformer.serving.batcher import BatchRecord  # noqa: E402
 from transformer.serving.app import MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, create_app  # noqa: E402
 from transformer.serving.server import ServerLimits, build_server, listen  # noqa: E402
 from transformer.translation.attention import translate_with_attention  # noqa: E402
-from transformer.translation.texts import Sampling, translate_scored  # noqa: E402
+from transformer.decoding import Sampling  # noqa: E402
+from transformer.translation.texts import translate_scored  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,7 +213,8 @@ def test_sampling_draws_n_best_samples_and_a_seed_reproduces_them(client: TestCl
     first = sampled(client, seed=3, temperature=1.5)
     assert len(first) == 3  # n_best samples, above the served beam of 2
     assert sampled(client, seed=3, temperature=1.5) == first
-    alone_ = dataclasses.replace(translator, sampling=Sampling(seed=3, temperature=1.5))
+    alone_ = dataclasses.replace(translator, decode=dataclasses.replace(translator.decode,
+                                                                        sampling=Sampling(seed=3, temperature=1.5)))
     assert alone_.translate([SENTENCE], n_best=3)[0] == first  # what translate.py --sample --seed 3 draws
     greedy = dataclasses.replace(translator, decode=dataclasses.replace(translator.decode, beam_size=1))
     assert sampled(client, top_k=1, seed=5) == greedy.translate([SENTENCE])[0] * 3
@@ -240,7 +242,8 @@ def test_concurrent_sampling_requests_each_draw_what_they_would_alone(trained_ru
             thread.join()
         assert all(batch.requests == 1 for batch in client.app.state.batcher.batches)
     assert answers == {i: alone_[1 + i % 2] for i in range(4)}
-    torch_samples = dataclasses.replace(translator, sampling=Sampling(seed=1, temperature=1.5))
+    torch_samples = dataclasses.replace(translator, decode=dataclasses.replace(
+        translator.decode, sampling=Sampling(seed=1, temperature=1.5)))
     assert alone_[1] == torch_samples.translate([SENTENCE], n_best=3)[0]  # drawn by the torch engine
 
 

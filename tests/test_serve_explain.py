@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from conftest import train_tiny_run  # noqa: E402
 from test_serve import local_client, running  # noqa: E402
 from transformer.config import Config  # noqa: E402
-from transformer.serving.app import MAX_BEAM, MAX_CHARS, create_app  # noqa: E402
+from transformer.serving.app import MAX_CHARS, ServerCaps, create_app  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
 
 TEXTS = ["I'm cold.", "Where is the station?", "The heart has its reasons."]
@@ -132,7 +132,7 @@ BAD_REQUESTS = {
     "texts, as /translate's": (dict(json={"texts": ["Hi."]}), 422, "text"),
     "a too-long text": (dict(json={"text": "a" * (MAX_CHARS + 1)}), 422, "text"),
     "beam 0": (dict(json={"text": "Hi.", "beam": 0}), 422, "beam"),
-    "a huge beam": (dict(json={"text": "Hi.", "beam": MAX_BEAM + 1}), 422, "beam"),
+    "a huge beam": (dict(json={"text": "Hi.", "beam": ServerCaps().beam_size + 1}), 422, "beam"),
     "a beam as a string": (dict(json={"text": "Hi.", "beam": "2"}), 422, "beam"),
     "n_best above the beam": (dict(json={"text": "Hi.", "n_best": 3}), 422, "n_best"),
     "a negative length penalty": (dict(json={"text": "Hi.", "length_penalty": -1.0}), 422, "length_penalty"),

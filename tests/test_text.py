@@ -1,4 +1,5 @@
-"""The one text cleaning of training and translation, and translate.py's line splitting."""
+"""The one text cleaning of training and translation (and its spelling as a tokenizers normalizer, for an
+exported tokenizer), and translate.py's line splitting."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from transformer.errors import UserError
-from transformer.data.text import clean_text, iter_lines, read_lines
+from transformer.data.text import APOSTROPHES, clean_text, clean_text_normalizer, iter_lines, read_lines
 
 
 @pytest.mark.parametrize("raw, clean", [
@@ -71,3 +72,23 @@ def test_the_cleaning_module_does_not_load_datasets():
     code = "import sys, transformer.data.text, transformer.translation.torch_engine; print('datasets' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_clean_text_normalizer_cleans_as_clean_text():
+    """The tokenizers spelling of clean_text (a Hugging Face export's tokenizer carries it) agrees with
+    it on every control, format and space character, alone, between letters and in random mixtures."""
+    import random
+    import sys
+    import unicodedata
+
+    normalizer = clean_text_normalizer()
+    tricky = [chr(p) for p in range(sys.maxunicode + 1) if not 0xD800 <= p <= 0xDFFF
+              and (unicodedata.category(chr(p)) in ("Cc", "Cf", "Zs", "Zl", "Zp") or chr(p).isspace())]
+    tricky += list(APOSTROPHES) + ["e\u0301", "\u0301", "é", "😀", "a", "'"]
+    for ch in tricky:
+        for text in (ch, f"a{ch}b", f" {ch}x{ch} ", f"e{ch}\u0301"):
+            assert normalizer.normalize_str(text) == clean_text(text), repr(text)
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice(tricky) for _ in range(rng.randint(0, 8)))
+        assert normalizer.normalize_str(text) == clean_text(text), repr(text)

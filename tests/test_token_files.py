@@ -1,6 +1,7 @@
-"""Tests for transformer/data/token_files.py and the memory-mapped PairCorpus built on it: exactly the
-ids, batches and tensors of the in-memory corpus and of the per-pair batch loop it replaced, the
-plans stored and read back, files that are only ever complete, and damaged ones built again."""
+"""Tests for transformer/data/token_files.py and the PairCorpus encode.corpus_of builds on it: exactly
+the ids, batches and tensors of the in-memory corpus and of the per-pair batch loop it replaced, the
+files found under the rows' key, the plans stored and read back, files that are only ever complete,
+and damaged ones built again."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.data.batching import BatchPlan, PairCorpus, token_batches
-from transformer.data.token_files import TOKEN_DIR, FileArray, load_plan, open_token_files, token_directory
+from conftest import column, corpus_from_ids
+from transformer.data.batching import BatchPlan, token_batches
+from transformer.data.encode import SRC_IDS, TGT_IDS, corpus_of
+from transformer.data.rows import Rows
+from transformer.data.token_files import TOKEN_DIR, FileArray, load_plan, open_token_files
 
 PROPERTY = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 
@@ -69,46 +73,57 @@ def test_plan_slices_are_lists_of_batches():
     assert len(tail) == 1 and np.array_equal(tail[0], plan[len(plan) - 1])
 
 
+def in_memory(rows: Rows):
+    return corpus_from_ids(column(rows, SRC_IDS), column(rows, TGT_IDS))
+
+
+def first(rows: Rows, n: int) -> Rows:
+    """The first `n` of `rows`: token files of their own."""
+    return rows.where(np.arange(len(rows)) < n, f"{rows.key}-first-{n}")
+
+
 def test_mapped_corpus_gives_the_in_memory_corpus_batches_and_tensors(tiny_encoded):
     """The training corpus read from token files: the same ids, the same batches of two epochs (planned,
     then read back from their files) and the same tensors as the in-memory corpus and the loop."""
-    dataset = tiny_encoded.train
-    mapped = PairCorpus.from_dataset(dataset)
-    in_memory = PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"])
+    rows = tiny_encoded.train
+    mapped = corpus_of(rows)
+    in_memory_corpus = in_memory(rows)
     assert mapped.directory is not None and isinstance(mapped.src_tokens, FileArray)
     assert mapped.src_tokens.dtype == np.uint16  # the tiny vocabulary fits
     for name in ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets", "src_lengths", "tgt_lengths"):
-        assert np.array_equal(getattr(mapped, name), getattr(in_memory, name)), name
+        assert np.array_equal(getattr(mapped, name), getattr(in_memory_corpus, name)), name
     for epoch in (0, 1):
-        expected = loop_token_batches(in_memory.src_lengths, in_memory.tgt_lengths, 256, seed=3, epoch=epoch)
+        expected = loop_token_batches(in_memory_corpus.src_lengths, in_memory_corpus.tgt_lengths, 256, seed=3,
+                                      epoch=epoch)
         planned = mapped.batches(256, seed=3, epoch=epoch)
         assert_same_batches(planned, expected)
         assert load_plan(mapped.directory, f"tokens256-seed3-shuffle1-epoch{epoch}") is not None
-        again = PairCorpus.from_dataset(dataset).batches(256, seed=3, epoch=epoch)  # read back, not planned
+        again = corpus_of(rows).batches(256, seed=3, epoch=epoch)  # read back, not planned
         assert isinstance(again.order, FileArray)
         assert_same_batches(again, expected)
         for indices in expected:
-            ours, theirs = mapped.batch(indices), in_memory.batch(indices)
+            ours, theirs = mapped.batch(indices), in_memory_corpus.batch(indices)
             for field in ("src", "tgt_in", "tgt_out"):
                 assert torch.equal(getattr(ours, field), getattr(theirs, field))
     # one epoch's plan is kept per setting: the first epoch's went when the second was stored
     assert load_plan(mapped.directory, "tokens256-seed3-shuffle1-epoch0") is None
 
 
-def test_token_files_sit_beside_the_cache_under_the_fingerprint(tiny_encoded):
-    directory = token_directory(tiny_encoded.train)
-    assert directory.parent.name == TOKEN_DIR and directory.name == tiny_encoded.train._fingerprint
-    PairCorpus.from_dataset(tiny_encoded.train)
+def test_token_files_sit_beside_the_cache_under_the_rows_key(tiny_encoded):
+    train = tiny_encoded.train
+    directory = corpus_of(train).directory
+    assert directory == train.cache_directory / TOKEN_DIR / train.key
     assert open_token_files(directory) is not None
-    assert token_directory(tiny_encoded.valid) != directory
+    assert corpus_of(first(train, 10)).directory == train.cache_directory / TOKEN_DIR / first(train, 10).key
+    assert corpus_of(tiny_encoded.valid).directory is None  # held in memory: nothing written
 
 
 def test_half_written_token_files_are_never_read(tiny_encoded, monkeypatch, tmp_path):
     """A writer killed half-way leaves only its scratch directory: the next run writes the files anew."""
     import transformer.data.cache as cache
 
-    dataset = tiny_encoded.train.select(range(20))  # token files of its own
-    directory = token_directory(dataset)
+    rows = first(tiny_encoded.train, 20)
+    directory = rows.cache_directory / TOKEN_DIR / rows.key
     shutil.rmtree(directory, ignore_errors=True)  # as if no run had written them yet
     calls = []
 
@@ -118,14 +133,14 @@ def test_half_written_token_files_are_never_read(tiny_encoded, monkeypatch, tmp_
 
     monkeypatch.setattr(cache.os, "rename", failing_rename)
     try:
-        PairCorpus.from_dataset(dataset)
+        corpus_of(rows)
     except KeyboardInterrupt:
         pass
     assert calls and open_token_files(directory) is None
     assert not list(directory.parent.glob(f".{directory.name}.*"))  # no scratch left behind
     monkeypatch.undo()
-    corpus = PairCorpus.from_dataset(dataset)
-    assert np.array_equal(corpus.tgt_tokens, PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"]).tgt_tokens)
+    corpus = corpus_of(rows)
+    assert corpus.directory == directory and np.array_equal(corpus.tgt_tokens, in_memory(rows).tgt_tokens)
 
 
 def damage(path: Path, how: str) -> None:
@@ -147,12 +162,12 @@ def damage_warnings(caplog) -> list[str]:
 @pytest.mark.parametrize("name, how", [("src.ids", "empty"), ("tgt.offsets", "empty"), ("dtype", "missing"),
                                        ("src.offsets", "zeros"), ("tgt.ids", "zeros"), ("manifest.json", "missing")])
 def test_a_damaged_token_file_is_written_again_with_one_warning(tiny_encoded, caplog, name, how):
-    dataset = tiny_encoded.train.select(range(25))  # token files of its own
-    expected = PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"])
-    directory = PairCorpus.from_dataset(dataset).directory
+    rows = first(tiny_encoded.train, 25)
+    expected = in_memory(rows)
+    directory = corpus_of(rows).directory
     damage(directory / name, how)
     with caplog.at_level(logging.WARNING):
-        corpus = PairCorpus.from_dataset(dataset)
+        corpus = corpus_of(rows)
     assert corpus.directory == directory and isinstance(corpus.src_tokens, FileArray)
     for field in ("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets"):
         assert np.array_equal(getattr(corpus, field), getattr(expected, field)), field
@@ -167,14 +182,13 @@ def test_a_damaged_token_file_is_written_again_with_one_warning(tiny_encoded, ca
 @pytest.mark.parametrize("name, how", [("order.npy", "empty"), ("bounds.npy", "empty"), ("order.npy", "zeros"),
                                        ("bounds.npy", "missing")])
 def test_a_damaged_batch_plan_is_planned_again_with_one_warning(tiny_encoded, caplog, name, how):
-    dataset = tiny_encoded.train.select(range(30))
-    expected = [batch.tolist() for batch in PairCorpus.from_lists(dataset["src_ids"], dataset["tgt_ids"])
-                .batches(64, seed=5, epoch=0)]
-    corpus = PairCorpus.from_dataset(dataset)
+    rows = first(tiny_encoded.train, 30)
+    expected = [batch.tolist() for batch in in_memory(rows).batches(64, seed=5, epoch=0)]
+    corpus = corpus_of(rows)
     corpus.batches(64, seed=5, epoch=0)  # planned and stored
     damage(corpus.directory / "plans" / "tokens64-seed5-shuffle1-epoch0" / name, how)
     with caplog.at_level(logging.WARNING):
-        plan = PairCorpus.from_dataset(dataset).batches(64, seed=5, epoch=0)
+        plan = corpus_of(rows).batches(64, seed=5, epoch=0)
     assert [batch.tolist() for batch in plan] == expected
     assert len(damage_warnings(caplog)) == 1
     assert load_plan(corpus.directory, "tokens64-seed5-shuffle1-epoch0") is not None  # stored whole again
@@ -206,9 +220,9 @@ def test_reading_batches_maps_no_token_file_into_the_process(tiny_encoded):
     """Token ids and plans are read, never memory-mapped: a mapped file's pages (and the kernel's
     fault-around of 64 KB at each read) stay in the process's RSS, which at 16M pairs grew by the
     whole token files within an epoch."""
-    corpus = PairCorpus.from_dataset(tiny_encoded.train)
+    corpus = corpus_of(tiny_encoded.train)
     corpus.batches(256, seed=3, epoch=0)
-    plan = PairCorpus.from_dataset(tiny_encoded.train).batches(256, seed=3, epoch=0)  # read back from its files
+    plan = corpus_of(tiny_encoded.train).batches(256, seed=3, epoch=0)  # read back from its files
     for indices in plan:
         corpus.batch(indices)
     assert len(corpus.src_lengths) == len(corpus)

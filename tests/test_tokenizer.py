@@ -10,11 +10,12 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from transformer.config import TokenizerConfig
-from transformer.data.text import APOSTROPHES, clean_text
+from transformer.data.rows import iter_texts
+from transformer.data.text import clean_text
 from transformer.errors import CheckpointError
 from transformer.data.tokenizer import (
-    BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID, Tokenizers, clean_text_normalizer, load_tokenizers,
-    save_tokenizers, tokenizer_fingerprint, train_tokenizers,
+    BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID, Tokenizers, load_tokenizers, save_tokenizers,
+    tokenizer_fingerprint, tokenizers_digest, train_tokenizers,
 )
 
 FRENCH = [
@@ -71,7 +72,7 @@ def test_french_round_trip_is_exact(joint: Tokenizers, text: str):
 
 
 def test_round_trip_of_every_training_sentence(tiny_tokenizers: Tokenizers, tiny_splits):
-    targets = tiny_splits.train["target"][:]
+    targets = list(iter_texts(tiny_splits.train, "target"))
     assert tiny_tokenizers.decode_target(tiny_tokenizers.encode_target(targets)) == targets
 
 
@@ -184,24 +185,21 @@ def test_load_refuses_wrong_special_ids(tmp_path: Path):
         load_tokenizers(tmp_path)
 
 
-def test_the_clean_text_normalizer_cleans_as_clean_text():
-    """The tokenizers spelling of clean_text (a Hugging Face export's tokenizer carries it) agrees with
-    it on every control, format and space character, alone, between letters and in random mixtures."""
-    import random
-    import sys
-    import unicodedata
+def test_trained_tokenizers_leave_cleaning_to_clean_text(joint: Tokenizers, tmp_path: Path):
+    """text.clean_text owns cleaning: the tokenizer files keep the NFC normalizer every earlier run wrote
+    (a no-op on cleaned text), so a new run's files are those an earlier run wrote, byte for byte."""
+    save_tokenizers(joint, tmp_path)
+    saved = json.loads((tmp_path / "joint.json").read_text(encoding="utf-8"))
+    assert saved["normalizer"] == {"type": "NFC"}
+    texts = [clean_text(text) for text in FRENCH + ["Va\u00a0!", "I\u2019m \u200bhere"]]
+    assert [joint.source.normalizer.normalize_str(text) for text in texts] == texts
 
-    normalizer = clean_text_normalizer()
-    tricky = [chr(p) for p in range(sys.maxunicode + 1) if not 0xD800 <= p <= 0xDFFF
-              and (unicodedata.category(chr(p)) in ("Cc", "Cf", "Zs", "Zl", "Zp") or chr(p).isspace())]
-    tricky += list(APOSTROPHES) + ["e\u0301", "\u0301", "é", "😀", "a", "'"]
-    for ch in tricky:
-        for text in (ch, f"a{ch}b", f" {ch}x{ch} ", f"e{ch}\u0301"):
-            assert normalizer.normalize_str(text) == clean_text(text), repr(text)
-    rng = random.Random(0)
-    for _ in range(2000):
-        text = "".join(rng.choice(tricky) for _ in range(rng.randint(0, 8)))
-        assert normalizer.normalize_str(text) == clean_text(text), repr(text)
+
+def test_the_digest_of_tokenizers_follows_what_they_encode_by(joint: Tokenizers, separate: Tokenizers,
+                                                              tmp_path: Path):
+    save_tokenizers(joint, tmp_path)
+    assert tokenizers_digest(load_tokenizers(tmp_path)) == tokenizers_digest(joint)
+    assert tokenizers_digest(separate) != tokenizers_digest(joint)
 
 
 # --------------------------------------------------------------------------- special tokens spelled in text

@@ -17,7 +17,7 @@ from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import EOS_ID, Tokenizers
 from transformer.errors import UserError
 from transformer.model import Transformer
-from transformer.translation.options import Sampling
+from transformer.decoding import Sampling
 from transformer.translation.search import beam_search, greedy_search, max_output_lengths
 from transformer.translation.texts import source_ids
 from transformer.translation.torch_engine import Translator
@@ -123,7 +123,8 @@ def test_a_prefix_is_forced_and_shown(tiny_tokenizers: Tokenizers):
 def test_only_greedy_and_beam_search_are_traced_one_sentence_at_a_time(tiny_tokenizers: Tokenizers):
     engine = translator(tiny_tokenizers, 0, beam=2)
     with pytest.raises(UserError, match="not sampling"):
-        trace_search(dataclasses.replace(engine, sampling=Sampling()), SENTENCES[0])
+        trace_search(dataclasses.replace(engine, decode=dataclasses.replace(engine.decode, sampling=Sampling())),
+                     SENTENCES[0])
     with pytest.raises(UserError, match="blank"):
         trace_search(engine, "   ")
     src, mask = source_tensor([[5, 6], [7]])

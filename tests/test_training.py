@@ -90,7 +90,7 @@ def scalars(run_dir, tag: str) -> list[tuple[int, float]]:
 
 def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, datasets_cache):
     run_dir = tmp_path / "run"
-    outcome = train(tiny_config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    outcome = train(tiny_config, run_dir, show_progress=False)
     assert not outcome.already_finished and outcome.resumed_from is None
     assert outcome.state.end_step == outcome.state.step == tiny_config.train.max_steps == 30
     assert outcome.state.target_tokens > 0 and outcome.state.nonfinite_steps == 0
@@ -139,7 +139,7 @@ def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, 
 
     # A second call on the finished run trains nothing and writes no checkpoint.
     before = {path.name: (path / "meta.json").stat().st_mtime_ns for path in steps}
-    again = train(tiny_config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    again = train(tiny_config, run_dir, show_progress=False)
     assert again.already_finished and again.state.step == again.state.end_step == 30
     assert again.resumed_from == steps[-1] and again.best == outcome.best
     after = {path.name: (path / "meta.json").stat().st_mtime_ns for path in layout.list_checkpoints(run_dir)}
@@ -157,8 +157,7 @@ def test_linear_schedule_reaches_zero_when_the_budget_ends(tiny_config, tmp_path
     train_config = dataclasses.replace(tiny_config.train, schedule="linear", peak_lr=2e-3, warmup_steps=2,
                                        log_every=1, valid_every=1000, checkpoint_every=1000, **budget)
     run_dir = tmp_path / "run"
-    outcome = train(dataclasses.replace(tiny_config, train=train_config), run_dir, show_progress=False,
-                    data_cache_dir=datasets_cache)
+    outcome = train(dataclasses.replace(tiny_config, train=train_config), run_dir, show_progress=False)
     rates = scalars(run_dir, "train/lr")
     steps = outcome.state.step
     assert [step for step, _ in rates] == list(range(1, steps + 1))
@@ -201,9 +200,9 @@ def test_every_validation_of_a_run_scores_the_same_sampled_sentences(tiny_config
     monkeypatch.setattr(trainer_module, "evaluate", evaluate)
     config = dataclasses.replace(tiny_config, train=dataclasses.replace(tiny_config.train, valid_max_pairs=2))
     run_dir = tmp_path / "run"
-    train(config, run_dir, show_progress=False, data_cache_dir=datasets_cache)
+    train(config, run_dir, show_progress=False)
     longer = dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=40))
-    train(longer, run_dir, show_progress=False, data_cache_dir=datasets_cache)  # resumed: reads the file back
+    train(longer, run_dir, show_progress=False)  # resumed: reads the file back
     sample = (run_dir / "heldout" / "valid_sample.en").read_text(encoding="utf-8").splitlines()
     assert len(scored) == 4 and all(sources == sample for sources in scored) and len(sample) == 2
     everything = (run_dir / "heldout" / "valid.en").read_text(encoding="utf-8").splitlines()

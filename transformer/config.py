@@ -18,7 +18,8 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from transformer.errors import ConfigError
+from transformer.decoding import SETTINGS, DecodeSettings
+from transformer.errors import ConfigError, DecodeOptionError
 
 
 def _require(condition: bool, key: str, expected: str, value: Any) -> None:
@@ -274,18 +275,18 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class DecodeConfig:
-    """Translation: greedy (beam_size 1) or beam search."""
+class DecodeConfig(DecodeSettings):
+    """Translation: greedy (beam_size 1) or beam search. The keys, their defaults and their ranges are
+    decoding.DecodeSettings': the ranges every engine computes, so that a config translate.py would
+    refuse is refused here, before any work, with the same limits."""
 
     SECTION: ClassVar[str] = "decode"
-    beam_size: int = _range(5, 1)
-    length_penalty: float = _range(1.0, 0.0)  # GNMT alpha: score / ((5 + length) / 6) ** alpha; 0 = none
-    max_length_a: float = _range(1.5, 0.0)  # longest output = a * source_length + b tokens
-    max_length_b: int = _range(10, 1)
-    batch_size: int = _range(64, 1)  # sentences decoded together
 
     def __post_init__(self) -> None:
-        _check_fields(self)
+        try:
+            super().__post_init__()
+        except DecodeOptionError as error:  # the option's generic name, called by its key here
+            raise ConfigError(error.naming({name: f"decode.{name}" for name in SETTINGS})) from None
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Which engine translates, and loading it: the one policy that translate.py and serve.py share.
 CTranslate2 by default (the faster), translating the export a run keeps of its checkpoint, written on
-first use; the torch engine where CTranslate2 is not installed, cannot do what is asked, or the export
-cannot be written, with a note saying why. It joins translation/ and export/, so it lives above both.
-Messages and notes mark the options they name (errors.option): the caller names them. No torch
-is imported until the torch engine loads.
+first use; the torch engine where CTranslate2 is not installed, cannot do what is asked (what only it
+does, or a decoding method whose decoding.Strategy it alone runs), or the export cannot be written, with
+a note saying why. A request's decode options are checked against its run's settings before any model
+loads. It joins translation/ and export/, so it lives above both. Messages and notes mark the options
+they name (errors.option): the caller names them. No torch is imported until the torch engine loads.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from transformer.checkpoints.layout import STATE_FILE
+from transformer.checkpoints.lookup import find_checkpoint, load_decode_config, run_dir_of
+from transformer.config import DecodeConfig
+from transformer.decoding import DecodeOptions, DecodeSettings, Sampling, Strategy, traced_strategy
 from transformer.errors import EngineUnavailableError, ExportCacheError, UserError, option
 from transformer.hardware import cpu_flags, parse_device
 from transformer.translation.ct2_format import INSTALL_HINT, read_export_info
-from transformer.translation.options import MAX_BEAM, Sampling, check_n_best, check_overrides
 
 ENGINES = ("auto", "ctranslate2", "torch")
 
@@ -33,7 +36,8 @@ def int8_engine() -> str:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """What a translation asks of its engine, for choosing one and loading it; checked as it is made."""
+    """What a translation asks of its engine, for choosing one and loading it; checked as it is made,
+    but for its decode options, which `options` checks once the run's own settings are known."""
 
     engine: str = "auto"  # auto, ctranslate2 or torch
     run: Path | None = None  # the run (default: the newest under runs/)
@@ -46,7 +50,7 @@ class EngineRequest:
     threads: int = 0  # 0: the engine's default
     n_best: int = 1  # candidates per text: at most the beam, or that many samples
     sampling: Sampling | None = None
-    decode: dict[str, Any] = field(default_factory=dict)  # overrides of the run's decode config
+    decode: dict[str, Any] = field(default_factory=dict)  # settings over the run's decode config (None: not given)
     scoring: bool = False  # scores given translations: no search, so no n-best and no note on searching
     explain: bool = False  # the search is traced step by step and the model's stages read (torch engine)
     device_key: str = option("device")  # the device setting's name in errors
@@ -62,12 +66,29 @@ class EngineRequest:
         if self.ensemble and self.explain:
             raise UserError(f"{option('explain')} shows one model's stages: not with an ensemble "
                             f"({option('ensemble')})")
-        check_overrides(self.sampling, **self.decode)  # before any model loads; the engine applies them
-        if not self.scoring:
-            check_n_best(self.n_best, MAX_BEAM, self.sampling)  # the range; against the beam once it is known
 
-    def torch_only(self) -> str | None:
-        """Why this request needs the torch engine (what CTranslate2 does not do), or None."""
+    def options(self) -> DecodeOptions:
+        """The decode options this request asks for: its run's decode settings with the request's own
+        (decoding.DecodeOptions.over), read before any model loads or export is written; refused where
+        the method they choose cannot do what the request asks."""
+        options = DecodeOptions.over(self.run_settings(), self.sampling, _n_best(self), **self.decode)
+        if self.explain:
+            traced_strategy(options)
+        return options
+
+    def run_settings(self) -> DecodeSettings:
+        """The decode settings of the run this request translates with: those a CTranslate2 export given
+        as its checkpoint records, else its run's config."""
+        info = None if self.checkpoint is None else read_export_info(self.checkpoint)
+        if info is not None:
+            return DecodeConfig(**info["decode"])
+        return load_decode_config(run_dir_of(find_checkpoint(self.run, self.checkpoint)))
+
+    def torch_only(self, strategy: Strategy | None = None) -> str | None:
+        """Why this request, by the decoding method `strategy` when known, needs the torch engine (what
+        CTranslate2 does not do), or None."""
+        if strategy is not None and "ctranslate2" not in strategy.engines:
+            return f"{strategy.name}: runs on the torch engine only"
         if self.ensemble:
             return f"{option('ensemble')}: an ensemble runs on the torch engine only"
         if self.attention:
@@ -79,11 +100,11 @@ class EngineRequest:
         return None
 
 
-def choose_engine(request: EngineRequest) -> tuple[str, str | None]:
+def choose_engine(request: EngineRequest, strategy: Strategy | None = None) -> tuple[str, str | None]:
     """The engine to translate with, and why it is not CTranslate2 when engine auto picks torch (for one
     note line; None: nothing to say). An explicit engine is kept as given, and refused where it cannot do
-    what is asked."""
-    torch_only = request.torch_only()
+    what is asked (by the decoding method `strategy` too, when known)."""
+    torch_only = request.torch_only(strategy)
     is_export = request.checkpoint is not None and read_export_info(request.checkpoint) is not None
     if request.engine != "auto":
         if request.engine == "ctranslate2" and torch_only:
@@ -129,7 +150,7 @@ def _load_ctranslate2(request: EngineRequest, auto: bool) -> tuple[Any, list[str
     try:
         return load_ct2_translator(model_dir, checkpoint, device=request.device, int8=request.int8,
                                    threads=request.threads, device_key=request.device_key,
-                                   sampling=request.sampling, **request.decode), []
+                                   sampling=request.sampling, n_best=_n_best(request), **request.decode), []
     except EngineUnavailableError as error:
         if auto:
             return None, [f"engine: torch ({error})"]
@@ -146,16 +167,24 @@ def _load_torch(request: EngineRequest) -> Any:
         raise UserError(f"{option('int8')} with the torch engine runs on the CPU only; add {request.device_key} cpu")
     set_threads(request.threads)
     return load_translator(request.run, request.checkpoint, device, int8=request.int8, bf16=request.bf16,
-                           sampling=request.sampling, ensemble=list(request.ensemble), **request.decode)
+                           sampling=request.sampling, ensemble=list(request.ensemble), n_best=_n_best(request),
+                           **request.decode)
+
+
+def _n_best(request: EngineRequest) -> int:
+    return 1 if request.scoring else request.n_best  # scoring searches for nothing
+
+
+def _refuse_run_directory(request: EngineRequest) -> None:
+    if request.checkpoint is not None and (request.checkpoint / STATE_FILE).is_file():
+        raise UserError(f"{request.checkpoint}: a run directory, not a checkpoint: use {option('run')} "
+                        f"{request.checkpoint}")
 
 
 def load_engine(request: EngineRequest, engine: str, auto: bool) -> tuple[Any, list[str]]:
     """The translator of `engine` (as choose_engine chose it) for `request`, and the notes to show. `auto`:
     engine auto chose it, and CTranslate2 then falls back to torch, with a note, when the run's export
     cannot be written."""
-    if request.checkpoint is not None and (request.checkpoint / STATE_FILE).is_file():
-        raise UserError(f"{request.checkpoint}: a run directory, not a checkpoint: use {option('run')} "
-                        f"{request.checkpoint}")
     notes: list[str] = []
     if engine == "ctranslate2":
         translator, notes = _load_ctranslate2(request, auto)
@@ -165,21 +194,20 @@ def load_engine(request: EngineRequest, engine: str, auto: bool) -> tuple[Any, l
 
 
 def open_engine(request: EngineRequest, notify: Callable[[str], None]) -> Any:
-    """The translator the policy gives `request` (choose_engine, then load_engine), its n-best checked
-    against its beam. Each note goes to `notify` as soon as it is known (before a load that may fail): why
-    the torch engine when engine auto chose it, and how CTranslate2 differs from the torch engine when
-    it was asked for by name."""
-    engine, why_torch = choose_engine(request)
+    """The translator the policy gives `request`: its decode options checked first (`request.options`,
+    before any model loads), then choose_engine and load_engine. Each note goes to `notify` as soon as it
+    is known (before a load that may fail): why the torch engine when engine auto chose it, and how
+    CTranslate2 differs from the torch engine when it was asked for by name."""
+    _refuse_run_directory(request)
+    options = request.options()
+    engine, why_torch = choose_engine(request, options.strategy)
     if why_torch:
         notify(f"engine: torch ({why_torch})")
     translator, notes = load_engine(request, engine, request.engine == "auto")
-    if not request.scoring:
-        check_n_best(request.n_best, translator.decode.beam_size, translator.sampling)
-        if request.engine == "ctranslate2":  # worth saying to whoever chose it, not to every default call
-            from transformer.translation.ct2_engine import differences_from_torch
+    if not request.scoring and request.engine == "ctranslate2":  # worth saying to whoever chose it, not to all
+        from transformer.translation.ct2_engine import differences_from_torch
 
-            notes += differences_from_torch(translator.decode, request.n_best, translator.patience,
-                                            translator.sampling)
+        notes += differences_from_torch(translator.decode, translator.patience)
     for note in notes:
         notify(note)
     return translator

@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from transformer.config import load_config  # noqa: E402
-from transformer.data.pairs import SOURCE, TARGET, iter_texts, load_pairs, split_pairs  # noqa: E402
+from transformer.data.corpus import SOURCE, TARGET, load_pairs  # noqa: E402
+from transformer.data.rows import iter_texts  # noqa: E402
+from transformer.data.split import split_pairs  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,7 +1,9 @@
-"""Data: from a CSV/TSV or two text files to batches of subword ids. readers.py reads the file with
-exact line errors, text.py holds the one text cleaning (also used by translation), pairs.py loads,
-filters, splits (leak-free) and encodes the pairs, tokenizer.py trains and saves the BPE
-tokenizers, batching.py builds length-bucketed token-budget batches with their masks,
-token_files.py keeps token ids and batch plans as files beside datasets' cache, read a batch at a time,
-cache.py writes those entries (and the split's) whole and checks them against their manifest before use, and
-arrow_stream.py reads that cache without mapping it. No model, no training and no run directory here."""
+"""Data: from a corpus file to batches of subword ids. prepare.py is the stage's one entry (training
+calls `prepare` once). In the order it runs: readers.py says what a reader of a format gives, and
+delimited.py (CSV/TSV) and parallel_text.py (two text files) are the readers; corpus.py cleans with
+text.py's one cleaning and drops unusable rows; split.py holds out whole groups of pairs that share a
+sentence; tokenizer.py trains, saves and loads the BPE tokenizers; encode.py encodes the pairs and
+writes the training ids as token files (token_files.py); batching.py builds length-bucketed
+token-budget batches, dropout.py their BPE-dropout. rows.py reads datasets' cached tables through
+masks of ours; cache.py keys the cache by content and writes its entries whole. No model, no
+training and no run directory here: data/ imports neither training/ nor checkpoints/."""

@@ -1,6 +1,6 @@
 """Token-budget batches: which pairs go together (`token_batches`, and each rank's share of one
 under data parallelism, `shard_batch`) and the padded tensors of one batch (`Batch`,
-`PairCorpus.batch`). Reading and tokenizing text lives in pairs.py and tokenizer.py.
+`PairCorpus.batch`). Reading and tokenizing text lives in corpus.py, encode.py and tokenizer.py.
 
 Conventions: source = tokens + EOS; decoder input = BOS + tokens; labels = tokens + EOS.
 Every sequence is right-padded with PAD_ID, per batch (never to a global length).
@@ -8,7 +8,6 @@ Every sequence is right-padded with PAD_ID, per batch (never to a global length)
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -17,8 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transformer.data.token_files import (FileArray, load_plan, open_token_files, save_plan, token_directory,
-                                           write_token_files)
+from transformer.data.token_files import FileArray, load_plan, save_plan
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -180,11 +178,11 @@ def _diff(offsets: np.ndarray | FileArray) -> np.ndarray:
 
 
 class PairCorpus:
-    """Tokenized pairs held as two flat arrays of ids (int32, or uint16 from a dataset whose ids
-    fit) plus offsets: a batch is a few slices, with no per-pair Python objects. Built from a
-    cached dataset, the arrays are files (token_files.FileArray), so the ids stay on disk and a
-    batch reads only its own pairs; its batch plans are stored there too, and a resume reads them
-    back instead of planning again."""
+    """Tokenized pairs held as two flat arrays of ids plus offsets (row i is ids[offsets[i]:offsets[i + 1]]):
+    a batch is a few slices, with no per-pair Python objects. encode.corpus_of builds one; for pairs
+    in datasets' cache the arrays are files (token_files.FileArray) in `directory`, so the ids stay on
+    disk and a batch reads only its own pairs; its batch plans are stored there too, and a resume reads
+    them back instead of planning again."""
 
     def __init__(self, src_tokens: np.ndarray | FileArray, src_offsets: np.ndarray | FileArray,
                  tgt_tokens: np.ndarray | FileArray, tgt_offsets: np.ndarray | FileArray,
@@ -206,47 +204,6 @@ class PairCorpus:
     def n_tokens(self) -> int:
         """Source plus target tokens of all pairs, without EOS/BOS."""
         return int(self.src_offsets[-1] - self.src_offsets[0] + self.tgt_offsets[-1] - self.tgt_offsets[0])
-
-    @classmethod
-    def from_lists(cls, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) -> "PairCorpus":
-        def flat(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-            offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-            offsets[1:] = np.cumsum([len(r) for r in rows])
-            tokens = np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(offsets[-1]))
-            return tokens, offsets
-
-        return cls(*flat(src_ids), *flat(tgt_ids))
-
-    @classmethod
-    def from_dataset(cls, dataset, src_column: str = "src_ids", tgt_column: str = "tgt_ids",
-                     batch_size: int = 100_000) -> "PairCorpus":
-        """From a HuggingFace `datasets.Dataset` with list-of-int columns, via Arrow, without Python lists.
-
-        A dataset in datasets' cache has its ids written once to token files beside it (a later
-        run finds them there), read from there as batches need them; one held in memory is copied
-        into arrays. Either way it is streamed in batches of rows (following any select/filter
-        indices mapping), in two passes: lengths and the largest id, then the ids. Ids are stored
-        as uint16 when all fit (vocabularies up to 65,536), else int32.
-        """
-        # Imported here: translate.py uses this module and need not load datasets and pyarrow (slow to import).
-        from transformer.data.pairs import arrow_batches
-
-        def batches():
-            return arrow_batches(dataset, [src_column, tgt_column], batch_size)
-
-        directory = token_directory(dataset)
-        if directory is not None:
-            # Written when missing or damaged; written again should another process sharing the cache
-            # find it damaged and remove it between this write and the opening.
-            for _ in range(2):
-                arrays = open_token_files(directory)
-                if arrays is not None:
-                    return cls(*arrays, directory=directory)
-                write_token_files(directory, batches, (src_column, tgt_column))
-        with tempfile.TemporaryDirectory() as scratch:
-            write_token_files(Path(scratch) / "ids", batches, (src_column, tgt_column))
-            arrays = open_token_files(Path(scratch) / "ids")
-            return cls(*(np.array(array) for array in arrays))
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1

@@ -1,15 +1,19 @@
-"""Entries of the data cache this project writes beside datasets' Arrow files: a split's row
-assignment, the token files of a split, the batch plans of an epoch. Each entry is a directory,
-filled under a temporary name with a manifest of what it holds (sizes, and checksums of the small
-files), then renamed into place. An entry is opened only after it matches its manifest; a damaged
-one (a power cut, a partial copy, a full disk) is removed with a warning and built again, so the
-cache is never a reason to stop. What the entries hold is their writers' business (pairs.py,
-token_files.py); datasets' own cache files are datasets'.
+"""The data cache's rules: what names a cached result, and how entries are written and checked.
+
+A result is named by a key of our own (`content_key`): the digest of what it was made from (the
+corpus file's bytes, readers.py), the settings and the code that made it (`code_digest`), never
+datasets' private fingerprints. Entries this project writes beside datasets' Arrow files (a
+split's row assignment, the token files, the batch plans of an epoch) are directories, filled under
+a temporary name with a manifest of what they hold (sizes, and checksums of the small files), then
+renamed into place. An entry is opened only after it matches its manifest; a damaged one (a power
+cut, a partial copy, a full disk) is removed with a warning and built again, so the cache is never
+a reason to stop. What the entries hold is their writers' business (split.py, token_files.py).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -29,6 +33,23 @@ MANIFEST = "manifest.json"
 # ids, offsets, a plan's order: read a batch at a time) are checked by size alone, since hashing them
 # on every open would read the whole corpus again.
 CHECKSUM_BYTES = 16 << 20
+
+# Hex digits of a key: short enough for datasets' file names (a map's key plus its worker suffix
+# must stay within 64 characters), long enough that two contents never meet.
+KEY_CHARS = 32
+
+
+def content_key(*parts: object) -> str:
+    """The key of a cached result made from `parts`: the keys of its inputs, its settings, the digest
+    of the code that made it. Equal parts give the same key in every process and every run."""
+    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:KEY_CHARS]
+
+
+def code_digest(*modules: str) -> str:
+    """A digest of the source of `modules` (files beside this one, by name): part of the key of what
+    their code computes, so that an edit to it is never answered from a stale cache."""
+    here = Path(__file__).parent
+    return hashlib.sha256(b"".join((here / name).read_bytes() for name in modules)).hexdigest()[:KEY_CHARS]
 
 
 def _inventory(directory: Path) -> dict[str, dict[str, object]]:
@@ -139,4 +160,5 @@ def cache_full(where: Path | str, error: OSError) -> DataError:
                      "space there, or point HF_DATASETS_CACHE at a disk with room, and rerun")
 
 
-__all__ = ["MANIFEST", "file_sha256", "damage", "intact", "discard_damaged", "discard", "write_entry", "cache_full"]
+__all__ = ["MANIFEST", "KEY_CHARS", "content_key", "code_digest", "file_sha256", "damage", "intact",
+           "discard_damaged", "discard", "write_entry", "cache_full"]

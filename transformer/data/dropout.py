@@ -14,10 +14,9 @@ import json
 import random
 from typing import Sequence
 
-import datasets
-
 from transformer.data.batching import Batch, PairCorpus, make_batch
-from transformer.data.pairs import SOURCE, TARGET
+from transformer.data.corpus import SOURCE, TARGET
+from transformer.data.rows import Rows
 from transformer.data.tokenizer import UNK_ID, Tokenizers
 from tokenizers import Tokenizer
 
@@ -69,10 +68,10 @@ class DropoutBatches:
     hold somewhat more tokens than the budget. A side that dropout makes longer than `max_tokens`
     keeps its ids without dropout, as training never sees a side longer than that."""
 
-    def __init__(self, texts: datasets.Dataset, corpus: PairCorpus, tokenizers: Tokenizers, p: float, seed: int,
+    def __init__(self, texts: Rows, corpus: PairCorpus, tokenizers: Tokenizers, p: float, seed: int,
                  max_tokens: int) -> None:
         """`texts`: the training pairs' SOURCE and TARGET columns, row i being pair i of `corpus`."""
-        self.texts = texts.select_columns([SOURCE, TARGET])
+        self.texts = texts
         self.corpus, self.seed, self.max_tokens = corpus, seed, max_tokens
         self.source = BpeDropout(tokenizers.source, p)
         self.target = self.source if tokenizers.joint else BpeDropout(tokenizers.target, p)
@@ -88,7 +87,7 @@ class DropoutBatches:
 
     def batch(self, indices: Sequence[int], epoch: int) -> Batch:
         indices = [int(i) for i in indices]
-        rows = self.texts[indices]
+        rows = self.texts.take(indices, [SOURCE, TARGET])
         pairs = [self.encode(i, epoch, s, t) for i, s, t in zip(indices, rows[SOURCE], rows[TARGET])]
         return make_batch([src for src, _ in pairs], [tgt for _, tgt in pairs])
 

@@ -1,15 +1,23 @@
 """Text as the model reads it: the one cleaning that training, validation and translation share,
 and the one way translate.py splits input into lines. Imports nothing heavy, so translate.py can
 use it without loading `datasets`.
+
+This module owns the cleaning: `clean_text` is what every text goes through, and
+`clean_text_normalizer` spells the same rules, from the same character sets, for a tokenizer that must
+clean on its own (a Hugging Face export). The tokenizers this package trains leave cleaning to it.
 """
 
 from __future__ import annotations
 
+import sys
 import unicodedata
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 from transformer.errors import UserError
+
+if TYPE_CHECKING:
+    from tokenizers.normalizers import Normalizer
 
 # Typographic apostrophes, as web pages and word processors write them. The shipped corpus
 # spells "I'm" and "aujourd'hui" with the ASCII one in 99% of its rows, so a pasted "I’m" would
@@ -36,6 +44,35 @@ def clean_text(text: str) -> str:
     if not text.isprintable():  # only then can it hold an invisible character (or a non-ASCII space)
         text = "".join(ch for ch in text if not is_invisible(ch))
     return " ".join(text.translate(_APOSTROPHE_TABLE).split())  # split() knows every Unicode space
+
+
+def clean_text_normalizer() -> "Normalizer":
+    """`clean_text` as a `tokenizers` normalizer, step for step, for a tokenizer that must clean text
+    itself (a Hugging Face export has no other place for it). The character sets are those of this
+    Python's Unicode tables, spelled out, so that the regex engine's own tables cannot differ."""
+    from tokenizers import Regex, normalizers  # only an export needs it; translation starts without it
+
+    characters = [chr(point) for point in range(sys.maxunicode + 1) if not 0xD800 <= point <= 0xDFFF]
+    spaces = [ord(ch) for ch in characters if ch.isspace()]  # what str.split() splits at
+    invisible = [ord(ch) for ch in characters if is_invisible(ch)]
+    return normalizers.Sequence([
+        normalizers.NFC(),
+        normalizers.Replace(Regex(_character_class(invisible)), ""),
+        *(normalizers.Replace(typographic, plain) for typographic, plain in APOSTROPHES.items()),
+        normalizers.Replace(Regex(_character_class(spaces) + "+"), " "),
+        normalizers.Strip(),  # only " " is left of the spaces: it strips exactly what str.strip() would
+    ])
+
+
+def _character_class(code_points: list[int]) -> str:
+    """An Oniguruma character class matching exactly `code_points` (sorted), as ranges."""
+    ranges: list[list[int]] = []
+    for point in code_points:
+        if ranges and ranges[-1][1] == point - 1:
+            ranges[-1][1] = point
+        else:
+            ranges.append([point, point])
+    return "[" + "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges) + "]"
 
 
 def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
@@ -69,4 +106,4 @@ def read_lines(path: Path, what: str) -> list[str]:
         raise UserError(f"cannot read {what} {path}: {error.strerror or error}") from None
 
 
-__all__ = ["APOSTROPHES", "is_invisible", "clean_text", "iter_lines", "read_lines"]
+__all__ = ["APOSTROPHES", "is_invisible", "clean_text", "clean_text_normalizer", "iter_lines", "read_lines"]

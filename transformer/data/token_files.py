@@ -1,10 +1,11 @@
-"""Token ids of an encoded split as flat binary files on disk (as fairseq's binarized data): written
-once beside the split's datasets cache, then read per batch with positioned reads, never copied into
-the process. Also the batch plans of the epochs, so that a resume neither re-encodes nor re-plans.
-What the files hold and how batches are formed live in batching.py; this module only stores arrays.
+"""Token ids of encoded pairs as flat binary files on disk (as fairseq's binarized data): written
+once beside the datasets cache, then read per batch with positioned reads, never copied into the
+process. Also the batch plans of the epochs, so that a resume neither re-encodes nor re-plans.
+What the files hold and how batches are formed live in batching.py; which pairs, encode.py; this
+module only stores arrays.
 
-Layout of a split's directory (named by the dataset's fingerprint, so a change of data, cleaning,
-tokenizer or max_length gets a directory of its own):
+Layout of a corpus's directory, TOKEN_DIR/<key> (the key of its rows, rows.py: a change of data,
+cleaning, split, tokenizer or max_length gets a directory of its own):
     src.ids, tgt.ids     the ids of every row, concatenated (uint16 when they fit, else int32)
     src.offsets, ...     int64 (N + 1,): row i is ids[offsets[i]:offsets[i + 1]]
     dtype                the ids' dtype name
@@ -27,14 +28,6 @@ from transformer.data.cache import discard_damaged, intact, write_entry
 
 TOKEN_DIR = "token-ids"  # beside the datasets cache's Arrow files
 SIDES = ("src", "tgt")
-
-
-def token_directory(dataset) -> Path | None:
-    """Where the token files of `dataset` (a datasets.Dataset) belong: None for a dataset held in
-    memory, which has no cache to sit beside."""
-    if not dataset.cache_files or not getattr(dataset, "_fingerprint", None):
-        return None
-    return Path(dataset.cache_files[0]["filename"]).parent / TOKEN_DIR / dataset._fingerprint
 
 
 def write_token_files(directory: Path, batches, columns: tuple[str, str]) -> None:
@@ -188,5 +181,4 @@ def load_plan(directory: Path, key: str) -> tuple[FileArray, np.ndarray] | None:
         return None
 
 
-__all__ = ["TOKEN_DIR", "FileArray", "token_directory", "write_token_files", "open_token_files", "save_plan",
-           "load_plan"]
+__all__ = ["TOKEN_DIR", "FileArray", "write_token_files", "open_token_files", "save_plan", "load_plan"]

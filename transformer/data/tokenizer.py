@@ -12,15 +12,13 @@ import hashlib
 import itertools
 import json
 import logging
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from transformer.config import TokenizerConfig
-from transformer.data.text import APOSTROPHES, is_invisible
 from transformer.errors import CheckpointError
 from transformer.files import write_text_atomic
 
@@ -96,6 +94,8 @@ def _strip_specials(ids: Iterable[int]) -> list[int]:
 def _new_tokenizer() -> Tokenizer:
     # Without unk_token, BPE silently drops characters it never saw in training.
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    # Not a cleaning: every text reaches a tokenizer cleaned by text.clean_text, already NFC, so this
+    # changes nothing. It stays so that new tokenizer files are byte for byte those of earlier runs.
     tokenizer.normalizer = normalizers.NFC()
     # Metaspace keeps spaces as "▁", so decoding restores the text exactly; a Whitespace
     # pre-tokenizer throws the spaces away and "J'ai froid." could not be rebuilt.
@@ -175,36 +175,6 @@ def train_tokenizers(source_texts: Iterable[str], target_texts: Iterable[str],
     return result
 
 
-# --------------------------------------------------------------------------- cleaning inside
-
-
-def _character_class(code_points: list[int]) -> str:
-    """An Oniguruma character class matching exactly `code_points` (sorted), as ranges."""
-    ranges: list[list[int]] = []
-    for point in code_points:
-        if ranges and ranges[-1][1] == point - 1:
-            ranges[-1][1] = point
-        else:
-            ranges.append([point, point])
-    return "[" + "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges) + "]"
-
-
-def clean_text_normalizer() -> normalizers.Normalizer:
-    """text.clean_text as a `tokenizers` normalizer, for tokenizers that must clean text themselves
-    (a Hugging Face export has no other place for it). The character sets are those of this Python's
-    Unicode tables, spelled out, so that the regex engine's own tables cannot differ."""
-    characters = [chr(point) for point in range(sys.maxunicode + 1) if not 0xD800 <= point <= 0xDFFF]
-    spaces = [ord(ch) for ch in characters if ch.isspace()]  # what str.split() splits at
-    invisible = [ord(ch) for ch in characters if is_invisible(ch)]
-    return normalizers.Sequence([
-        normalizers.NFC(),
-        normalizers.Replace(Regex(_character_class(invisible)), ""),
-        *(normalizers.Replace(typographic, plain) for typographic, plain in APOSTROPHES.items()),
-        normalizers.Replace(Regex(_character_class(spaces) + "+"), " "),
-        normalizers.Strip(),  # only " " is left of the spaces: it strips exactly what str.strip() would
-    ])
-
-
 # --------------------------------------------------------------------------- files
 
 
@@ -258,6 +228,15 @@ def load_tokenizers(directory: str | Path) -> Tokenizers:
                       target=_load_one(directory / TARGET_FILE), joint=False)
 
 
+def tokenizers_digest(tokenizers: Tokenizers) -> str:
+    """sha256 (hex) of what the tokenizers encode by (their JSON, as `save_tokenizers` writes it): the
+    key of the ids they give, for the data cache."""
+    digest = hashlib.sha256(f"joint={tokenizers.joint}\0".encode())
+    for tokenizer in (tokenizers.source,) if tokenizers.joint else (tokenizers.source, tokenizers.target):
+        digest.update(tokenizer.to_str().encode())
+    return digest.hexdigest()
+
+
 def tokenizer_fingerprint(directory: str | Path) -> str:
     """sha256 (hex) over the tokenizer files' names and bytes, in name order.
 
@@ -275,5 +254,5 @@ def tokenizer_fingerprint(directory: str | Path) -> str:
 
 __all__ = [
     "PAD", "UNK", "BOS", "EOS", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "SPECIAL_TOKENS",
-    "Tokenizers", "train_tokenizers", "clean_text_normalizer", "save_tokenizers", "load_tokenizers", "tokenizer_fingerprint",
+    "Tokenizers", "train_tokenizers", "save_tokenizers", "load_tokenizers", "tokenizers_digest", "tokenizer_fingerprint",
 ]

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from transformer.data.tokenizer import BOS, EOS, EOS_ID, PAD, UNK, Tokenizers, clean_text_normalizer
+from transformer.data.text import clean_text_normalizer
+from transformer.data.tokenizer import BOS, EOS, EOS_ID, PAD, UNK, Tokenizers
 from transformer.errors import UserError
 from transformer.files import write_json_atomic
 

@@ -27,6 +27,7 @@ from transformer.checkpoints.format import MODEL_FILE
 from transformer.checkpoints.lookup import load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
+from transformer.decoding import DecodeOptions
 from transformer.errors import UserError
 from transformer.export.destination import Exporter
 from transformer.export.hf_tokenizer import build_hf_tokenizer, import_transformers, name_tokenizer_class
@@ -155,6 +156,8 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
 
 def _generation_config(decode: DecodeConfig, max_len: int) -> Any:
     transformers = import_transformers()
+    # The run's method as decoding.STRATEGIES chooses it (a run's settings search, never sample).
+    beam = DecodeOptions.over(decode).strategy.name == "beam"
     return transformers.GenerationConfig(
         decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
         forced_eos_token_id=None,
@@ -164,7 +167,7 @@ def _generation_config(decode: DecodeConfig, max_len: int) -> Any:
         # Beam settings only with a beam: transformers refuses them with num_beams=1 when it saves.
         # Their length penalty divides by length ** alpha, ours by the GNMT ((5 + length) / 6) ** alpha: the
         # same alpha ranks alike, not identically. "never" is their exact stopping rule, as ours is.
-        **(dict(length_penalty=decode.length_penalty, early_stopping="never") if decode.beam_size > 1 else {}),
+        **(dict(length_penalty=decode.length_penalty, early_stopping="never") if beam else {}),
     )
 
 

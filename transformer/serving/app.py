@@ -2,7 +2,9 @@
 scores out; beam, target prefixes and seeded sampling as translate.py's, and, when asked, the
 cross-attention of the best one), `POST /explain` (one text's search step by step, explain.py),
 `GET /health`, and the web page at `/`. Requests are strict pydantic models that refuse unknown fields
-and wrong types; every refusal is a 4xx JSON `{"error": ...}`: a request whose Host is not an allowed
+and wrong types; their decode values build decoding.DecodeOptions, which checks them as translate.py's
+are checked, and then meet the server's own smaller `ServerCaps`. Every refusal is a 4xx JSON
+`{"error": ...}`: a request whose Host is not an allowed
 name a 400 before anything else, a body above MAX_BODY_BYTES a 413 before it is read, one not whole
 within BODY_TIMEOUT seconds a 408. Translation runs on one worker thread that batches concurrent requests
 (batcher.py). No model loading here (serve.py), nor the server's connection limits (server.py).
@@ -32,11 +34,11 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformer.checkpoints.lookup import run_dir_of
+from transformer.decoding import DecodeOptions, Sampling
 from transformer.errors import DecodeOptionError, UserError
 from transformer.serving.batcher import Batcher
-from transformer.serving.explain import ExplainOptions, ExplainResponse, explain_options, explain_texts
+from transformer.serving.explain import ExplainResponse, ExplainWork, explain_texts
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
-from transformer.translation.options import Sampling, check_n_best, check_overrides
 from transformer.translation.texts import Engine, translate_scored
 from transformer.translation.torch_engine import Translator
 
@@ -44,7 +46,6 @@ log = logging.getLogger(__name__)
 
 MAX_TEXTS = 64  # texts in one request
 MAX_CHARS = 1000  # characters in one text
-MAX_BEAM = 16  # the largest beam a request may ask for; n_best is at most the beam
 # The largest valid request is 64 texts and 64 prefixes of 1,000 characters, each character at most
 # 12 bytes of JSON (an escaped surrogate pair): about 1.5 MB. A larger body is refused with 413
 # before it is read.
@@ -64,9 +65,26 @@ FIELDS = {"beam_size": "beam", "n_best": "n_best", "sampling": "sampling", "top_
           "top_p": "sampling.top_p", "temperature": "sampling.temperature", "seed": "sampling.seed"}
 
 
+@dataclass(frozen=True)
+class ServerCaps:
+    """A shared server's own limits on what one request may ask, below what the engines compute
+    (decoding.RANGES, checked first): a wide beam or a long n-best list holds the one worker for
+    everyone. Refused with a 422 naming the field, as the package's refusals are."""
+
+    beam_size: int = 16
+    n_best: int = 16
+
+    def check(self, **given: int | None) -> None:
+        """Refuse a given value (None: not given) above this server's cap of the same name."""
+        for name, value in given.items():
+            cap = getattr(self, name)
+            if value is not None and value > cap:
+                raise DecodeOptionError(name, f"must be at most {cap} on this server, got {value}")
+
+
 class SamplingRequest(BaseModel):
     """translate.py's --sample, --top-k, --top-p, --temperature and --seed. Their ranges are the package's
-    (options.Sampling), refused with a 422 naming the field."""
+    (decoding.Sampling), refused with a 422 naming the field."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -78,15 +96,14 @@ class SamplingRequest(BaseModel):
 
 
 class TranslateRequest(BaseModel):
-    """What to translate and how. Types are checked here, the server's own limits (texts, characters and
-    the widest beam it serves) too; what the decode options mean is the package's to check (options.py)."""
+    """What to translate and how. Types are checked here, the server's own limits on texts and characters
+    too; the decode values are the package's to check (decoding.DecodeOptions), then ServerCaps'."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # strict: "2" is not a beam, "yes" not a bool
 
     texts: list[Text] = Field(min_length=1, max_length=MAX_TEXTS)
-    beam: int | None = Field(default=None, le=MAX_BEAM, description="beam size (default: the run's)")
-    n_best: int = Field(default=1, le=MAX_BEAM, description="candidates per text: at most the beam, or that many "
-                                                            "samples")
+    beam: int | None = Field(default=None, description="beam size (default: the run's)")
+    n_best: int = Field(default=1, description="candidates per text: at most the beam, or that many samples")
     prefixes: list[Text] | None = Field(default=None, description="one per text: its translations start "
                                                                   "with it (\"\" for none)")
     sampling: SamplingRequest | None = Field(default=None, description="draw each token at random instead "
@@ -106,10 +123,10 @@ class ExplainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     text: Text
-    beam: int | None = Field(default=None, le=MAX_BEAM, description="beam size (default: the run's; 1: greedy)")
+    beam: int | None = Field(default=None, description="beam size (default: the run's; 1: greedy)")
     length_penalty: float | None = Field(default=None, description="the GNMT alpha (default: the run's)")
-    n_best: int = Field(default=1, le=MAX_BEAM, description="finished hypotheses beam search keeps before it "
-                                                            "may stop, as /translate's n_best")
+    n_best: int = Field(default=1, description="finished hypotheses beam search keeps before it may stop, as "
+                                               "/translate's n_best")
     prefix: Text = Field(default="", description="the translation starts with it")
 
 
@@ -137,15 +154,13 @@ class TranslateResponse(BaseModel):
 
 
 @dataclass(frozen=True)
-class DecodeOptions:
+class TranslateWork:
     """What makes two requests' texts translatable in one call: the batcher groups by it. `alone`
     differs between requests that must not share a call: a seeded sampling request draws what it
     would alone only when its texts are the whole call."""
 
-    beam: int
-    n_best: int
+    options: DecodeOptions
     alignment: bool
-    sampling: Sampling | None = None
     alone: int = 0
 
 
@@ -161,41 +176,44 @@ def alignment_of(attended: AttendedTranslation) -> Alignment:
 
 class Translations:
     """The batcher's work function: the (text, prefix) pairs of one group of requests through the text
-    path. Plain requests run on `engine`; those with alignment or sampling on the torch Translator,
-    which alone gives attention and reseeds exactly per call (CTranslate2's random generator, once
-    used, ignores a new seed), and so do /explain's traces (ExplainOptions). Engines at other beams than
-    the run's are made once and kept. Runs on the worker thread only."""
+    path. Plain requests run on `engine`; those with alignment or a seeded method (sampling) on the
+    torch Translator, which alone gives attention and reseeds exactly per call (CTranslate2's random
+    generator, once used, ignores a new seed), and so do /explain's traces (ExplainWork). Engines at
+    other options than the run's are made once and kept. Runs on the worker thread only."""
 
     def __init__(self, engine: Engine, torch_engine: Translator | None) -> None:
         self.engine, self.torch_engine = engine, torch_engine
-        self._engines: dict[tuple[bool, int], Any] = {}
+        self._engines: dict[tuple[bool, DecodeOptions], Any] = {}
 
-    def _engine_for(self, options: DecodeOptions) -> Any:
-        on_torch = options.alignment or options.sampling is not None
+    def _engine_for(self, work: TranslateWork) -> Any:
+        seeded = work.options.strategy.seeded
+        on_torch = work.alignment or seeded
         engine = self.torch_engine if on_torch else self.engine
-        if options.sampling is not None:  # a new Translator: a new generator, seeded with the request's seed
-            return dataclasses.replace(engine, sampling=options.sampling)
-        if options.beam == engine.decode.beam_size:
+        if seeded:  # a new Translator: a new generator, seeded with the request's seed
+            return dataclasses.replace(engine, decode=work.options)
+        # n-best is given with each call: engines differ by the rest (at most one per beam).
+        options = dataclasses.replace(work.options, n_best=1)
+        if options == engine.decode:
             return engine
-        key = (on_torch, options.beam)
+        key = (on_torch, options)
         if key not in self._engines:
-            self._engines[key] = dataclasses.replace(engine, decode=dataclasses.replace(engine.decode,
-                                                                                        beam_size=options.beam))
+            self._engines[key] = dataclasses.replace(engine, decode=options)
         return self._engines[key]
 
-    def __call__(self, options: DecodeOptions | ExplainOptions, items: list[tuple[str, str]]
+    def __call__(self, work: TranslateWork | ExplainWork, items: list[tuple[str, str]]
                  ) -> list[Translation] | list[ExplainResponse]:
-        if isinstance(options, ExplainOptions):
-            return explain_texts(self.torch_engine, options, items)
-        engine = self._engine_for(options)
+        if isinstance(work, ExplainWork):
+            return explain_texts(self.torch_engine, work, items)
+        engine = self._engine_for(work)
         texts = [text for text, _ in items]
         prefixes = [prefix for _, prefix in items] if any(prefix for _, prefix in items) else None
-        if options.alignment:
-            attended = translate_with_attention(engine, texts, options.n_best, prefixes=prefixes, with_scores=True)
+        n_best = work.options.n_best
+        if work.alignment:
+            attended = translate_with_attention(engine, texts, n_best, prefixes=prefixes, with_scores=True)
             candidates = [[(a.text, a.log_prob) for a in row] for row in attended]
             alignments = [alignment_of(row[0]) for row in attended]
         else:
-            candidates = translate_scored(engine, texts, options.n_best, prefixes)
+            candidates = translate_scored(engine, texts, n_best, prefixes)
             alignments = [None] * len(texts)
         return [Translation(source=text, translation=row[0][0], alignment=alignment,
                             n_best=[Candidate(text=t, score=s) for t, s in row])
@@ -325,12 +343,13 @@ def _finite(value: Any) -> Any:
 
 def create_app(engine: Engine, torch_engine: Translator | None = None, batch_texts: int = BATCH_TEXTS,
                batch_window: float = BATCH_WINDOW, allowed_hosts: Sequence[str] = LOCAL_HOSTS,
-               body_timeout: float = BODY_TIMEOUT) -> FastAPI:
+               body_timeout: float = BODY_TIMEOUT, caps: ServerCaps = ServerCaps()) -> FastAPI:
     """The app around `engine` (any texts.Engine: torch or CTranslate2) for plain requests, and the
     `torch_engine` Translator for requests with `alignment` or `sampling` (a single model: attention
     is one model's; without it such requests are refused). `batch_texts` and `batch_window` are the
     batcher's max_texts and window. `allowed_hosts`: the names a request's Host may give (any port;
-    allowed_host's forms). `body_timeout`: seconds a request's body may take. The batcher's worker runs
+    allowed_host's forms). `body_timeout`: seconds a request's body may take. `caps`: what one request may
+    ask, below what the engines compute. The batcher's worker runs
     from the app's startup to its shutdown; while it runs, `app.state.batcher` is it."""
     if torch_engine is not None and torch_engine.others:
         raise UserError("serving shows one model's attention: not an ensemble")
@@ -385,22 +404,22 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
         return {"status": "ok", **model,
                 "engine": "torch" if isinstance(engine, Translator) else "ctranslate2",
                 "beam": engine.decode.beam_size, "alignment": torch_engine is not None,
-                "max_beam": MAX_BEAM, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS,
+                "max_beam": caps.beam_size, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS,
                 # translation calls since the start, and the requests and texts they served
                 "batches": dataclasses.asdict(served)}
 
     @app.post("/translate", response_model=TranslateResponse)
     async def translate(request: TranslateRequest, http: Request) -> TranslateResponse:
         sampling = None if request.sampling is None else Sampling(**request.sampling.model_dump())
-        beam = check_overrides(sampling, beam_size=request.beam).get("beam_size", engine.decode.beam_size)
-        check_n_best(request.n_best, beam, sampling)
-        if (request.alignment or sampling) and torch_engine is None:
+        options = DecodeOptions.over(engine.decode, sampling, request.n_best, beam_size=request.beam)
+        caps.check(beam_size=request.beam, n_best=request.n_best)
+        seeded = options.strategy.seeded
+        if (request.alignment or seeded) and torch_engine is None:
             raise UserError("this server translates without the torch engine, which alone gives the "
                             "cross-attention and seeded samples: ask without alignment and sampling")
-        options = DecodeOptions(beam, request.n_best, request.alignment, sampling,
-                                alone=next(requests) if sampling else 0)
+        work = TranslateWork(options, request.alignment, alone=next(requests) if seeded else 0)
         prefixes = request.prefixes or [""] * len(request.texts)
-        future = http.app.state.batcher.submit(options, list(zip(request.texts, prefixes)))
+        future = http.app.state.batcher.submit(work, list(zip(request.texts, prefixes)))
         return TranslateResponse(translations=await asyncio.wrap_future(future))
 
     @app.post("/explain", response_model=ExplainResponse)
@@ -409,13 +428,15 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
         if torch_engine is None:
             raise UserError("this server translates without the torch engine, which alone shows its search "
                             "step by step")
-        options = explain_options(torch_engine, request.beam, request.length_penalty, request.n_best)
-        future = http.app.state.batcher.submit(options, [(request.text, request.prefix)])
+        options = DecodeOptions.over(torch_engine.decode, None, request.n_best, beam_size=request.beam,
+                                     length_penalty=request.length_penalty)
+        caps.check(beam_size=request.beam, n_best=request.n_best)
+        future = http.app.state.batcher.submit(ExplainWork(options), [(request.text, request.prefix)])
         return (await asyncio.wrap_future(future))[0]
 
     return app
 
 
-__all__ = ["MAX_TEXTS", "MAX_CHARS", "MAX_BEAM", "MAX_BODY_BYTES", "BODY_TIMEOUT", "LOCAL_HOSTS", "BATCH_TEXTS",
-           "BATCH_WINDOW", "DecodeOptions", "TranslateRequest", "ExplainRequest", "TranslateResponse", "Translations",
-           "BodyLimit", "AllowedHosts", "allowed_host", "create_app"]
+__all__ = ["MAX_TEXTS", "MAX_CHARS", "MAX_BODY_BYTES", "BODY_TIMEOUT", "LOCAL_HOSTS", "BATCH_TEXTS",
+           "BATCH_WINDOW", "ServerCaps", "TranslateWork", "TranslateRequest", "ExplainRequest", "TranslateResponse",
+           "Translations", "BodyLimit", "AllowedHosts", "allowed_host", "create_app"]

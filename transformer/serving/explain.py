@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from transformer.translation.options import check_n_best, check_overrides
+from transformer.decoding import DecodeOptions
 from transformer.translation.torch_engine import Translator
 from transformer.translation.trace import trace_search
 
@@ -77,34 +77,19 @@ class ExplainResponse(BaseModel):
 
 
 @dataclass(frozen=True)
-class ExplainOptions:
-    """An /explain request's search settings: the batcher groups texts by them (each is traced alone)."""
+class ExplainWork:
+    """An /explain request's decode options (app.py checks them): the batcher groups texts by them, and
+    each is traced alone."""
 
-    beam: int
-    length_penalty: float
-    n_best: int
-
-
-def explain_options(torch_engine: Translator, beam: int | None, length_penalty: float | None, n_best: int
-                    ) -> ExplainOptions:
-    """The given settings over the served engine's (None: its own), each checked by the package: a
-    DecodeOptionError naming the option (beam_size, length_penalty, n_best)."""
-    given = check_overrides(beam_size=beam, length_penalty=length_penalty)
-    decode = torch_engine.decode
-    options = ExplainOptions(given.get("beam_size", decode.beam_size),
-                             given.get("length_penalty", decode.length_penalty), n_best)
-    check_n_best(n_best, options.beam, None)
-    return options
+    options: DecodeOptions
 
 
-def explain_texts(torch_engine: Translator, options: ExplainOptions, items: list[tuple[str, str]]
+def explain_texts(torch_engine: Translator, work: ExplainWork, items: list[tuple[str, str]]
                   ) -> list[ExplainResponse]:
-    """Each (text, prefix)'s search traced alone at `options`: a step-by-step record is one sentence's.
-    On the thread that owns `torch_engine` only."""
-    engine = dataclasses.replace(torch_engine, decode=dataclasses.replace(
-        torch_engine.decode, beam_size=options.beam, length_penalty=options.length_penalty))
-    return [ExplainResponse(source=text, **trace_search(engine, text, prefix, options.n_best).to_dict())
-            for text, prefix in items]
+    """Each (text, prefix)'s search traced alone with `work`'s options: a step-by-step record is one
+    sentence's. On the thread that owns `torch_engine` only."""
+    engine = dataclasses.replace(torch_engine, decode=work.options)
+    return [ExplainResponse(source=text, **trace_search(engine, text, prefix).to_dict()) for text, prefix in items]
 
 
-__all__ = ["ExplainResponse", "ExplainOptions", "explain_options", "explain_texts"]
+__all__ = ["ExplainResponse", "ExplainWork", "explain_texts"]

@@ -1,7 +1,8 @@
-"""Build a training run from a config and hand it to the Trainer: the run directory, data and
-tokenizers, model, optimizer, and the checkpoint to resume from. It loads and saves nothing
-itself: the run directory's files go through checkpoints/rundir.py, checkpoints through the
-checkpoint manager. Process-wide settings (threads, the allocator, logging) are train.py's.
+"""Build a training run from a config and hand it to the Trainer: the run directory, the data (one
+call to data/prepare.py, told which tokenizer files the run reuses or writes), model, optimizer,
+and the checkpoint to resume from. It loads and saves nothing itself: the run directory's files go
+through checkpoints/rundir.py, checkpoints through the checkpoint manager. Process-wide settings
+(threads, the allocator, logging) are train.py's.
 
 Under torchrun, rank 0 alone writes the run directory; the other ranks read what it wrote (so the
 run directory must be on a filesystem every node sees at the same path).
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-import numpy as np
 import torch
 
 from transformer.checkpoints.manager import CheckpointManager, load_checkpoint
@@ -25,13 +25,8 @@ from transformer.checkpoints.layout import Best
 from transformer.checkpoints.lookup import load_run_config
 from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config, config_to_dict, config_to_yaml
-from transformer.data.batching import PairCorpus
-from transformer.data.dropout import DropoutBatches
-from transformer.data.readers import describe_input
-from transformer.data.pairs import (SOURCE, TARGET, encode_splits, iter_texts, load_pairs, sample_rows, split_pairs,
-                                     token_lengths)
-from transformer.data.tokenizer import load_tokenizers, save_tokenizers, tokenizer_fingerprint, train_tokenizers
-from transformer.errors import CheckpointError, ConfigError, DataError
+from transformer.data.prepare import TokenizerSource, prepare
+from transformer.errors import CheckpointError, ConfigError
 from transformer.model import Transformer, count_parameters
 from transformer.runtime import resolve_precision, seed_everything, select_device
 from transformer.training import distributed
@@ -100,8 +95,8 @@ def _writing(run_dir: Path) -> Iterator[None]:
 
 
 def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambda: False,
-          show_progress: bool = True, data_cache_dir: Path | None = None,
-          rebuild_state: bool = False, before_training: Callable[[], None] = lambda: None) -> TrainOutcome:
+          show_progress: bool = True, rebuild_state: bool = False,
+          before_training: Callable[[], None] = lambda: None) -> TrainOutcome:
     """Train (or resume) the run in `run_dir` until a budget is reached or `should_stop()` says so.
     `rebuild_state`: first write the run state anew from the checkpoints on disk (it was lost).
     `before_training` is called once the data is ready, before the model is built: where train.py
@@ -127,7 +122,7 @@ def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambd
                     resume_from = checkpoints.resume_point()
         resume_from = distributed.broadcast_object(resume_from)
         return _train(config, run, checkpoints, resume_from, device, precision, should_stop, show_progress,
-                      data_cache_dir, before_training)
+                      before_training)
 
 
 def _open_run(config: Config, run: RunDirectory, rebuild_state: bool) -> CheckpointManager:
@@ -152,7 +147,7 @@ def _open_run(config: Config, run: RunDirectory, rebuild_state: bool) -> Checkpo
 
 def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | None, resume_from: Path | None,
            device: torch.device, precision: str, should_stop: Callable[[], bool], show_progress: bool,
-           data_cache_dir: Path | None, before_training: Callable[[], None]) -> TrainOutcome:
+           before_training: Callable[[], None]) -> TrainOutcome:
     main = distributed.is_main()
     # The saved config keeps `auto`; this session trains at what it resolves to on this machine.
     saved_config = config
@@ -163,8 +158,7 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
     with distributed.main_first():
         # A fine-tuned run reads its parent once, at its start; a resume continues from its own checkpoints.
         parent = open_parent(saved_config) if config.train.init_from and resume_from is None else None
-        data, heldout = _prepare_data(config, run, data_cache_dir, write=main, resuming=resume_from is not None,
-                                      parent=parent)
+        data, heldout = _prepare_data(config, run, write=main, resuming=resume_from is not None, parent=parent)
     before_training()
 
     seed_everything(config.train.seed)  # the same config gives the same initial weights
@@ -211,73 +205,49 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
                         trainer.stopped_early())
 
 
-def _prepare_data(config: Config, run: RunDirectory, data_cache_dir: Path | None, write: bool,
-                  resuming: bool, parent: Parent | None = None) -> tuple[TrainingData, Callable[[], None]]:
-    """Load and split the pairs, train the tokenizers (or, `resuming`, reuse the run's; fine-tuning a
-    `parent`, copy its files), encode. With `write` and a new run, the tokenizer files are written
-    here (their fingerprint is taken from them); the held-out files are written by the function
-    returned, once every check has passed."""
-    pairs, _ = load_pairs(config.data, cache_dir=data_cache_dir)
-    splits = split_pairs(pairs, config.data)
-    if not write:  # a rank > 0, after rank 0 saved them: they must be visible here too
-        if not run.tokenizer_dir.is_dir():
-            raise CheckpointError(f"rank {distributed.rank()} cannot see {run.tokenizer_dir}, which rank 0 has "
-                                  "written: every node must see the run directory at the same path (a shared "
-                                  "filesystem)")
-        tokenizers = load_tokenizers(run.tokenizer_dir)
-    elif resuming:  # the checkpoint's fingerprint check makes sure they are the ones it used
-        tokenizers = load_tokenizers(run.tokenizer_dir)
-        log.info("tokenizers: reusing %s", run.tokenizer_dir)
-    elif parent is not None:  # fine-tuning: the parent's vocabulary, byte for byte
-        with _writing(run.path):
-            run.copy_tokenizer(parent.run.tokenizer_dir)
-        tokenizers = load_tokenizers(run.tokenizer_dir)
-        log.info("tokenizers: copied from the parent run's %s", parent.run.tokenizer_dir)
-    else:
-        # Trained afresh whenever there is no checkpoint to resume, even if a killed earlier session
-        # left tokenizer files: their settings or data may since have changed.
-        sample = sample_rows(len(splits.train), config.tokenizer.sample_pairs, config.train.seed)
-        sampled = len(splits.train) if sample is None else config.tokenizer.sample_pairs
-        log.info("training BPE tokenizers (vocabulary %d, %s) on %d training pairs%s", config.tokenizer.vocab_size,
-                 "joint" if config.tokenizer.joint else "separate", sampled,
-                 f", a seeded sample of the {len(splits.train)} (tokenizer.sample_pairs)" if sample is not None else "")
-        tokenizers = train_tokenizers(iter_texts(splits.train, SOURCE, rows=sample),
-                                      iter_texts(splits.train, TARGET, rows=sample), config.tokenizer)
-        with _writing(run.path):
-            run.replace_tokenizer(lambda directory: save_tokenizers(tokenizers, directory))
-    fingerprints = {"tokenizer_fingerprint": tokenizer_fingerprint(run.tokenizer_dir),
-                    "data_fingerprint": splits.fingerprint}
-    log.info("encoding %d pairs into subword ids", len(splits.train) + len(splits.valid) + len(splits.test))
-    encoded = encode_splits(splits, tokenizers, config.data.max_length)
-    if not len(encoded.train):
-        raise DataError(f"{describe_input(config.data)}: nothing to train on: all {encoded.train_too_long} training "
-                        f"pairs are longer than data.max_length={config.data.max_length} allows (more than "
-                        f"{config.data.max_length - 1} subword tokens on a side); raise data.max_length")
-    # The valid loss feeds whole pairs to the model, so each side (+ BOS/EOS) must fit its position
-    # table; a longer pair still counts in BLEU, where translation truncates its source.
-    src_len, tgt_len = token_lengths(encoded.valid)
-    fits = np.flatnonzero((src_len < config.model.max_len) & (tgt_len < config.model.max_len))
-    if len(fits) < len(encoded.valid):
-        log.warning("valid: %d of %d pairs are longer than model.max_len=%d tokens; they count in BLEU but not "
-                    "in the valid loss", len(encoded.valid) - len(fits), len(encoded.valid), config.model.max_len)
-    valid_sources, valid_references = group_references(list(iter_texts(splits.valid, SOURCE)),
-                                                       list(iter_texts(splits.valid, TARGET)))
+def _prepare_data(config: Config, run: RunDirectory, write: bool, resuming: bool,
+                  parent: Parent | None = None) -> tuple[TrainingData, Callable[[], None]]:
+    """The data stage (data/prepare.py) with this run's tokenizers: a new run's trained and written into
+    its tokenizer/ (with `write`), a resumed run's read back, a fine-tuned run's copied from its
+    `parent`. The held-out files are written by the function returned, once every check has passed."""
+    prepared = prepare(config, _tokenizer_source(run, write, resuming, parent))
+    valid_sources, valid_references = group_references(prepared.valid.sources, prepared.valid.targets)
     sample = (run.read_heldout(VALID_SAMPLE) if resuming or not write else None) or \
         sample_over_lengths(valid_sources, valid_references, config.train.valid_max_pairs, config.data.split_seed)
-    valid = EvaluationSet(PairCorpus.from_dataset(encoded.valid.select(fits)), *sample)
-    corpus = PairCorpus.from_dataset(encoded.train)
-    # BPE-dropout splits training pairs afresh each epoch; valid, test and held-out files never see it.
-    dropout = DropoutBatches(encoded.train, corpus, tokenizers, config.tokenizer.dropout, config.train.seed,
-                             config.data.max_length - 1) if config.tokenizer.dropout else None
-    data = TrainingData(corpus, valid, tokenizers, fingerprints, dropout)
+    valid = EvaluationSet(prepared.valid_corpus, *sample)
+    data = TrainingData(prepared.corpus, valid, prepared.tokenizers, prepared.fingerprints, prepared.dropout)
 
     def write_heldout() -> None:
         run.write_heldout("valid", valid_sources, valid_references)
-        if len(splits.test):
-            run.write_heldout("test", *group_references(list(iter_texts(splits.test, SOURCE)),
-                                                        list(iter_texts(splits.test, TARGET))))
+        if len(prepared.test):
+            run.write_heldout("test", *group_references(prepared.test.sources, prepared.test.targets))
         run.write_heldout(VALID_SAMPLE, *sample)
         log.info("validation: BLEU and chrF on %d of the %d valid sentences, spread over their lengths (%s)",
                  len(sample[0]), len(valid_sources), run.heldout_dir / f"{VALID_SAMPLE}.en")
 
     return data, write_heldout
+
+
+def _tokenizer_source(run: RunDirectory, write: bool, resuming: bool, parent: Parent | None) -> TokenizerSource:
+    """Which tokenizer files the data stage reads, or whether it trains new ones for this run to write."""
+    if not write:  # a rank > 0, after rank 0 saved them: they must be visible here too
+        if not run.tokenizer_dir.is_dir():
+            raise CheckpointError(f"rank {distributed.rank()} cannot see {run.tokenizer_dir}, which rank 0 has "
+                                  "written: every node must see the run directory at the same path (a shared "
+                                  "filesystem)")
+        return TokenizerSource.read(run.tokenizer_dir)
+    if resuming:  # the checkpoint's fingerprint check makes sure they are the ones it used
+        return TokenizerSource.read(run.tokenizer_dir)
+    if parent is not None:  # fine-tuning: the parent's vocabulary, byte for byte
+        with _writing(run.path):
+            run.copy_tokenizer(parent.run.tokenizer_dir)
+        log.info("tokenizers: copied from the parent run's %s", parent.run.tokenizer_dir)
+        return TokenizerSource.read(run.tokenizer_dir)
+
+    # Trained afresh whenever there is no checkpoint to resume, even if a killed earlier session
+    # left tokenizer files: their settings or data may since have changed.
+    def store(save: Callable[[Path], None]) -> None:
+        with _writing(run.path):
+            run.replace_tokenizer(save)
+
+    return TokenizerSource.train(run.tokenizer_dir, store)

@@ -165,7 +165,7 @@ class AttendedTranslation:
                               len(self.output_tokens) - self.ended, layer)
 
 
-def translate_with_attention(engine: Translator, texts: list[str], n_best: int = 1, warn_unknown: bool = True,
+def translate_with_attention(engine: Translator, texts: list[str], n_best: int | None = None, warn_unknown: bool = True,
                              prefixes: list[str] | None = None, with_scores: bool = False
                              ) -> list[list[AttendedTranslation]]:
     """Like `engine.translate` (same text path, same search), each translation with its attention,
@@ -185,11 +185,11 @@ def translate_with_attention(engine: Translator, texts: list[str], n_best: int =
     produced: list[tuple[int, list[int], bool]] = []  # (text index, output with its EOS, ended)
     for i, (source, outputs) in enumerate(zip(ids, results)):
         if source:
-            # Beam search ends every hypothesis with EOS; greedy search and sampling stop without one
-            # only when the output reached its maximum length (search.greedy_search).
+            # Beam search ends every hypothesis with EOS (decoding.Strategy.ends_with_eos); the other
+            # methods stop without one only when the output reached its maximum length.
             longest = max_output_length(len(source), config.max_length_a, config.max_length_b, hard_cap)
             for output in outputs:
-                ended = (engine.sampling is None and config.beam_size > 1) or len(output) < longest
+                ended = config.strategy.ends_with_eos or len(output) < longest
                 produced.append((i, output + [EOS_ID] if ended else output, ended))
     maps = iter(teacher_forced_attention(engine.model, [ids[i] for i, _, _ in produced],
                                          [out for _, out, _ in produced], engine.device, config.batch_size))

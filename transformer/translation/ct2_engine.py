@@ -1,8 +1,9 @@
 """The CTranslate2 engine: CTranslate2's greedy search, beam search or sampling over batches of
-source ids, optionally from target prefixes, and its scoring of target ids, from a model exported
-by export/ (ct2_format.py says what an export is). Text goes through texts.py, as
-with every engine. Imports no torch, so that `translate.py --engine ctranslate2` starts without it;
-writing an export, when a run has none yet, is export/'s job and not this module's.
+source ids (`CT2_SEARCHES`: each method of decoding.STRATEGIES that it runs), optionally from target
+prefixes, and its scoring of target ids, from a model exported by export/ (ct2_format.py says what an
+export is). Text goes through texts.py, as with every engine. Imports no torch, so that `translate.py
+--engine ctranslate2` starts without it; writing an export, when a run has none yet, is export/'s job and
+not this module's.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Any
 from transformer.checkpoints.lookup import load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
 from transformer.data.tokenizer import BOS, EOS, PAD, Tokenizers, load_tokenizers
+from transformer.decoding import DecodeOptions, Sampling
 from transformer.errors import CheckpointError, ConfigError, EngineUnavailableError
 from transformer.hardware import parse_device
 from transformer.translation.ct2_format import EXPORT_TOKENIZER_DIR, import_ctranslate2, read_export_info
-from transformer.translation.options import Sampling, decode_config
 from transformer.translation.texts import gnmt_length_penalty, max_output_length, translate_texts
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 BEAM_PATIENCE = 2.0
 
 # Every search call: we truncate sources ourselves (texts.py); EOS may come first, as in ours;
-# PAD and BOS are never emitted, as search._NEVER_EMITTED says.
+# PAD and BOS are never emitted, as step_decoder.NEVER_EMITTED says.
 _OPTIONS = dict(max_input_length=0, min_decoding_length=0, suppress_sequences=[[PAD], [BOS]])
 
 
@@ -78,12 +79,11 @@ class CTranslate2Translator:
 
     translator: Any  # ctranslate2.Translator
     tokenizers: Tokenizers
-    decode: DecodeConfig
+    decode: DecodeOptions  # a sampling seed among them is set when loading (CTranslate2's is process-wide)
     max_len: int
     model_dir: Path
     checkpoint: Path | None  # the checkpoint it was exported from, when known
     patience: float = BEAM_PATIENCE  # beam search goes on until patience x beam_size hypotheses have finished
-    sampling: Sampling | None = None  # sample instead of searching; its seed is set when loading
 
     def __post_init__(self) -> None:
         source, target = self.tokenizers.source, self.tokenizers.target
@@ -91,36 +91,52 @@ class CTranslate2Translator:
         self._target_tokens = [target.id_to_token(i) for i in range(self.tokenizers.target_vocab_size)]
         self._target_ids = target.get_vocab(with_added_tokens=True)
 
-    def translate(self, texts: list[str], n_best: int = 1, prefixes: list[str] | None = None) -> list[list[str]]:
+    def translate(self, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None
+                  ) -> list[list[str]]:
         """For each text, its `n_best` translations, best first (texts.translate_texts)."""
         return translate_texts(self, texts, n_best, prefixes=prefixes)
 
     def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None
                ) -> list[list[list[int]]]:
-        """Source id lists (no EOS) -> for each, its hypotheses' target ids, best first (texts.Engine),
-        each starting with its prefix (CTranslate2's target_prefix) when `prefixes` are given. Beam
-        search returns all it finished, at least `n_best`, and the text path keeps the first."""
+        """Source id lists (no EOS) -> for each, its hypotheses' target ids, best first (texts.Engine), by
+        the method the decode options choose (CT2_SEARCHES), each starting with its prefix (CTranslate2's
+        target_prefix) when `prefixes` are given. Beam search returns all it finished, at least `n_best`,
+        and the text path keeps the first."""
         decode = self.decode
         tokens = [[self._source_tokens[i] for i in ids] for ids in sources]
         targets = None if prefixes is None else [[self._target_tokens[i] for i in ids] or None for ids in prefixes]
         limits = [max_output_length(len(ids), decode.max_length_a, decode.max_length_b, self.max_len - 1)
                   for ids in sources]
-        if decode.beam_size == 1 or self.sampling is not None:
-            options: dict[str, Any] = {}
-            copies = 1  # each output repeated: n-best draws of top-k 1, which are greedy search's n times
-            if self.sampling is not None:
-                s = self.sampling
-                # Our top_k at or above the vocabulary keeps every token, as CTranslate2's 0 does (it refuses
-                # more); its top-k 1 is greedy search, which finds one hypothesis only.
-                top_k = 0 if s.top_k >= len(self._target_tokens) else s.top_k
-                copies = n_best if top_k == 1 else 1
-                options = dict(num_hypotheses=n_best // copies, sampling_topk=top_k, sampling_topp=s.top_p,
-                               sampling_temperature=s.temperature)
-            results = self.translator.translate_batch(tokens, targets, beam_size=1, max_decoding_length=max(limits),
-                                                      **options, **_OPTIONS)
-            return [[self._ids(hypothesis)[:limit] for hypothesis in result.hypotheses for _ in range(copies)]
-                    for result, limit in zip(results, limits)]
-        outputs: list[list[list[int]]] = [[] for _ in sources]
+        return CT2_SEARCHES[decode.strategy.name](self, tokens, targets, limits, n_best)
+
+    def _greedy(self, tokens: list[list[str]], targets: list[list[str] | None] | None, limits: list[int],
+                n_best: int) -> list[list[list[int]]]:
+        """Greedy search of a batch: one call with its longest limit, each output cut to its own."""
+        return self._token_by_token(tokens, targets, limits, {})
+
+    def _sampling(self, tokens: list[list[str]], targets: list[list[str] | None] | None, limits: list[int],
+                  n_best: int) -> list[list[list[int]]]:
+        """`n_best` samples of each source, as greedy search is run."""
+        s = self.decode.sampling
+        # Our top_k at or above the vocabulary keeps every token, as CTranslate2's 0 does (it refuses
+        # more); its top-k 1 is greedy search, which finds one hypothesis only.
+        top_k = 0 if s.top_k >= len(self._target_tokens) else s.top_k
+        copies = n_best if top_k == 1 else 1  # each output repeated: n-best draws of top-k 1 are greedy search's
+        options = dict(num_hypotheses=n_best // copies, sampling_topk=top_k, sampling_topp=s.top_p,
+                       sampling_temperature=s.temperature)
+        return self._token_by_token(tokens, targets, limits, options, copies)
+
+    def _token_by_token(self, tokens: list[list[str]], targets: list[list[str] | None] | None, limits: list[int],
+                        options: dict[str, Any], copies: int = 1) -> list[list[list[int]]]:
+        results = self.translator.translate_batch(tokens, targets, beam_size=1, max_decoding_length=max(limits),
+                                                  **options, **_OPTIONS)
+        return [[self._ids(hypothesis)[:limit] for hypothesis in result.hypotheses for _ in range(copies)]
+                for result, limit in zip(results, limits)]
+
+    def _beam_by_limit(self, tokens: list[list[str]], targets: list[list[str] | None] | None, limits: list[int],
+                       n_best: int) -> list[list[list[int]]]:
+        """Beam search of a batch, one call per output limit (`_beam`)."""
+        outputs: list[list[list[int]]] = [[] for _ in tokens]
         groups: dict[int, list[int]] = {}
         for i, limit in enumerate(limits):
             groups.setdefault(limit, []).append(i)
@@ -178,8 +194,7 @@ class CTranslate2Translator:
         return [self._target_ids[token] for token in hypothesis]
 
 
-def differences_from_torch(decode: DecodeConfig, n_best: int = 1, patience: float = BEAM_PATIENCE,
-                           sampling: Sampling | None = None) -> list[str]:
+def differences_from_torch(options: DecodeOptions, patience: float = BEAM_PATIENCE) -> list[str]:
     """Where these settings cannot mean exactly what they mean with the torch engine, one line each.
 
     Greedy search is exact. So is the best of a beam search without length penalty: CTranslate2 then
@@ -187,26 +202,38 @@ def differences_from_torch(decode: DecodeConfig, n_best: int = 1, patience: floa
     or for the rest of an n-best list, the point where each search stops matters. Samples follow
     the same distribution, but not the same random numbers.
     """
-    if sampling is not None:
-        return ["the ctranslate2 engine draws its samples with its own random number generator, so with the "
-                "same seed its samples differ from the torch engine's (they follow the same distribution)"]
-    if decode.beam_size == 1 or (decode.length_penalty == 0 and n_best == 1):
+    return _DIFFERENCES[options.strategy.name](options, patience)
+
+
+def _beam_differences(options: DecodeOptions, patience: float) -> list[str]:
+    if options.length_penalty == 0 and options.n_best == 1:
         return []
     return [f"the ctranslate2 engine stops beam search once {patience:g} x beam_size hypotheses have finished, "
             "not by the torch engine's exact bound, so a few beam outputs can differ"]
 
 
+_SAMPLES_DIFFER = ("the ctranslate2 engine draws its samples with its own random number generator, so with the "
+                   "same seed its samples differ from the torch engine's (they follow the same distribution)")
+
+# decoding.STRATEGIES' methods as this engine runs them, by name, and where each differs from the torch engine's.
+CT2_SEARCHES = {"greedy": CTranslate2Translator._greedy, "beam": CTranslate2Translator._beam_by_limit,
+                "sampling": CTranslate2Translator._sampling}
+_DIFFERENCES = {"greedy": lambda options, patience: [], "beam": _beam_differences,
+                "sampling": lambda options, patience: [_SAMPLES_DIFFER]}
+
+
 def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device: str = "auto", int8: bool = False,
                         threads: int = 0, patience: float = BEAM_PATIENCE, device_key: str = "device",
-                        sampling: Sampling | None = None, **decode_overrides: Any) -> CTranslate2Translator:
+                        sampling: Sampling | None = None, n_best: int = 1, **decode_overrides: Any
+                        ) -> CTranslate2Translator:
     """A CTranslate2 translator of the export in `model_dir`.
 
     `checkpoint`: the checkpoint it was exported from, whose run's decode config then applies (else the
     one the export recorded). `int8` runs CTranslate2's int8 weights (compute_type int8); `threads` > 0
     sets its intra-op threads; `patience` is beam search's (see BEAM_PATIENCE); `device_key` names the
-    device setting in errors. `sampling`: sample instead of searching, seeded with
+    device setting in errors. The decode options are that decode config with `decode_overrides`,
+    `sampling` and `n_best` (decoding.DecodeOptions.over); a sampling seed is set with
     ctranslate2.set_random_seed (one seed for the whole process, which is CTranslate2's only kind).
-    `decode_overrides` replace fields of the decode config.
     """
     ctranslate2 = import_ctranslate2()
     device_kind, device_index = _device(device, ctranslate2, device_key)
@@ -215,7 +242,7 @@ def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device:
     if info is None:
         raise CheckpointError(f"{model_dir}: holds no complete CTranslate2 export of this project")
     decode = load_decode_config(run_dir_of(checkpoint)) if checkpoint is not None else DecodeConfig(**info["decode"])
-    decode = decode_config(decode, sampling, **decode_overrides)
+    decode = DecodeOptions.over(decode, sampling, n_best, **decode_overrides)
     try:
         translator = ctranslate2.Translator(str(model_dir), device=device_kind, device_index=device_index,
                                             compute_type="int8" if int8 else "default", intra_threads=threads)
@@ -229,7 +256,7 @@ def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device:
     log.info("translating with CTranslate2 from %s (step %s%s)", model_dir, info["checkpoint"].get("step"),
              ", int8" if int8 else "")
     return CTranslate2Translator(translator, tokenizers, decode, int(info["max_len"]), model_dir, checkpoint,
-                                 patience, sampling)
+                                 patience)
 
 
-__all__ = ["BEAM_PATIENCE", "CTranslate2Translator", "differences_from_torch", "load_ct2_translator"]
+__all__ = ["BEAM_PATIENCE", "CTranslate2Translator", "CT2_SEARCHES", "differences_from_torch", "load_ct2_translator"]

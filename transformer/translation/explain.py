@@ -156,15 +156,6 @@ def dimension_sizes(model: Transformer, src: Tensor, tgt_in: Tensor) -> dict[str
             "H": config.n_heads, "F": config.d_ff, "V": model.tgt_vocab_size}
 
 
-def evaluate_dims(dims: str, sizes: dict[str, int]) -> tuple[int, ...]:
-    """The shape the letters of `dims` ("(B, S, 3D)") stand for, with `sizes` (dimension_sizes)."""
-    shape = []
-    for part in dims.strip("()").split(","):
-        part = part.strip()
-        shape.append(int(part[:-1] or 1) * sizes[part[-1]])
-    return tuple(shape)
-
-
 @dataclass(frozen=True)
 class Explanation:
     """How one text was translated: the search step by step and the model's stages for its result."""
@@ -175,7 +166,7 @@ class Explanation:
     sizes: dict[str, int]  # what the letters of the stages' dims stand for (dimension_sizes)
 
 
-def explain(translator: Translator, text: str, prefix: str = "", n_best: int = 1) -> Explanation:
+def explain(translator: Translator, text: str, prefix: str = "", n_best: int | None = None) -> Explanation:
     """Search `text` as `translator` translates it (its model and decode settings; `prefix` and `n_best`
     as in translation), recording every step, then read the shape of every stage of its model in a
     teacher-forced pass over the source and the translation found."""
@@ -188,7 +179,7 @@ def explain(translator: Translator, text: str, prefix: str = "", n_best: int = 1
 
 
 def explain_lines(translator: Translator, lines: Iterable[str], out: TextIO, prefix: str | None = None,
-                  n_best: int = 1) -> None:
+                  n_best: int | None = None) -> None:
     """Write the explanation (`render`) of every non-blank line to `out`, each as soon as it is made, a
     blank line between two."""
     first = True
@@ -387,5 +378,5 @@ def render(explanation: Explanation) -> str:
     return "\n".join(out)
 
 
-__all__ = ["Stage", "stage_shapes", "dimension_sizes", "evaluate_dims", "Explanation", "explain", "explain_lines",
+__all__ = ["Stage", "stage_shapes", "dimension_sizes", "Explanation", "explain", "explain_lines",
            "render"]

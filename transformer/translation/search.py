@@ -1,12 +1,13 @@
-"""Tensor searches: greedy search, beam search and sampling over a batch of source id tensors, one
-step of the decoder at a time, by one model or an ensemble, optionally forced to start with given
-target prefixes. No text and no tokenizers here (the text path is texts.py, the torch engine around
-these searches torch_engine.py); the incremental decoding cache lives in model.py.
+"""The torch engine's decoding methods over a batch of source id tensors, one decoder step at a time,
+by one model or an ensemble, optionally forced to start with given target prefixes: greedy search,
+sampling (`_token_by_token`, one token a row each step, chosen by the method) and beam search
+(`BeamSearch`, fairseq's 2k candidates), and `SEARCHES`, which runs each method of
+decoding.STRATEGIES that the torch engine runs. The model's side of a step (the cache, ensembles,
+prefixes) is step_decoder.py's; no text and no tokenizers here (texts.py, torch_engine.py).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -15,10 +16,12 @@ import torch
 from torch import Tensor
 
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer.model import Transformer
-from transformer.translation.texts import gnmt_length_penalty, max_output_length
+from transformer.decoding import DecodeOptions
+from transformer.translation.step_decoder import (Models, StepDecoder, check_lengths, forced_tokens,
+                                                  max_output_lengths)
+from transformer.translation.texts import gnmt_length_penalty
 
-_NEVER_EMITTED = [PAD_ID, BOS_ID]  # their logits are set to -inf at every step
+NEG_INF = float("-inf")
 
 
 @dataclass
@@ -28,16 +31,6 @@ class Hypothesis:
     tokens: list[int]  # target ids, without BOS and EOS
     score: float  # log_prob / length penalty: what the hypotheses are ranked by
     log_prob: float  # sum of the log-probabilities of the tokens and the final EOS
-
-
-def max_output_lengths(src_lengths: Tensor, a: float, b: int, hard_cap: int) -> Tensor:
-    """(B,) source lengths in subwords (without EOS) -> (B,) int64 longest outputs, floor(a * len) + b,
-    between 1 and `hard_cap` (pass model max_len - 1: BOS + that many tokens fills the position table)."""
-    lengths = [max_output_length(n, a, b, hard_cap) for n in src_lengths.tolist()]
-    return torch.tensor(lengths, dtype=torch.long, device=src_lengths.device)
-
-
-Models = Transformer | Sequence[Transformer]  # one model, or an ensemble searched as one
 
 
 class SearchObserver(Protocol):
@@ -69,97 +62,17 @@ class BeamCandidates:
     stopped: bool
 
 
-def _as_list(models: Models) -> list[Transformer]:
-    # A list or tuple is an ensemble; anything else one model (tests pass scripted stand-ins).
-    return list(models) if isinstance(models, (list, tuple)) else [models]
+def _check_observed(observer: SearchObserver | None, src: Tensor) -> None:
+    if observer is not None and src.shape[0] != 1:
+        raise ValueError(f"a search is observed one sentence at a time, not {src.shape[0]}")
 
 
-def forced_tokens(prefixes: Sequence[Sequence[int]] | None, device: torch.device | str
-                  ) -> tuple[Tensor, Tensor] | None:
-    """Target prefixes (B lists of ids, maybe empty) -> (B, P) ids padded with PAD and (B,) lengths,
-    or None when there are none: at step t < length, row b's next token is ids[b, t]."""
-    if prefixes is None or not any(prefixes):
-        return None
-    width = max(len(p) for p in prefixes)
-    ids = torch.full((len(prefixes), width), PAD_ID, dtype=torch.long)
-    for row, prefix in enumerate(prefixes):
-        ids[row, :len(prefix)] = torch.tensor(list(prefix), dtype=torch.long)
-    lengths = torch.tensor([len(p) for p in prefixes], dtype=torch.long)
-    return ids.to(device), lengths.to(device)
-
-
-class _StepDecoder:
-    """Next-token logits for a working batch of prefixes, incrementally (cache) or by recomputing
-    every prefix from scratch (use_cache=False, for tests and the benchmark).
-
-    Rows are hypotheses, G >= 1 consecutive ones per source sentence (G = beam size); the memory
-    and the source padding mask have one row per sentence, shared by its hypotheses. `copies` > 1
-    repeats each sentence's memory (sampling's independent samples, one sentence row each).
-
-    An ensemble's next-token scores are the log of its models' mean probability: fairseq's
-    EnsembleModel.forward_decoder, logsumexp(log_probs) - log(N) (sequence_generator.py). Averaging
-    probabilities, not log-probabilities, keeps a token that one model rules out possible when the
-    others like it. One model's logits are returned as they are.
-    """
-
-    def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, use_cache: bool, copies: int = 1) -> None:
-        self.models = _as_list(models)
-        memories = [model.encode(src, src_pad_mask) for model in self.models]  # each (B, S, D)
-        if copies > 1:
-            memories = [memory.repeat_interleave(copies, 0) for memory in memories]  # each (B*copies, S, D)
-            src_pad_mask = src_pad_mask.repeat_interleave(copies, 0)  # (B*copies, S)
-        self.src_pad_mask = src_pad_mask
-        self.caches = [m.init_cache(memory) for m, memory in zip(self.models, memories)] if use_cache else None
-        # With the cache, the memory is used only through the keys/values the cache already holds.
-        self.memories = None if use_cache else memories
-
-    @property
-    def recompute(self) -> bool:
-        """True when every step reads the whole prefix (no cache holds the earlier positions)."""
-        return self.caches is None
-
-    def logits(self, prefix: Tensor) -> Tensor:
-        """prefix (N, t): BOS and the tokens so far -> (N, V) logits of the next token."""
-        outputs = []
-        for index, model in enumerate(self.models):
-            if self.caches is not None:
-                states = model.decode(prefix[:, -1:], None, self.src_pad_mask, self.caches[index])
-            else:
-                states = model.decode(prefix, self.memories[index], self.src_pad_mask)
-            # Only the last position's projection is needed: with V >> D it is the costliest matmul.
-            outputs.append(model.project(states[:, -1]))
-        if len(outputs) == 1:
-            logits = outputs[0]
-        else:
-            log_probs = torch.stack([output.float().log_softmax(-1) for output in outputs])  # (M, N, V)
-            logits = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))  # (N, V)
-        logits[:, _NEVER_EMITTED] = float("-inf")
-        return logits
-
-    def keep_rows(self, index: Tensor) -> None:
-        """Keep hypotheses `index` (N',) in that order: reorders beams, drops finished rows."""
-        for cache in self.caches or []:
-            cache.keep_rows(index)
-
-    def keep_sentences(self, index: Tensor) -> None:
-        """Keep source sentences `index` in that order: drops finished sentences."""
-        self.src_pad_mask = self.src_pad_mask.index_select(0, index)
-        if self.memories is not None:
-            self.memories = [memory.index_select(0, index) for memory in self.memories]
-        for cache in self.caches or []:
-            cache.keep_sentences(index)
-
-
-def _check_lengths(max_lengths: Tensor, prefixes: Sequence[Sequence[int]] | None) -> None:
-    if int(max_lengths.min()) < 1:
-        raise ValueError("max_lengths must all be >= 1")
-    if prefixes is not None and any(len(p) > n for p, n in zip(prefixes, max_lengths.tolist())):
-        raise ValueError("a target prefix is longer than its max length")
+# --------------------------------------------------------------------------- one token a row: greedy, sampling
 
 
 def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
                     choose: Callable[[Tensor], Tensor], prefixes: Sequence[Sequence[int]] | None,
-                    use_cache: bool, copies: int = 1, observer: SearchObserver | None = None) -> list[list[int]]:
+                    copies: int = 1, observer: SearchObserver | None = None) -> list[list[int]]:
     """One token per step for each row, picked by `choose` ((N, V) logits -> (N,) ids) unless a
     prefix forces it; `copies` rows per sentence (B * copies rows, those of a sentence consecutive).
     A row stops at EOS or at its max length, and then leaves the working batch."""
@@ -169,10 +82,10 @@ def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengt
     max_lengths = max_lengths.to(device).repeat_interleave(copies)  # (B*copies,)
     if prefixes is not None:
         prefixes = [p for p in prefixes for _ in range(copies)]
-    _check_lengths(max_lengths, prefixes)
+    check_lengths(max_lengths, prefixes)
     forced = forced_tokens(prefixes, device)
     longest = int(max_lengths.max())
-    step_decoder = _StepDecoder(models, src, src_pad_mask, use_cache, copies)
+    step_decoder = StepDecoder(models, src, src_pad_mask, copies)
 
     output = torch.full((batch, longest), PAD_ID, dtype=torch.long, device=device)
     lengths = torch.zeros(batch, dtype=torch.long, device=device)
@@ -205,7 +118,7 @@ def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengt
 
 @torch.inference_mode()
 def greedy_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
-                  use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None,
+                  prefixes: Sequence[Sequence[int]] | None = None,
                   observer: SearchObserver | None = None) -> list[list[int]]:
     """Pick the most probable token at each step (the model, or each of an ensemble, in eval mode).
 
@@ -218,12 +131,7 @@ def greedy_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths:
     """
     _check_observed(observer, src)
     return _token_by_token(model, src, src_pad_mask, max_lengths, lambda logits: logits.argmax(-1), prefixes,
-                           use_cache, observer=observer)
-
-
-def _check_observed(observer: SearchObserver | None, src: Tensor) -> None:
-    if observer is not None and src.shape[0] != 1:
-        raise ValueError(f"a search is observed one sentence at a time, not {src.shape[0]}")
+                           observer=observer)
 
 
 def _sampler(generator: torch.Generator, top_k: int, top_p: float, temperature: float
@@ -235,7 +143,7 @@ def _sampler(generator: torch.Generator, top_k: int, top_p: float, temperature: 
         logits = logits.float() / temperature
         if 0 < top_k < logits.shape[-1]:
             kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
-            logits = logits.masked_fill(logits < kth, float("-inf"))
+            logits = logits.masked_fill(logits < kth, NEG_INF)
         probs = logits.softmax(-1)
         if top_p < 1.0:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
@@ -253,146 +161,237 @@ def _sampler(generator: torch.Generator, top_k: int, top_p: float, temperature: 
 @torch.inference_mode()
 def sample_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
                   generator: torch.Generator, n_samples: int = 1, top_k: int = 0, top_p: float = 1.0,
-                  temperature: float = 1.0, prefixes: Sequence[Sequence[int]] | None = None,
-                  use_cache: bool = True) -> list[list[list[int]]]:
+                  temperature: float = 1.0, prefixes: Sequence[Sequence[int]] | None = None
+                  ) -> list[list[list[int]]]:
     """Draw each next token at random (see `_sampler`), `n_samples` independent outputs per sentence.
 
     Arguments as greedy_search's; every draw comes from `generator` (on src's device), so a seeded
     generator gives the same samples whatever the global RNG did. top_k 1, or a temperature near 0,
     is greedy search. Returns, per sentence, its samples as id lists without BOS/EOS. The settings are
-    options.Sampling's, checked there.
+    decoding.Sampling's, checked there.
     """
     outputs = _token_by_token(model, src, src_pad_mask, max_lengths, _sampler(generator, top_k, top_p, temperature),
-                              prefixes, use_cache, copies=n_samples)
+                              prefixes, copies=n_samples)
     return [outputs[i: i + n_samples] for i in range(0, len(outputs), n_samples)]
 
 
-@torch.inference_mode()
-def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int,
-                length_penalty: float, max_lengths: Tensor, n_best: int = 1,
-                use_cache: bool = True, prefixes: Sequence[Sequence[int]] | None = None,
-                observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
+# --------------------------------------------------------------------------- beam search
+
+
+@dataclass
+class _Candidates:
+    """The 2k best (beam, token) candidates of each working sentence, best first: all (n, 2k)."""
+
+    log_probs: Tensor  # summed log-prob (-inf: no candidate)
+    index: Tensor  # column in the sentence's k * width candidates: beam = index // width
+    origin: Tensor  # the working row (hypothesis) each extends
+    tokens: Tensor
+    is_eos: Tensor  # ends in EOS (and is a candidate at all)
+    width: int  # candidates taken from each beam
+
+
+class BeamSearch:
     """Beam search over B sentences at once, k = beam_size rows each (the model, or each of an
-    ensemble, in eval mode).
+    ensemble, in eval mode); `run` steps until every sentence has stopped, and each `step` reads:
+    the next-token log-probs of every live beam (`_next_tokens`), the 2k best (beam, token) candidates
+    of each sentence (`_candidates`), those that finish (`_finish`), the next beams (`_next_beams`),
+    the stopping rule (`_stopped`), and the move to the next step (`_advance`).
 
-    src (B, S), src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most tokens an output
-    may have (EOS not counted), 1 <= n_best <= beam_size (options.check_n_best). Returns, per sentence,
-    its `n_best` hypotheses best first.
-    `prefixes`: as greedy_search's. While a sentence's prefix lasts, its one live beam may take only
-    the prefix token, with that token's log-probability (fairseq's prefix_tokens), so the prefix is
-    scored like any other tokens.
-
-    Each step ranks the 2k best (beam, token) candidates of a sentence by summed float32 log-prob
-    (fairseq's and Marian's rule). Those among the first k that end in EOS leave as finished
-    hypotheses, scored log_prob / lp(length with EOS); the k best candidates that do not end in EOS
-    are the next step's beams. So finishing never shrinks the live beam: with only k candidates, each
-    EOS among them would cost a live beam its slot, and the continuation it would have held is lost.
-    At max length only EOS is allowed, so every hypothesis is scored with its EOS.
+    Each step ranks the 2k best candidates of a sentence by summed float32 log-prob (fairseq's and
+    Marian's rule). Those among the first k that end in EOS leave as finished hypotheses, scored
+    log_prob / lp(length with EOS); the k best candidates that do not end in EOS are the next step's
+    beams. So finishing never shrinks the live beam: with only k candidates, each EOS among them would
+    cost a live beam its slot, and the continuation it would have held is lost. At max length only
+    EOS is allowed, so every hypothesis is scored with its EOS.
 
     Stopping rule (exact, for any alpha >= 0): log-probs are <= 0, so an open beam with summed
     log-prob s can only finish with log_prob <= s and length <= max_length + 1, hence with a score
     <= s / lp(max_length + 1) (= s when alpha = 0). A sentence stops once its n_best-th finished
     score is >= that bound for its best open beam, or no open beam is left; it then leaves the
-    working batch. With k = 1 and alpha = 0 this is exactly greedy search. `observer` watches every
-    step of a search of one sentence.
+    working batch. With k = 1 and alpha = 0 this is exactly greedy search.
+
+    While a sentence's prefix lasts, its one live beam may take only the prefix token, with that
+    token's log-probability (fairseq's prefix_tokens), so the prefix is scored like any other tokens.
     """
-    _check_observed(observer, src)
-    batch, device, k = src.shape[0], src.device, beam_size
-    if batch == 0:
-        return []
-    max_lengths = max_lengths.to(device)
-    _check_lengths(max_lengths, prefixes)
-    forced = forced_tokens(prefixes, device)
-    neg_inf = float("-inf")
 
-    # Rows are hypotheses, k consecutive ones per sentence; the memory stays one row per sentence.
-    step_decoder = _StepDecoder(model, src, src_pad_mask, use_cache)
+    def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
+                 max_lengths: Tensor, n_best: int, prefixes: Sequence[Sequence[int]] | None = None,
+                 observer: SearchObserver | None = None) -> None:
+        batch, device, k = src.shape[0], src.device, beam_size
+        self.k, self.alpha, self.n_best, self.observer = k, length_penalty, n_best, observer
+        self.row_max = max_lengths.to(device)  # (n,) the most tokens of each working sentence's output
+        check_lengths(self.row_max, prefixes)
+        self.forced = forced_tokens(prefixes, device)
+        # Rows are hypotheses, k consecutive ones per sentence; the memory stays one row per sentence.
+        self.decoder = StepDecoder(models, src, src_pad_mask)
+        self.sentences = torch.arange(batch, device=device)  # (n,) original index of each working sentence
+        # Only beam 0 is live at first: k identical copies would fill the beam with duplicates.
+        self.scores = torch.full((batch, k), NEG_INF, device=device)  # (n, k) summed log-probs, -inf = no beam
+        self.scores[:, 0] = 0.0
+        self.prefix = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)  # (n*k, t)
+        self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]  # per original sentence, best first
+        self.worst_kept = torch.full((batch,), NEG_INF, device=device)  # (n,) n_best-th finished score, or -inf
+        self.beam_offset = torch.arange(batch, device=device)[:, None] * k  # (n, 1) first row of each sentence
 
-    sentences = torch.arange(batch, device=device)  # (n,) original index of each working sentence
-    row_max = max_lengths  # (n,)
-    # Only beam 0 is live at first: k identical copies would fill the beam with duplicates.
-    scores = torch.full((batch, k), neg_inf, device=device)  # (n, k) summed log-probs, -inf = no beam
-    scores[:, 0] = 0.0
-    prefix = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)  # (n*k, t)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    worst_kept = torch.full((batch,), neg_inf, device=device)  # (n,) n_best-th finished score, or -inf
-    beam_offset = torch.arange(batch, device=device)[:, None] * k  # (n, 1) first row of each sentence
+    def run(self) -> list[list[Hypothesis]]:
+        """Per sentence, its n_best finished hypotheses, best first."""
+        step = 0
+        while not self.step(step):
+            step += 1
+        return self.finished
 
-    step = 0
-    while True:
-        n = scores.shape[0]
-        logits = step_decoder.logits(prefix).float()  # (n*k, V)
-        # The 2k best (beam, token) pairs of a sentence are among the 2k best tokens of each of its
-        # beams: normalise and rank just those, not all n*k*V candidates.
+    def step(self, step: int) -> bool:
+        """Fill output position `step` of every working sentence; True once every sentence has stopped."""
+        row_log_probs, row_tokens = self._next_tokens(step)
+        found = self._candidates(row_log_probs, row_tokens)
+        finishing, penalty = self._finish(step, found)
+        live_scores = self.scores
+        kept, origin, tokens = self._next_beams(found)
+        bound, done = self._stopped()
+        if self.observer is not None:
+            self.observer.beam_step(step, self.prefix, live_scores[0], BeamCandidates(
+                found.log_probs[0], found.tokens[0], found.index[0] // found.width, finishing[0], kept[0], penalty,
+                float(bound[0]), float(self.worst_kept[0]), bool(done[0])))
+        if bool(done.all()):
+            return True
+        self._advance(done, origin, tokens)
+        return False
+
+    def _next_tokens(self, step: int) -> tuple[Tensor, Tensor]:
+        """The (n*k, width) best next tokens of every row and their log-probs, width = min(2k, V): the 2k
+        best (beam, token) pairs of a sentence are among the 2k best tokens of each of its beams, so
+        only those are normalised and ranked, not all n*k*V. A row in its prefix has only the prefix
+        token; a row at its max length only EOS, in its first slot."""
+        k = self.k
+        logits = self.decoder.logits(self.prefix).float()  # (n*k, V)
         width = min(2 * k, logits.shape[-1])
         log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n*k, 1)
-        if forced is not None and step < forced[0].shape[1]:  # rows in their prefix keep only its token
-            forced_ids, forced_lengths = forced
-            token = forced_ids[sentences, step].repeat_interleave(k)[:, None]  # (n*k, 1)
-            only_forced = torch.full_like(logits, neg_inf).scatter(1, token, logits.gather(1, token))
-            in_prefix = (step < forced_lengths[sentences]).repeat_interleave(k)[:, None]  # (n*k, 1)
+        if self.forced is not None and step < self.forced[0].shape[1]:
+            forced_ids, forced_lengths = self.forced
+            token = forced_ids[self.sentences, step].repeat_interleave(k)[:, None]  # (n*k, 1)
+            only_forced = torch.full_like(logits, NEG_INF).scatter(1, token, logits.gather(1, token))
+            in_prefix = (step < forced_lengths[self.sentences]).repeat_interleave(k)[:, None]  # (n*k, 1)
             logits = torch.where(in_prefix, only_forced, logits)
         top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
         row_log_probs = top_logits - log_norm
-        at_max = (row_max <= step).repeat_interleave(k)  # (n*k,) rows that already hold max tokens
-        if bool(at_max.any()):  # those may only end: EOS in the first slot, nothing in the others
-            only_eos = torch.full_like(row_log_probs, neg_inf)
+        at_max = (self.row_max <= step).repeat_interleave(k)  # (n*k,) rows that already hold max tokens
+        if bool(at_max.any()):
+            only_eos = torch.full_like(row_log_probs, NEG_INF)
             only_eos[:, :1] = logits[:, EOS_ID: EOS_ID + 1] - log_norm
             row_log_probs = torch.where(at_max[:, None], only_eos, row_log_probs)
             top_tokens = torch.where(at_max[:, None], torch.full_like(top_tokens, EOS_ID), top_tokens)
-        # (n, k, 1) + (n, k, width) -> (n, k*width): beam b's candidates at columns b*width ... b*width + width - 1
-        candidates = (scores[:, :, None] + row_log_probs.view(n, k, width)).view(n, k * width)
-        cand_scores, cand_index = candidates.topk(min(2 * k, k * width), dim=1)  # (n, 2k), best first
-        cand_origin = beam_offset[:n] + cand_index // width  # (n, 2k) working row each candidate extends
-        cand_tokens = top_tokens.view(n, k * width).gather(1, cand_index)  # (n, 2k)
-        is_eos = (cand_tokens == EOS_ID) & (cand_scores > neg_inf)
+        return row_log_probs, top_tokens
 
-        # Finished hypotheses: EOS candidates among the k best (one beyond them is beaten by k others).
-        # All of this step's have the same length: step + 1 with EOS.
-        finishing = is_eos.clone()
-        finishing[:, k:] = False
-        penalty = gnmt_length_penalty(float(step + 1), length_penalty)
+    def _candidates(self, row_log_probs: Tensor, row_tokens: Tensor) -> _Candidates:
+        """The 2k best (beam, token) candidates of each sentence by summed log-prob (fairseq's BeamSearch.step)."""
+        k, n, width = self.k, self.scores.shape[0], row_log_probs.shape[1]
+        # (n, k, 1) + (n, k, width) -> (n, k*width): beam b's candidates at columns b*width ... b*width + width - 1
+        summed = (self.scores[:, :, None] + row_log_probs.view(n, k, width)).view(n, k * width)
+        log_probs, index = summed.topk(min(2 * k, k * width), dim=1)  # (n, 2k), best first
+        origin = self.beam_offset[:n] + index // width  # (n, 2k) working row each candidate extends
+        tokens = row_tokens.view(n, k * width).gather(1, index)  # (n, 2k)
+        is_eos = (tokens == EOS_ID) & (log_probs > NEG_INF)
+        return _Candidates(log_probs, index, origin, tokens, is_eos, width)
+
+    def _finish(self, step: int, found: _Candidates) -> tuple[Tensor, float]:
+        """Keep the EOS candidates among the k best as finished hypotheses (one beyond them is beaten by
+        k others), each sentence's n_best best; returns which finished (n, 2k) and lp(step + 1), their
+        common length penalty (all of this step's have length step + 1 with EOS)."""
+        finishing = found.is_eos.clone()
+        finishing[:, self.k:] = False
+        penalty = gnmt_length_penalty(float(step + 1), self.alpha)
         if bool(finishing.any()):
             which, _ = finishing.nonzero().unbind(1)  # (f,) the working sentence of each finishing candidate
-            histories = prefix[cand_origin[finishing], 1:].tolist()
-            log_prob_list = cand_scores[finishing].tolist()
+            histories = self.prefix[found.origin[finishing], 1:].tolist()
+            log_prob_list = found.log_probs[finishing].tolist()
             updated = {}
             for i, history, log_prob in zip(which.tolist(), histories, log_prob_list):
-                kept = finished[int(sentences[i])]
+                kept = self.finished[int(self.sentences[i])]
                 kept.append(Hypothesis(history, log_prob / penalty, log_prob))
                 updated[i] = kept
             for i, kept in updated.items():
                 kept.sort(key=lambda h: -h.score)  # stable: equal scores keep their order
-                del kept[n_best:]
-                if len(kept) == n_best:
-                    worst_kept[i] = kept[-1].score
-        # The next beams: the k best candidates that do not end in EOS, in rank order (a stable sort
-        # moves the EOS ones behind). Fewer than k such (a tiny vocabulary, max length) leave -inf.
-        open_first = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :k]  # (n, k)
-        live_scores = scores
-        scores = cand_scores.masked_fill(is_eos, neg_inf).gather(1, open_first)  # (n, k)
-        origin, tokens = cand_origin.gather(1, open_first), cand_tokens.gather(1, open_first)  # each (n, k)
+                del kept[self.n_best:]
+                if len(kept) == self.n_best:
+                    self.worst_kept[i] = kept[-1].score
+        return finishing, penalty
 
-        best_open = scores.max(dim=1).values  # (n,)
-        bound = best_open / gnmt_length_penalty(row_max + 1.0, length_penalty)
-        done = (best_open == neg_inf) | (worst_kept >= bound)
-        if observer is not None:
-            observer.beam_step(step, prefix, live_scores[0], BeamCandidates(
-                cand_scores[0], cand_tokens[0], cand_index[0] // width, finishing[0], open_first[0], penalty,
-                float(bound[0]), float(worst_kept[0]), bool(done[0])))
-        if bool(done.all()):
-            break
+    def _next_beams(self, found: _Candidates) -> tuple[Tensor, Tensor, Tensor]:
+        """The k best candidates that do not end in EOS, in rank order (a stable sort moves the EOS ones
+        behind), as the next step's scores; returns which candidates they are (n, k), the rows they
+        extend and their tokens. Fewer than k such (a tiny vocabulary, max length) leave -inf."""
+        kept = torch.sort(found.is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :self.k]  # (n, k)
+        self.scores = found.log_probs.masked_fill(found.is_eos, NEG_INF).gather(1, kept)  # (n, k)
+        return kept, found.origin.gather(1, kept), found.tokens.gather(1, kept)
+
+    def _stopped(self) -> tuple[Tensor, Tensor]:
+        """(n,) the best score an open beam could still reach, and whether each sentence has stopped."""
+        best_open = self.scores.max(dim=1).values  # (n,)
+        bound = best_open / gnmt_length_penalty(self.row_max + 1.0, self.alpha)
+        return bound, (best_open == NEG_INF) | (self.worst_kept >= bound)
+
+    def _advance(self, done: Tensor, origin: Tensor, tokens: Tensor) -> None:
+        """Drop the stopped sentences, and grow each kept beam's prefix by its token."""
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(1)
-            sentences, row_max, worst_kept = sentences[keep], row_max[keep], worst_kept[keep]
-            scores, origin, tokens = scores[keep], origin[keep], tokens[keep]
-            step_decoder.keep_sentences(keep)
+            self.sentences, self.row_max = self.sentences[keep], self.row_max[keep]
+            self.worst_kept, self.scores = self.worst_kept[keep], self.scores[keep]
+            origin, tokens = origin[keep], tokens[keep]
+            self.decoder.keep_sentences(keep)
         rows = origin.reshape(-1)  # (n'*k,) one gather both reorders the beams and drops finished sentences
-        prefix = torch.cat([prefix[rows], tokens.reshape(-1, 1)], dim=1)  # (n'*k, t + 1)
-        step_decoder.keep_rows(rows)
-        step += 1
-    return finished
+        self.prefix = torch.cat([self.prefix[rows], tokens.reshape(-1, 1)], dim=1)  # (n'*k, t + 1)
+        self.decoder.keep_rows(rows)
+
+
+@torch.inference_mode()
+def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int,
+                length_penalty: float, max_lengths: Tensor, n_best: int = 1,
+                prefixes: Sequence[Sequence[int]] | None = None,
+                observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
+    """`BeamSearch` of B sentences: src (B, S), src_pad_mask (B, S) True at padding, max_lengths (B,)
+    >= 1 the most tokens an output may have (EOS not counted), 1 <= n_best <= beam_size
+    (decoding.DecodeOptions). Returns, per sentence, its `n_best` hypotheses best first. `prefixes`:
+    as greedy_search's. `observer` watches every step of a search of one sentence."""
+    _check_observed(observer, src)
+    if src.shape[0] == 0:
+        return []
+    return BeamSearch(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, prefixes,
+                      observer).run()
+
+
+# --------------------------------------------------------------------------- the torch engine's methods
+
+
+class Search(Protocol):
+    """How the torch engine runs one decoding method: per sentence, its options.n_best outputs best first
+    (id lists without BOS/EOS). `generator`: the seeded method's random numbers; `observer`: a traced
+    method's watcher (decoding.Strategy)."""
+
+    def __call__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
+                 options: DecodeOptions, prefixes: Sequence[Sequence[int]] | None = None,
+                 generator: torch.Generator | None = None, observer: SearchObserver | None = None
+                 ) -> list[list[list[int]]]: ...
+
+
+def _greedy(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None):
+    return [[tokens] for tokens in greedy_search(models, src, src_pad_mask, max_lengths, prefixes, observer)]
+
+
+def _beam(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None):
+    hypotheses = beam_search(models, src, src_pad_mask, options.beam_size, options.length_penalty, max_lengths,
+                             options.n_best, prefixes, observer)
+    return [[h.tokens for h in sentence] for sentence in hypotheses]
+
+
+def _sampling(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None):
+    s = options.sampling
+    return sample_search(models, src, src_pad_mask, max_lengths, generator, options.n_best, s.top_k, s.top_p,
+                         s.temperature, prefixes)
+
+
+# decoding.STRATEGIES' methods as the torch engine runs them, by name.
+SEARCHES: dict[str, Search] = {"greedy": _greedy, "beam": _beam, "sampling": _sampling}
 
 
 __all__ = ["Hypothesis", "Models", "SearchObserver", "BeamCandidates", "max_output_lengths", "forced_tokens",
-           "greedy_search", "sample_search", "beam_search"]
+           "greedy_search", "sample_search", "BeamSearch", "beam_search", "Search", "SEARCHES"]

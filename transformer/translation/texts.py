@@ -9,17 +9,17 @@ torch_engine.py, ct2_engine.py).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from transformer.config import DecodeConfig
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import UNK, UNK_ID, Tokenizers
+from transformer.decoding import DecodeOptions
 from transformer.errors import UserError
-from transformer.translation.options import Sampling, check_n_best
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,11 @@ Length = TypeVar("Length")  # a float or a tensor of lengths
 
 
 class Engine(Protocol):
-    """What the text path needs of an engine: its tokenizers, decode settings, position table size,
+    """What the text path needs of an engine: its tokenizers, decode options, position table size,
     a search over one batch of source id lists, and the teacher-forced log-probabilities of targets."""
 
     tokenizers: Tokenizers
-    decode: DecodeConfig
-    sampling: Sampling | None  # None: greedy or beam search, by decode.beam_size
+    decode: DecodeOptions  # its method (decode.strategy), settings, and candidates per text by default
 
     @property
     def max_len(self) -> int: ...
@@ -156,11 +155,17 @@ def target_prefix_ids(prefixes: list[str], sources: list[list[int]], engine: Eng
     return ids
 
 
-def search_texts(engine: Engine, texts: list[str], n_best: int = 1, warn_unknown: bool = True,
+def candidates_per_text(engine: Engine, n_best: int | None) -> int:
+    """`n_best`, checked with the engine's other options (decoding.DecodeOptions: at most the beam when
+    searching); None: the engine's own decode.n_best."""
+    return engine.decode.n_best if n_best is None else dataclasses.replace(engine.decode, n_best=n_best).n_best
+
+
+def search_texts(engine: Engine, texts: list[str], n_best: int | None = None, warn_unknown: bool = True,
                  prefixes: list[str] | None = None) -> tuple[list[list[int]], list[list[list[int]]]]:
     """`translate_texts` before detokenization: the source ids each text was read as (without EOS),
     and for each text its `n_best` output id lists best first (without BOS/EOS)."""
-    check_n_best(n_best, engine.decode.beam_size, engine.sampling)
+    n_best = candidates_per_text(engine, n_best)
     if prefixes is not None and len(prefixes) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(prefixes)} prefixes")
     sources = source_ids(texts, engine.tokenizers, engine.max_len - 1, warn_unknown)
@@ -175,10 +180,10 @@ def decode_outputs(tokenizers: Tokenizers, results: list[list[list[int]]]) -> li
     return [[next(flat) for _ in sentence] for sentence in results]
 
 
-def translate_texts(engine: Engine, texts: list[str], n_best: int = 1, warn_unknown: bool = True,
+def translate_texts(engine: Engine, texts: list[str], n_best: int | None = None, warn_unknown: bool = True,
                     prefixes: list[str] | None = None) -> list[list[str]]:
-    """For each text, its `n_best` translations best first (n_best <= the beam size unless sampling),
-    in input order; the result does not depend on the batching. Blank texts translate to "".
+    """For each text, its `n_best` translations best first (None: the engine's decode.n_best; at most the
+    beam size unless sampling), in input order; the result does not depend on the batching. Blank texts translate to "".
     `prefixes`: one per text, a text its translation must start with ("" for none)."""
     return decode_outputs(engine.tokenizers, search_texts(engine, texts, n_best, warn_unknown, prefixes)[1])
 
@@ -230,7 +235,7 @@ def score_texts(engine: Engine, sources: list[str], targets: list[str]) -> list[
     return score_ids(engine, source_list, target_list)
 
 
-def translate_scored(engine: Engine, texts: list[str], n_best: int = 1, prefixes: list[str] | None = None
+def translate_scored(engine: Engine, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None
                      ) -> list[list[tuple[str, float | None]]]:
     """`translate_texts`, each translation with the log-probability of its subwords and an EOS after
     them (`score_ids`: the same measure as `score_texts`, whichever search found it). A blank text
@@ -250,7 +255,7 @@ def output_log_probs(engine: Engine, sources: list[list[int]], results: list[lis
     return [[next(scores).log_prob if sources[i] else None for _ in outputs] for i, outputs in enumerate(results)]
 
 
-__all__ = ["Sampling", "Engine", "PairScore", "gnmt_length_penalty", "max_output_length", "truncate_sources",
+__all__ = ["Engine", "PairScore", "gnmt_length_penalty", "max_output_length", "truncate_sources",
            "warn_unknown_characters", "source_ids", "length_sorted_batches", "search_in_batches", "target_prefix_ids",
-           "search_texts", "decode_outputs", "translate_texts", "score_ids", "score_texts", "translate_scored",
-           "output_log_probs"]
+           "candidates_per_text", "search_texts", "decode_outputs", "translate_texts", "score_ids", "score_texts",
+           "translate_scored", "output_log_probs"]

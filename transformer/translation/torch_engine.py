@@ -1,8 +1,8 @@
 """The torch engine: load a trained run, or an ensemble of runs that share their tokenizer files, for
 translation (rebuild each model from its checkpoint, load the run's own tokenizers, refusing files
-that differ from those it was trained with); search batches of source ids with it, and score target
-ids by teacher forcing. Text goes through texts.py, as with every engine; the tensor searches are in
-search.py.
+that differ from those it was trained with); search batches of source ids with it, by the decoding
+method its options choose (search.SEARCHES), and score target ids by teacher forcing. Text goes
+through texts.py, as with every engine; the tensor searches are in search.py.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import torch.nn.functional as F
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints.layout import TOKENIZER_DIR
 from transformer.checkpoints.lookup import load_decode_config, pinned_checkpoint, run_dir_of
-from transformer.config import DecodeConfig
 from transformer.data.batching import make_batch, source_tensor
 from transformer.data.tokenizer import PAD_ID, Tokenizers, load_tokenizers, tokenizer_fingerprint
+from transformer.decoding import DecodeOptions, DecodeSettings, Sampling
 from transformer.errors import CheckpointError, UserError
 from transformer.model import Transformer
 from transformer.runtime import fast_bf16
 from transformer.translation.quantize import quantize_int8
-from transformer.translation.search import beam_search, greedy_search, max_output_lengths, sample_search
-from transformer.translation.options import Sampling, decode_config
+from transformer.translation.search import SEARCHES
+from transformer.translation.step_decoder import max_output_lengths
 from transformer.translation.texts import translate_texts
 
 log = logging.getLogger(__name__)
@@ -37,17 +37,20 @@ log = logging.getLogger(__name__)
 @dataclass
 class Translator:
     """A model (or an ensemble: `model` and `others`) and its tokenizers as an engine of the text path
-    (texts.Engine)."""
+    (texts.Engine). `decode`: its options; a run's settings alone (config.DecodeConfig) stand for the
+    options with those settings."""
 
     model: Transformer
     tokenizers: Tokenizers
-    decode: DecodeConfig
+    decode: DecodeOptions
     device: torch.device | str
     checkpoint: Path | None = None  # where the model was loaded from, when it was
-    use_cache: bool = True  # False recomputes every prefix: for tests and the benchmark
-    sampling: Sampling | None = None  # sample instead of searching
     others: list[Transformer] = dataclasses.field(default_factory=list)  # the rest of an ensemble
     _generator: torch.Generator | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.decode, DecodeOptions):
+            self.decode = DecodeOptions.over(self.decode)
 
     @property
     def models(self) -> list[Transformer]:
@@ -57,7 +60,8 @@ class Translator:
     def max_len(self) -> int:
         return min(model.config.max_len for model in self.models)
 
-    def translate(self, texts: list[str], n_best: int = 1, prefixes: list[str] | None = None) -> list[list[str]]:
+    def translate(self, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None
+                  ) -> list[list[str]]:
         """For each text, its `n_best` translations, best first (texts.translate_texts)."""
         return translate_texts(self, texts, n_best, prefixes=prefixes)
 
@@ -75,33 +79,26 @@ class Translator:
                 model.train(mode)
 
     def generator(self) -> torch.Generator:
-        """Sampling's random numbers: one generator seeded once, so that a run is reproducible and
-        successive batches draw different numbers."""
+        """A seeded method's random numbers: one generator seeded once with decode.sampling.seed, so that
+        a run is reproducible and successive batches draw different numbers."""
         if self._generator is None:
-            self._generator = torch.Generator(device=self.device).manual_seed(self.sampling.seed)
+            self._generator = torch.Generator(device=self.device).manual_seed(self.decode.sampling.seed)
         return self._generator
 
     def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None
                ) -> list[list[list[int]]]:
-        """Source id lists (no EOS) -> for each, its `n_best` output id lists best first: samples when
-        `sampling` is set, else greedy search when decode.beam_size is 1, else beam search; each output
-        starts with its prefix when `prefixes` are given."""
-        decode = self.decode
+        """Source id lists (no EOS) -> for each, its `n_best` output id lists best first, by the method
+        the decode options choose (decoding.STRATEGIES, run by search.SEARCHES); each output starts with
+        its prefix when `prefixes` are given."""
+        options = self.decode if n_best == self.decode.n_best else dataclasses.replace(self.decode, n_best=n_best)
+        strategy = options.strategy
         with self.eval_mode():
             src, src_pad_mask = source_tensor(sources)
             src, src_pad_mask = src.to(self.device), src_pad_mask.to(self.device)
-            max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), decode.max_length_a,
-                                             decode.max_length_b, self.max_len - 1)
-            if self.sampling is not None:
-                s = self.sampling
-                return sample_search(self.models, src, src_pad_mask, max_lengths, self.generator(), n_best,
-                                     s.top_k, s.top_p, s.temperature, prefixes, self.use_cache)
-            if decode.beam_size == 1:
-                return [[tokens] for tokens in
-                        greedy_search(self.models, src, src_pad_mask, max_lengths, self.use_cache, prefixes)]
-            hypotheses = beam_search(self.models, src, src_pad_mask, decode.beam_size, decode.length_penalty,
-                                     max_lengths, n_best, self.use_cache, prefixes)
-            return [[h.tokens for h in sentence] for sentence in hypotheses]
+            max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), options.max_length_a,
+                                             options.max_length_b, self.max_len - 1)
+            generator = self.generator() if strategy.seeded else None
+            return SEARCHES[strategy.name](self.models, src, src_pad_mask, max_lengths, options, prefixes, generator)
 
     def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         """Teacher-forced log-probabilities of each target's tokens and its EOS, over the whole vocabulary
@@ -118,28 +115,28 @@ class Translator:
         return [row[: len(target) + 1] for row, target in zip(picked, targets)]
 
 
-def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeConfig,
-              device: torch.device | str, use_cache: bool = True) -> list[str]:
+def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeSettings,
+              device: torch.device | str) -> list[str]:
     """The best translation of each text, in input order, by `model` as it is (validation's
     translations: no warning about unknown characters, which would repeat at every validation)."""
-    engine = Translator(model, tokenizers, config, device, use_cache=use_cache)
+    engine = Translator(model, tokenizers, config, device)
     return [best[0] for best in translate_texts(engine, texts, 1, warn_unknown=False)]
 
 
 def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None, device: torch.device | str = "cpu",
                     runs_root: Path = Path("runs"), int8: bool = False, bf16: bool = False,
                     sampling: Sampling | None = None, ensemble: list[Path] | tuple[Path, ...] = (),
-                    **decode_overrides) -> Translator:
+                    n_best: int = 1, **decode_overrides) -> Translator:
     """The best checkpoint of `run` (default: the newest run under `runs_root`), or `checkpoint_dir`.
 
     `int8` quantizes the linear layers for faster CPU translation (see quantize.py). `bf16` casts the
     whole model to bfloat16, where the hardware runs it fast (runtime.fast_bf16): its matmuls then
     run on the bf16 units (AVX-512-BF16 or AMX on a CPU), and layer norms and softmax still
     accumulate in fp32 inside PyTorch's kernels. Both change the output slightly.
-    `sampling`: sample instead of searching. `ensemble`: more runs whose best checkpoints search
-    together with the first (search._StepDecoder says how); they must share its tokenizer files, and
-    the first run's decode config applies.
-    `decode_overrides` replace fields of the run's decode config (beam_size, batch_size, ...).
+    `ensemble`: more runs whose best checkpoints search together with the first (step_decoder.StepDecoder
+    says how); they must share its tokenizer files, and the first run's decode config applies.
+    The decode options are the run's decode config with `decode_overrides` (beam_size, batch_size, ...),
+    `sampling` (sample instead of searching) and `n_best` (decoding.DecodeOptions.over).
     """
     if int8 and bf16:
         raise UserError("choose one of int8 and bf16")
@@ -149,7 +146,7 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     # Pinned while read: a run still training may prune its checkpoints meanwhile (pins.py).
     with contextlib.ExitStack() as pins:
         found = pins.enter_context(pinned_checkpoint(run, checkpoint_dir, runs_root))
-        decode = decode_config(load_decode_config(run_dir_of(found)), sampling, **decode_overrides)
+        decode = DecodeOptions.over(load_decode_config(run_dir_of(found)), sampling, n_best, **decode_overrides)
         model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
         others = [_ensemble_member(found, tokenizers, pins.enter_context(pinned_checkpoint(member, None, runs_root)),
                                    device) for member in ensemble]
@@ -160,7 +157,7 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     log.info("translating with %s (step %s%s)%s", found, meta.get("step"),
              ", int8" if int8 else ", bf16" if bf16 else "",
              f" in an ensemble of {len(others) + 1} models" if others else "")
-    return Translator(model, tokenizers, decode, torch.device(device), found, sampling=sampling, others=others)
+    return Translator(model, tokenizers, decode, torch.device(device), found, others=others)
 
 
 def _ensemble_member(first: Path, tokenizers: Tokenizers, found: Path, device: torch.device | str) -> Transformer:

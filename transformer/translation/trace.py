@@ -3,7 +3,8 @@ translates, with every step recorded — for greedy search the most probable nex
 taken, for beam search the live hypotheses, the candidates they grew into and what became of each
 (a beam of the next step, a finished hypothesis with its length penalty and score, or pruned) — and
 why the winner won. `translate.py --explain`, the web page of serve.py and the walkthrough notebook
-all show this record; the search itself is search.py's, watched through its `observer`.
+all show this record; the search itself is search.py's, watched through its `observer` (the methods
+whose decoding.Strategy is `traced`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from torch import Tensor
 
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import EOS_ID, Tokenizers
+from transformer.decoding import traced_strategy
 from transformer.errors import UserError
-from transformer.translation.search import BeamCandidates, beam_search, greedy_search, max_output_lengths
-from transformer.translation.options import check_n_best
+from transformer.translation.search import SEARCHES, BeamCandidates
+from transformer.translation.step_decoder import max_output_lengths
 from transformer.translation.texts import source_ids, target_prefix_ids
 from transformer.translation.torch_engine import Translator
 
@@ -192,15 +194,15 @@ class _Recorder:
                                      None if found.nth_finished == -math.inf else found.nth_finished, found.stopped))
 
 
-def trace_search(translator: Translator, text: str, prefix: str = "", n_best: int = 1) -> SearchTrace:
-    """Search `text` with the translator's model and decode settings (greedy when its beam size is 1,
+def trace_search(translator: Translator, text: str, prefix: str = "", n_best: int | None = None) -> SearchTrace:
+    """Search `text` with the translator's model and decode options (greedy when its beam size is 1,
     else beam search with its length penalty), recording every step. `prefix`: a text the output must
-    start with; `n_best`: the finished hypotheses beam search keeps before it may stop, as in
-    translation. The output is the translator's own best for this text."""
-    if translator.sampling is not None:
-        raise UserError("the search step by step shows greedy and beam search, not sampling")
+    start with; `n_best` (None: the translator's): the finished hypotheses beam search keeps before it
+    may stop, as in translation. The output is the translator's own best for this text."""
     decode, tokenizers = translator.decode, translator.tokenizers
-    check_n_best(n_best, decode.beam_size, None)
+    if n_best is not None:
+        decode = dataclasses.replace(decode, n_best=n_best)
+    strategy = traced_strategy(decode)
     sources = source_ids([text], tokenizers, translator.max_len - 1)
     if not sources[0]:
         raise UserError("nothing to translate: the text is blank")
@@ -211,21 +213,17 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
         src, src_pad_mask = src.to(translator.device), src_pad_mask.to(translator.device)
         max_lengths = max_output_lengths(torch.tensor([len(sources[0])]), decode.max_length_a, decode.max_length_b,
                                          translator.max_len - 1)
-        if decode.beam_size == 1:
-            output = greedy_search(translator.models, src, src_pad_mask, max_lengths, translator.use_cache,
-                                   prefixes, observer=recorder)[0]
-        else:
-            hypotheses = beam_search(translator.models, src, src_pad_mask, decode.beam_size, decode.length_penalty,
-                                     max_lengths, n_best, translator.use_cache, prefixes, observer=recorder)[0]
-            # A search whose every hypothesis was ruled out finished nothing: its steps still show why.
-            output = hypotheses[0].tokens if hypotheses else []
+        outputs = SEARCHES[strategy.name](translator.models, src, src_pad_mask, max_lengths, decode, prefixes,
+                                          observer=recorder)[0]
+        # A beam search whose every hypothesis was ruled out finished nothing: its steps still show why.
+        output = outputs[0] if outputs else []
     if recorder.steps:
         recorder.steps[-1].stopped = True  # also when the maximum length, not an EOS, ended it
     texts = tokenizers.decode_target([output] + [f.tokens for f in recorder.finished])
     for finished, finished_text in zip(recorder.finished, texts[1:]):
         finished.text = finished_text
     source_piece = tokenizers.source.id_to_token
-    return SearchTrace("greedy" if decode.beam_size == 1 else "beam", decode.beam_size, decode.length_penalty, n_best,
+    return SearchTrace(strategy.name, decode.beam_size, decode.length_penalty, decode.n_best,
                        int(max_lengths[0]), sources[0], [source_piece(i) or f"<{i}>" for i in sources[0]],
                        output, recorder.pieces(output), texts[0], recorder.steps, recorder.finished)
 

@@ -1,0 +1,216 @@
+"""What a translation may ask of its search, checked once, here: `DecodeOptions`, the one typed object
+(beam size, n-best, length penalty, output length, batch size and `Sampling`'s settings) with every
+range the engines compute in `RANGES`, and `STRATEGIES`, the decoding methods (greedy, beam, sampling):
+when each is chosen, what it reads and excludes, and which engines run it. The config's decode
+section (config.DecodeConfig is a `DecodeSettings`), translate.py's flags and the API's requests all
+build these objects, and a refusal is a DecodeOptionError that marks the option's generic name
+(errors.option) for each face to call by its own: a YAML key, a flag, a JSON field. No torch here;
+it imports only errors.py, so that config.py can build on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from transformer.errors import DecodeOptionError, UserError, option
+
+# The widest beam, and the most candidates (n-best, or samples) of one text: memory grows with it, and
+# wider beams do not translate better.
+MAX_BEAM = 128
+# GNMT alpha: ((5 + length) / 6) ** alpha must stay finite in float32 (the torch engine's stopping bound)
+# for any output length a model's position table allows; usual values lie between 0.6 and 2.
+MAX_LENGTH_PENALTY = 10.0
+# logits / temperature must stay finite and nonzero in float32 in both engines; near 0 it is greedy search.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 1e30
+MAX_SEED = 2**32 - 1  # CTranslate2's random generator takes an unsigned 32-bit seed
+_INT64_MAX = 2**63 - 1  # what torch and numpy hold an integer in
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values an option may take: integers (not bools) or finite numbers from `low` to `high`
+    (`low` excluded when `low_open`); `expected` ends the refusal "... must be <expected>, got X"."""
+
+    kind: type  # int or float
+    low: float
+    high: float
+    expected: str
+    low_open: bool = False
+    not_above_zero: str = ""  # said after a value <= 0, for a range that starts just above it
+
+
+# The one statement of each decode option's range.
+RANGES: dict[str, Range] = {
+    "beam_size": Range(int, 1, MAX_BEAM, f"from 1 to {MAX_BEAM}"),
+    "length_penalty": Range(float, 0.0, MAX_LENGTH_PENALTY, f"from 0 to {MAX_LENGTH_PENALTY:g}"),
+    "max_length_a": Range(float, 0.0, math.inf, "a finite number, 0 or more"),
+    "max_length_b": Range(int, 1, _INT64_MAX, "1 or more"),
+    "batch_size": Range(int, 1, _INT64_MAX, "1 or more"),
+    "n_best": Range(int, 1, MAX_BEAM, f"from 1 to {MAX_BEAM}"),
+    "top_k": Range(int, 0, _INT64_MAX, "0 (every token) or more"),
+    "top_p": Range(float, 0.0, 1.0, "above 0 and at most 1", low_open=True),
+    "temperature": Range(float, MIN_TEMPERATURE, MAX_TEMPERATURE, f"from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}",
+                         not_above_zero="a temperature near 0 is greedy search"),
+    "seed": Range(int, 0, MAX_SEED, f"from 0 to {MAX_SEED}"),
+}
+
+
+def check_option(name: str, value: Any) -> int | float:
+    """`value` of option `name` as its kind (an integer given for a number becomes a float), or a
+    DecodeOptionError naming the option: the one check of every decode value."""
+    rule = RANGES[name]
+    if rule.kind is int:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not rule.low <= value <= rule.high:
+            raise DecodeOptionError(name, f"must be {rule.expected}, got {value!r}")
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise DecodeOptionError(name, f"must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if rule.not_above_zero and number <= 0:
+        raise DecodeOptionError(name, f"must be above 0, got {value!r} ({rule.not_above_zero})")
+    above_low = rule.low < number if rule.low_open else rule.low <= number
+    if not (above_low and number <= rule.high and math.isfinite(number)):  # NaN fails every comparison
+        raise DecodeOptionError(name, f"must be {rule.expected}, got {value!r}")
+    return number
+
+
+def _check_fields(options: Any) -> None:
+    """Check every field of `options` that RANGES names, in field order, keeping the checked value."""
+    for item in dataclasses.fields(options):
+        if item.name in RANGES:
+            object.__setattr__(options, item.name, check_option(item.name, getattr(options, item.name)))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Random sampling instead of search: each next token drawn from softmax(logits / temperature),
+    among the `top_k` most probable (0 = all), then the fewest most probable whose probabilities sum
+    to at least `top_p`; `seed` makes the draws reproducible. n-best means that many independent samples."""
+
+    top_k: int = 0
+    top_p: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How a run translates: what the config's decode section holds (config.DecodeConfig)."""
+
+    beam_size: int = 5  # 1 = greedy search
+    length_penalty: float = 1.0  # GNMT alpha: score / ((5 + length) / 6) ** alpha; 0 = none
+    max_length_a: float = 1.5  # longest output = a * source_length + b tokens
+    max_length_b: int = 10
+    batch_size: int = 64  # sentences decoded together
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+
+SETTINGS = tuple(item.name for item in dataclasses.fields(DecodeSettings))
+
+
+@dataclass(frozen=True)
+class DecodeOptions(DecodeSettings):
+    """Everything one translation asks of its search: a run's settings, the candidates per text, and
+    sampling (None: search). Each value is checked as the object is made, then the chosen method's
+    own rule (`Strategy.n_best_in_beam`); `strategy` is the method that runs."""
+
+    n_best: int = 1  # candidates per text, best first
+    sampling: Sampling | None = None  # draw at random instead of searching
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sampling is not None and not isinstance(self.sampling, Sampling):
+            raise TypeError(f"sampling must be a Sampling or None, got {self.sampling!r}")  # a caller's bug
+        if self.strategy.n_best_in_beam and self.n_best > self.beam_size:
+            raise DecodeOptionError("n_best", f"{self.n_best} needs a beam of at least {self.n_best} (beam is "
+                                              f"{self.beam_size}; add {option('beam_size')} {self.n_best})")
+
+    @property
+    def strategy(self) -> "Strategy":
+        return strategy_of(self)
+
+    @classmethod
+    def over(cls, base: DecodeSettings, sampling: Sampling | None = None, n_best: int = 1,
+             **given: Any) -> "DecodeOptions":
+        """`base` (a run's decode settings) with the `given` ones (beam_size, length_penalty,
+        max_length_a, max_length_b, batch_size; None: not given), `n_best` and `sampling`. Each value
+        is checked by the object; a given setting the chosen method excludes is refused, not ignored."""
+        unknown = set(given) - set(SETTINGS)
+        if unknown:
+            raise TypeError(f"unknown decode settings: {sorted(unknown)}")  # a caller's bug
+        given = {name: value for name, value in given.items() if value is not None}
+        options = cls(**{**{name: getattr(base, name) for name in SETTINGS}, **given}, n_best=n_best,
+                      sampling=sampling)
+        strategy = options.strategy
+        excluded = [name for name in strategy.excludes if name in given]
+        if excluded:
+            raise DecodeOptionError(strategy.chosen_by, f"{strategy.unlike}: leave out {option(excluded[0])}")
+        return options
+
+
+ENGINES = ("torch", "ctranslate2")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A decoding method: one row of STRATEGIES, read by the engines (which implementation runs it),
+    by the engine policy (which engine can) and by the option checks (what it excludes). Every method
+    reads max_length_a, max_length_b and batch_size; `reads` names what else."""
+
+    name: str
+    chosen: Callable[[DecodeOptions], bool]  # whether options ask for this method (the first row that does wins)
+    reads: tuple[str, ...]  # the options it uses beyond the output length and batch size
+    engines: tuple[str, ...]  # the engines that run it (each has its implementation keyed by `name`)
+    chosen_by: str = "beam_size"  # the option that asks for it, named in its refusals
+    excludes: tuple[str, ...] = ()  # settings a caller may not give with it: it would ignore them
+    unlike: str = ""  # why it excludes them
+    n_best_in_beam: bool = False  # its n-best are finished beam hypotheses: at most beam_size of them
+    ends_with_eos: bool = False  # every output ends in EOS, at the length limit too (else one cut there has none)
+    traced: bool = False  # its steps can be watched (translation/trace.py, translate.py --explain)
+    seeded: bool = False  # it draws random numbers from sampling.seed
+
+
+# In order: the first row whose `chosen` holds is the method. To add one, see docs/decoding.md.
+STRATEGIES: dict[str, Strategy] = {strategy.name: strategy for strategy in (
+    Strategy("sampling", lambda options: options.sampling is not None,
+             reads=("n_best", "top_k", "top_p", "temperature", "seed"), engines=ENGINES, chosen_by="sampling",
+             excludes=("beam_size", "length_penalty"), unlike="draws each token at random instead of searching",
+             seeded=True),
+    Strategy("greedy", lambda options: options.beam_size == 1, reads=(), engines=ENGINES, n_best_in_beam=True,
+             traced=True),
+    Strategy("beam", lambda options: True, reads=("beam_size", "length_penalty", "n_best"), engines=ENGINES,
+             n_best_in_beam=True, ends_with_eos=True, traced=True),
+)}
+
+
+def strategy_of(options: DecodeOptions) -> Strategy:
+    """The decoding method `options` ask for."""
+    return next(strategy for strategy in STRATEGIES.values() if strategy.chosen(options))
+
+
+def traced_strategy(options: DecodeOptions) -> Strategy:
+    """The method `options` ask for, refused unless its steps can be watched (trace.py, --explain)."""
+    strategy = strategy_of(options)
+    if not strategy.traced:
+        shown = " or ".join(name for name, method in STRATEGIES.items() if method.traced)
+        raise UserError(f"{option('explain')} shows {shown} search, not {strategy.name}: leave out "
+                        f"{option(strategy.chosen_by)}")
+    return strategy
+
+
+__all__ = ["MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Range", "RANGES",
+           "check_option", "Sampling", "DecodeSettings", "SETTINGS", "DecodeOptions", "ENGINES", "Strategy",
+           "STRATEGIES", "strategy_of", "traced_strategy"]

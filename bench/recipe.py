@@ -11,7 +11,7 @@ runs it) into runs/recipe/<name>; rerunning the same command resumes or finds th
 only scores again. Prints one markdown row for bench/recipe.md: updates, minutes of training (a time
 budget is met to within a few per cent), target tokens/s over the training time, peak RSS of
 training, valid BLEU/chrF greedy and beam 5, then the command. The
-valid split is all of heldout/valid.* (the run's own BLEU during training uses a sample of it).
+valid split is all of heldout/valid.* (of the run --score-on names, if given) (the run's own BLEU during training uses a sample of it).
 Run it on an otherwise idle machine: updates in a time budget depend on the speed it measures.
 """
 
@@ -73,6 +73,9 @@ def main() -> None:
                         help="busy processes competing for the CPU over --hog-window (bench/disturb.py)")
     parser.add_argument("--hog-window", type=parse_window, default=(0.0, 60.0), metavar="START:END",
                         help="seconds after the first step of training (default 0:60)")
+    parser.add_argument("--score-on", type=Path, metavar="RUN",
+                        help="score on this run's valid split instead of the trial's own: the same sentences for "
+                             "trials on different data (bench/noisy_mix.py)")
     parser.add_argument("--length-penalties", type=float, nargs="*", default=[], metavar="ALPHA",
                         help="also beam 5 on valid with each of these length penalties")
     args = parser.parse_args()
@@ -86,7 +89,7 @@ def main() -> None:
     state = read_meta(run_dir / "checkpoints" / read_run_state(run_dir).latest)["state"]
     translator = load_translator(run_dir, device="cpu")
     best = read_run_state(run_dir).best
-    valid = heldout(run_dir, "valid")
+    valid = heldout(args.score_on or run_dir, "valid")
     cells = [args.name, ", ".join(args.overrides) or "(the config as it is)", f"{state['step']:,}",
              f"{state['train_seconds'] / 60:.1f}", f"{state['target_tokens'] / state['train_seconds']:,.0f}",
              f"{peak_gib:.2f}",
@@ -104,6 +107,8 @@ def main() -> None:
           f"valid sentences: {len(valid[0])}")
     shown = ["python", "bench/recipe.py", "--name", args.name, "--config", args.config]
     shown += [word for override in args.overrides for word in ("--set", override)]
+    if args.score_on:
+        shown += ["--score-on", str(args.score_on)]
     if args.hogs:
         start, end = args.hog_window
         shown += ["--hogs", str(args.hogs), "--hog-window", f"{start:g}:{end:g}"]

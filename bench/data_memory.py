@@ -79,16 +79,17 @@ class RssSampler:
         self.sample()
 
 
-def write_scaled_csv(source: Path, target: Path, scale: int) -> None:
-    """`source` repeated `scale` times, streamed (never held in memory); copy k > 0 gets " (copy k)"."""
+def write_scaled_csv(source: Path, target: Path, scale: int, first_copy: int = 0) -> None:
+    """`source` repeated `scale` times, streamed (never held in memory); copy k > 0 gets " (copy k)",
+    the copies numbered from `first_copy`."""
     csv.field_size_limit(sys.maxsize)
     with target.open("w", encoding="utf-8", newline="") as out:
         writer = csv.writer(out)
-        for copy in range(scale):
+        for copy in range(first_copy, first_copy + scale):
             with source.open(encoding="utf-8-sig", newline="") as handle:
                 rows = csv.reader(handle)
                 header = next(rows)
-                if copy == 0:
+                if copy == first_copy:
                     writer.writerow(header)
                 suffix = f" (copy {copy})" if copy else ""
                 writer.writerows([field + suffix for field in row] if suffix else row for row in rows)

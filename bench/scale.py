@@ -2,6 +2,7 @@
 
     python bench/scale.py --scale 30 [--steps 20] [--resume-steps 3] [--config configs/base.yaml]
                           [--data data/eng_-french.csv] [--work DIR] [--repo DIR] [--keep] [--nproc N]
+                          [--corpora K]
 
 Synthesises the Nx CSV (every row repeated N times, copy k > 0 with " (copy k)" appended to both
 sides, so every pair stays its own group), then runs, as a subprocess in a fresh datasets cache and
@@ -21,6 +22,9 @@ sampled as the sum of PSS (proportional set size: a shared page split between it
 process of the command, every 0.25 s, and printed per stage and at its peak.
 --nproc 2 runs the same under `torchrun --standalone --nproc_per_node=2` and prints each training
 process's peak and their sum.
+--corpora K writes the same Nx rows as K corpora (copies 0 to N/K - 1 in the first, and so on) and
+trains on them as data.corpora: the first held out (valid and test drawn from it) with weight 2,
+the others with weight 0.5, so that a run draws and plans a weighted mix.
 --repo runs train.py of another checkout (e.g. `git worktree add /tmp/before main`) to compare.
 """
 
@@ -241,6 +245,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--nproc", type=int, default=1,
                         help="training processes: more than 1 runs train.py under torchrun (gloo on a CPU)")
+    parser.add_argument("--corpora", type=int, default=1, help="the rows as this many weighted corpora")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="more config overrides for both runs")
     args = parser.parse_args()
@@ -252,18 +257,30 @@ def main() -> None:
                     if line.startswith("model name")), platform.processor())
         bf16 = ", avx512_bf16" if re.search(r"\bavx512_bf16\b", Path("/proc/cpuinfo").read_text()) else ""
         print(f"CPU: {cpu}, {len(os.sched_getaffinity(0))} cores{bf16}; train.py of {args.repo.resolve()}")
-        scaled = work / f"x{args.scale}.csv"
         started = time.time()
-        if args.scale == 1:
-            shutil.copy(args.data, scaled)
+        if args.corpora > 1:
+            if args.scale % args.corpora:
+                sys.exit("error: --scale must be a multiple of --corpora")
+            each = args.scale // args.corpora
+            parts = [work / f"x{args.scale}-part{k}.csv" for k in range(args.corpora)]
+            for k, part in enumerate(parts):
+                write_scaled_csv(args.data, part, each, first_copy=k * each)
+            corpora = ", ".join(f"{{path: '{part}', weight: {2 if k == 0 else 0.5}, held_out: {str(k == 0).lower()}}}"
+                                for k, part in enumerate(parts))
+            data_sets = [f"data.corpora=[{corpora}]"]
         else:
-            write_scaled_csv(args.data, scaled, args.scale)
-        rows = sum(1 for _ in scaled.open("rb")) - 1
-        print(f"{args.scale}x corpus: {rows} rows, {scaled.stat().st_size / MIB:.0f} MiB CSV "
-              f"(written in {time.time() - started:.0f} s)")
+            parts = [work / f"x{args.scale}.csv"]
+            if args.scale == 1:
+                shutil.copy(args.data, parts[0])
+            else:
+                write_scaled_csv(args.data, parts[0], args.scale)
+            data_sets = [f"data.path={parts[0]}"]
+        rows = sum(sum(1 for _ in part.open("rb")) - 1 for part in parts)
+        print(f"{args.scale}x corpus: {rows} rows in {len(parts)} file(s), "
+              f"{sum(part.stat().st_size for part in parts) / MIB:.0f} MiB CSV (written in {time.time() - started:.0f} s)")
         cache, run_dir = work / "datasets-cache", work / "run"
         env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "PYTHONPATH": str(args.repo.resolve())}
-        sets = [f"data.path={scaled}", "train.log_every=1", *args.overrides]
+        sets = [*data_sets, "train.log_every=1", *args.overrides]
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}"] \
             if args.nproc > 1 else [sys.executable]
         command = [*launcher, "train.py", "--config", str((ROOT / args.config).resolve())

@@ -115,11 +115,57 @@ def _check_fields(section: Any) -> None:
     hints = typing.get_type_hints(type(section))
     for item in dataclasses.fields(section):
         annotation = hints[item.name]
-        if dataclasses.is_dataclass(annotation):
+        if dataclasses.is_dataclass(annotation) or _is_list_of_sections(annotation):
             continue
         key = f"{section.SECTION}.{item.name}" if section.SECTION else item.name
         value = _check_value(getattr(section, item.name), annotation, key, item.metadata.get("range"))
         object.__setattr__(section, item.name, value)  # frozen: an int given for a number becomes a float
+
+
+# The data formats a corpus may be in (transformer/data/corpus.py's READERS reads each).
+DataFormat = Literal["csv", "tsv", "text", "parquet", "jsonl", "dataset", "hub"]
+_SHIPPED_SOURCE, _SHIPPED_TARGET = "English words/sentences", "French words/sentences"
+
+
+def _check_corpus(corpus: Any, section: str) -> None:
+    """The rules joining a corpus's keys (DataConfig's own, or an entry of data.corpora)."""
+    _require(bool(corpus.path), f"{section}.path", "a path" if corpus.format != "hub" else "a dataset's name",
+             corpus.path)
+    if corpus.format == "text":
+        _require(bool(corpus.target_path), f"{section}.target_path",
+                 f"the target-language file's path (with {section}.format: text, {section}.path is the "
+                 "source-language file)", corpus.target_path)
+    elif corpus.source_column == corpus.target_column:
+        raise ConfigError(f"{section}.source_column and {section}.target_column both name the column "
+                          f"{corpus.source_column!r}: a pair needs two columns, source and target")
+    if corpus.format != "text" and corpus.target_path:
+        raise ConfigError(f"{section}.target_path is only for {section}.format: text; a {corpus.format} corpus "
+                          f"holds both languages in {section}.path (remove {section}.target_path, or set "
+                          f"{section}.format: text)")
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """One corpus of several (data.corpora): where its pairs are, and how often they are drawn.
+    The keys that name it are DataConfig's, with the same meaning."""
+
+    SECTION: ClassVar[str] = "corpus"  # messages name it data.corpora[N] (_build)
+    path: str = ""
+    format: DataFormat = "csv"
+    target_path: str = ""
+    source_column: str = _SHIPPED_SOURCE
+    target_column: str = _SHIPPED_TARGET
+    split: str = "train"
+    hub_config: str = ""
+    # How many times each of its training pairs is drawn in an epoch, on average: 3 oversamples a
+    # small in-domain corpus, 0.1 draws a tenth of a huge one (a different tenth each epoch).
+    weight: float = _range(1.0, 0.0, 1000.0, low_open=True)
+    # Whether valid and test pairs are drawn from it. When no corpus says so, all of them give some.
+    held_out: bool = False
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        _check_corpus(self, "corpus")
 
 
 @dataclass(frozen=True)
@@ -132,13 +178,23 @@ class DataConfig:
     # corpora are often shipped, e.g. train.en / train.fr): `path` is the source-language one and
     # `target_path` the target-language one; line N of each is pair N. Named files rather than a stem plus
     # suffixes: each key then names exactly one file in errors, and the files may live apart.
+    # parquet / jsonl: a file, a folder of such files or a glob (`data/wmt/*.parquet`), read by
+    # datasets. dataset: a folder written by datasets' save_to_disk (`split` picks one of a
+    # DatasetDict). hub: a Hugging Face Hub dataset's name, with `hub_config` and `split`
+    # (load_dataset(path, hub_config, split=split)). A column may be a field of a nested one:
+    # `translation.en` for opus_books' or wmt14's {"translation": {"en": ..., "fr": ...}}.
     path: str = "data/eng_-french.csv"
-    format: Literal["csv", "tsv", "text"] = "csv"
+    format: DataFormat = "csv"
     target_path: str = ""  # the target-language file; for format text only
-    # csv / tsv only. The defaults are the shipped CSV's, English to French; any pair and direction is a
-    # choice of columns (configs/fr_en.yaml swaps these two). They must differ.
-    source_column: str = "English words/sentences"
-    target_column: str = "French words/sentences"
+    # The defaults are the shipped CSV's, English to French; any pair and direction is a choice of
+    # columns (configs/fr_en.yaml swaps these two). They must differ.
+    source_column: str = _SHIPPED_SOURCE
+    target_column: str = _SHIPPED_TARGET
+    split: str = "train"  # dataset (of a DatasetDict) and hub: which split holds the pairs
+    hub_config: str = ""  # hub: the dataset's configuration, e.g. "en-fr" for opus_books
+    # Several corpora instead of the one above: a list of mappings with CorpusConfig's keys (path,
+    # format, columns, weight, held_out). data.path and its neighbours are then left out.
+    corpora: tuple[CorpusConfig, ...] = ()
     valid_pairs: int = _range(1000, 1)  # pairs held out for validation (whole groups of pairs sharing a sentence)
     test_pairs: int = _range(1000, 0)  # pairs held out for testing, never seen in training
     split_seed: int = _range(1234, 0)
@@ -146,18 +202,69 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check_fields(self)
-        _require(bool(self.path), "data.path", "a file path", self.path)
-        if self.format == "text":
-            _require(bool(self.target_path), "data.target_path",
-                     "the target-language file's path (with data.format: text, data.path is the source-language "
-                     "file)",
-                     self.target_path)
-        elif self.source_column == self.target_column:
-            raise ConfigError(f"data.source_column and data.target_column both name the column "
-                              f"{self.source_column!r}: a pair needs two columns, source and target")
-        if self.format != "text" and self.target_path:
-            raise ConfigError(f"data.target_path is only for data.format: text; a {self.format.upper()} file holds "
-                              "both languages in data.path (remove data.target_path, or set data.format: text)")
+        if not self.corpora:
+            _check_corpus(self, "data")
+            return
+        defaults = DataConfig()
+        given = [name for name in ("path", "format", "target_path", "source_column", "target_column", "split",
+                                   "hub_config") if getattr(self, name) != getattr(defaults, name)]
+        if given:
+            raise ConfigError(f"data.{given[0]} and data.corpora both name the data: give each corpus its "
+                              f"{given[0]} in data.corpora and remove data.{given[0]}")
+        seen: dict[tuple, int] = {}
+        for index, corpus in enumerate(self.corpora):
+            identity = (str(Path(corpus.path).resolve()) if corpus.format != "hub" else corpus.path,
+                        corpus.target_path and str(Path(corpus.target_path).resolve()), corpus.format,
+                        corpus.split, corpus.hub_config, corpus.source_column, corpus.target_column)
+            if identity in seen:
+                raise ConfigError(f"data.corpora[{index}] and data.corpora[{seen[identity]}] are the same corpus "
+                                  f"({corpus.path}); list it once and raise its weight to draw it more often")
+            seen[identity] = index
+
+    def corpus_list(self) -> tuple[tuple[CorpusConfig, str], ...]:
+        """Each corpus with the config section messages name it by: data.corpora's entries, or the one
+        corpus data.path names (weight 1, valid and test drawn from it)."""
+        if self.corpora:
+            return tuple((corpus, f"data.corpora[{index}]") for index, corpus in enumerate(self.corpora))
+        one = CorpusConfig(path=self.path, format=self.format, target_path=self.target_path,
+                           source_column=self.source_column, target_column=self.target_column, split=self.split,
+                           hub_config=self.hub_config, weight=1.0, held_out=True)
+        return ((one, "data"),)
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """Filters of noisy pairs, applied to every corpus after cleaning, each counted and logged per
+    corpus with examples (docs/data-filters.md). The defaults drop 2 + 26 of the shipped CSV's
+    164,339 pairs; set a key to false or 0 to turn its filter off."""
+
+    SECTION: ClassVar[str] = "filter"
+    # The two sides are the same once case, spaces and punctuation are set aside: an untranslated copy.
+    copies: bool = True
+    # Either side has fewer letters than this share of its characters (spaces aside): numbers,
+    # markup, URLs. 0 = off.
+    min_letter_share: float = _range(0.3, 0.0, 1.0)
+    # The longer side has more than this many times the characters of the shorter: a misaligned
+    # pair or a truncated side. 0 = off; otherwise at least 1.
+    max_length_ratio: float = _range(3.0, 0.0)
+    # A pair seen before (after cleaning), in this corpus or an earlier one: only its first is kept.
+    duplicates: bool = True
+    # Each side must be identified as its language (py3langid, told to choose between the two):
+    # catches swapped sides and copies. Off by default: it reads every pair (minutes a million pairs).
+    language: bool = False
+    source_language: str = "en"  # ISO 639-1 codes, as py3langid names languages
+    target_language: str = "fr"
+    # A side is dropped when the identifier gives the other language at least this probability.
+    language_confidence: float = _range(0.9, 0.5, 1.0, high_open=True)
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        if 0 < self.max_length_ratio < 1:
+            raise ConfigError(f"filter.max_length_ratio: expected 0 (off) or a number >= 1, got "
+                              f"{self.max_length_ratio!r}")
+        if self.language and self.source_language == self.target_language:
+            raise ConfigError(f"filter.source_language and filter.target_language are both "
+                              f"{self.source_language!r}: the language check needs two languages")
 
 
 @dataclass(frozen=True)
@@ -296,6 +403,7 @@ class Config:
     SECTION: ClassVar[str] = ""
     name: str = "run"
     data: DataConfig = field(default_factory=DataConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -375,9 +483,35 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         annotation = hints[key]
         if dataclasses.is_dataclass(annotation):
             kwargs[key] = _build(annotation, value, full)
+        elif _is_list_of_sections(annotation):
+            kwargs[key] = _build_list(typing.get_args(annotation)[0], value, full)
         else:
             kwargs[key] = _coerce(value, annotation)
     return cls(**kwargs)
+
+
+def _is_list_of_sections(annotation: Any) -> bool:
+    args = typing.get_args(annotation)
+    return typing.get_origin(annotation) is tuple and len(args) == 2 and args[1] is Ellipsis \
+        and dataclasses.is_dataclass(args[0])
+
+
+def _build_list(cls: type, raw: Any, key: str) -> tuple:
+    """A list of sections, such as data.corpora: each built as a section named `key[N]`."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"{key}: expected a list of mappings, got {raw!r}")
+    built = []
+    for index, item in enumerate(raw):
+        where = f"{key}[{index}]"
+        try:
+            built.append(_build(cls, item, where))
+        except ConfigError as error:
+            # The section checks itself under its class's name; the message names the list entry.
+            message = str(error).replace(f"{cls.SECTION}.", f"{where}.")
+            raise ConfigError(message) from None
+    return tuple(built)
 
 
 # A config is a few dozen values: a tree far larger than this is a mistake (or aliases multiplying
@@ -513,6 +647,6 @@ def _deep_copy(raw: Any) -> Any:
 
 
 __all__ = [
-    "Config", "DataConfig", "TokenizerConfig", "ModelConfig", "TrainConfig", "DecodeConfig",
+    "Config", "DataConfig", "CorpusConfig", "FilterConfig", "TokenizerConfig", "ModelConfig", "TrainConfig", "DecodeConfig",
     "load_config", "config_from_dict", "config_to_dict", "config_to_yaml",
 ]

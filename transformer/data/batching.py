@@ -8,6 +8,8 @@ Every sequence is right-padded with PAD_ID, per batch (never to a global length)
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -18,6 +20,8 @@ from torch import Tensor
 
 from transformer.data.token_files import FileArray, load_plan, save_plan
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -177,6 +181,69 @@ def _diff(offsets: np.ndarray | FileArray) -> np.ndarray:
     return offsets.diff() if isinstance(offsets, FileArray) else np.diff(offsets)
 
 
+@dataclass(frozen=True)
+class Mix:
+    """How often the pairs of each of several corpora are drawn in an epoch: the pairs of corpus i are
+    indices bounds[i]:bounds[i + 1] of the PairCorpus, and each is drawn weights[i] times on average.
+
+    A weight k + f (k whole, 0 <= f < 1) draws every pair k times, and a share f of them once more.
+    That share is taken per length class (pairs with the same source and target lengths) and its
+    size in each class is fixed, so every epoch draws the same multiset of lengths: the same number
+    of batches, which budgets count on (`token_batches`). Which pairs of a class make up the share
+    turns with the epoch (a seeded order, walked on by the share's size each epoch), so over
+    epochs every pair of a class is drawn equally often.
+    """
+
+    bounds: tuple[int, ...]
+    weights: tuple[float, ...]
+    names: tuple[str, ...] = ()  # the corpora's names, for the log
+
+    @property
+    def trivial(self) -> bool:
+        return all(weight == 1 for weight in self.weights)
+
+    def draw(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+        """The indices drawn for `epoch`, corpus after corpus (a pair repeated as often as it is drawn)."""
+        drawn = []
+        for number, weight in enumerate(self.weights):
+            start, end = self.bounds[number], self.bounds[number + 1]
+            whole, share = int(weight), weight - int(weight)
+            indices = np.arange(start, end, dtype=np.int64)
+            drawn.extend([indices] * whole)
+            if share and end > start:
+                drawn.append(self._share(indices, src_lengths[start:end], tgt_lengths[start:end], share,
+                                         [seed, number], epoch))
+        return np.concatenate(drawn) if drawn else np.empty(0, dtype=np.int64)
+
+    @staticmethod
+    def _share(indices, src_lengths, tgt_lengths, share, seed, epoch) -> np.ndarray:
+        rng = np.random.default_rng(seed)  # not the epoch's: the classes' order and shares stay fixed
+        # Pairs by length class, in a seeded order within each class.
+        order = np.lexsort((rng.random(len(indices)), tgt_lengths, src_lengths))
+        src, tgt = src_lengths[order], tgt_lengths[order]
+        new_class = np.ones(len(order), dtype=bool)
+        new_class[1:] = (src[1:] != src[:-1]) | (tgt[1:] != tgt[:-1])
+        class_start = np.flatnonzero(new_class)
+        class_size = np.diff(np.append(class_start, len(order)))
+        # Each class's share, so that the shares add up to share x pairs (systematic rounding).
+        offset = rng.random()
+        taken = np.floor(share * np.append(class_start, len(order)) + offset).astype(np.int64)
+        class_share = np.diff(taken)
+        # Member r of a class of m with share e is drawn in `epoch` when (r - epoch * e) mod m < e.
+        member_class = np.cumsum(new_class) - 1
+        rank = np.arange(len(order)) - class_start[member_class]
+        size, wanted = class_size[member_class], class_share[member_class]
+        chosen = (rank - epoch * wanted) % size < wanted
+        return np.sort(indices[order[chosen]])
+
+    def shares(self, drawn: np.ndarray) -> list[tuple[str, int, float]]:
+        """(name, pairs drawn, share of the epoch) of each corpus, for the log."""
+        counts = np.bincount(np.searchsorted(np.asarray(self.bounds[1:]), drawn, side="right"),
+                             minlength=len(self.weights))
+        total = max(int(counts.sum()), 1)
+        return [(name, int(count), count / total) for name, count in zip(self.names, counts)]
+
+
 class PairCorpus:
     """Tokenized pairs held as two flat arrays of ids plus offsets (row i is ids[offsets[i]:offsets[i + 1]]):
     a batch is a few slices, with no per-pair Python objects. encode.corpus_of builds one; for pairs
@@ -186,10 +253,11 @@ class PairCorpus:
 
     def __init__(self, src_tokens: np.ndarray | FileArray, src_offsets: np.ndarray | FileArray,
                  tgt_tokens: np.ndarray | FileArray, tgt_offsets: np.ndarray | FileArray,
-                 directory: Path | None = None) -> None:
+                 directory: Path | None = None, mix: Mix | None = None) -> None:
         self.src_tokens, self.src_offsets = src_tokens, src_offsets
         self.tgt_tokens, self.tgt_offsets = tgt_tokens, tgt_offsets
         self.directory = directory  # where the token files and plans are; None: all in memory
+        self.mix = mix if mix is not None and not mix.trivial else None  # several corpora, weighted
 
     @property
     def src_lengths(self) -> np.ndarray:
@@ -220,17 +288,30 @@ class PairCorpus:
         return make_batch([self.source(i) for i in indices], [self.target(i) for i in indices])
 
     def batches(self, batch_tokens: int, seed: int, epoch: int, shuffle: bool = True) -> BatchPlan:
-        """`token_batches` of these pairs; with token files, stored beside them once planned and read
-        back from there on the next call, in this run or a later one."""
+        """`token_batches` of these pairs (of those the mix draws for `epoch`, if weighted); with token
+        files, stored beside them once planned and read back from there on the next call, in this run
+        or a later one."""
         if self.directory is None or len(self) == 0:
-            return token_batches(self.src_lengths, self.tgt_lengths, batch_tokens, seed, epoch, shuffle)
+            return BatchPlan(*self._plan(batch_tokens, seed, epoch, shuffle))
         setting = f"tokens{batch_tokens}-seed{seed}-shuffle{int(shuffle)}-"
+        if self.mix is not None:
+            setting += "mix" + hashlib.sha256(repr((self.mix.bounds, self.mix.weights)).encode()).hexdigest()[:16] + "-"
         key = f"{setting}epoch{epoch}"
         stored = load_plan(self.directory, key)
         if stored is None:
-            planned = plan_batches(self.src_lengths, self.tgt_lengths, batch_tokens, seed, epoch, shuffle)
+            planned = self._plan(batch_tokens, seed, epoch, shuffle)
             save_plan(self.directory, key, *planned, stale=setting)
             # Read back, so that the order stays in its file; kept in memory should another process
             # sharing the cache have removed it already (an earlier epoch of the same settings to it).
             stored = load_plan(self.directory, key) or planned
         return BatchPlan(*stored)
+
+    def _plan(self, batch_tokens: int, seed: int, epoch: int, shuffle: bool) -> tuple[np.ndarray, np.ndarray]:
+        src_lengths, tgt_lengths = self.src_lengths, self.tgt_lengths
+        if self.mix is None or not shuffle:  # unshuffled: every pair once (validation's order)
+            return plan_batches(src_lengths, tgt_lengths, batch_tokens, seed, epoch, shuffle)
+        drawn = self.mix.draw(src_lengths, tgt_lengths, seed, epoch)
+        logger.info("epoch %d draws %d pairs: %s", epoch, len(drawn), ", ".join(
+            f"{name} {count} ({share:.1%})" for name, count, share in self.mix.shares(drawn)))
+        order, bounds = plan_batches(src_lengths[drawn], tgt_lengths[drawn], batch_tokens, seed, epoch, shuffle)
+        return drawn[order], bounds

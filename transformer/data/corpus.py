@@ -7,32 +7,38 @@ encode.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import datasets
 import numpy as np
 import pyarrow.compute as pc
 
-from transformer.config import DataConfig
+from transformer.config import DataConfig, FilterConfig
 from transformer.data.cache import code_digest, content_key
 from transformer.data.delimited import read_delimited
+from transformer.data.filters import check_languages, duplicate_mask, pair_masks
+from transformer.data.hf_formats import read_hub, read_jsonl, read_parquet, read_saved_dataset
 from transformer.data.parallel_text import read_parallel_text
-from transformer.data.readers import RawPairs, Source
-from transformer.data.rows import WRITER_BATCH_ROWS, Rows, cache_writes, num_proc
+from transformer.data.readers import RawPairs, Source, side_values
+from transformer.data.rows import SOURCE, TARGET, WRITER_BATCH_ROWS, Rows, cache_writes, num_proc
 from transformer.data.text import clean_text
 from transformer.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-SOURCE, TARGET = "source", "target"  # the cleaned table's two columns
 
 # The reader of each data.format: a function from the corpus to its raw rows (readers.py).
 READERS: dict[str, Callable[[Source], RawPairs]] = {
     "csv": read_delimited,
     "tsv": read_delimited,
     "text": read_parallel_text,
+    "parquet": read_parquet,
+    "jsonl": read_jsonl,
+    "dataset": read_saved_dataset,
+    "hub": read_hub,
 }
 
 # A side longer than data.max_length * this many characters is dropped on reading. No subword
@@ -44,11 +50,12 @@ _LINES_SHOWN = 5  # line numbers named in a warning about dropped rows
 
 # The cleaned rows change with this code and the cleaning's: both are in the key of the cleaned table.
 _CODE = code_digest("corpus.py", "text.py")
+_EXAMPLES_SHOWN = 2  # dropped pairs quoted in the log, per filter and corpus
 
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What `load_pairs` read and what it dropped."""
+    """What `load_pairs` read of one corpus, what it dropped and why, and where its rows are."""
 
     path: str
     rows_read: int
@@ -56,17 +63,24 @@ class LoadReport:
     rows_dropped_header: int = 0  # rows repeating the header line (e.g. two files pasted together)
     rows_dropped_long: int = 0  # rows with a side longer than data.max_length * MAX_CHARS_PER_TOKEN characters
     target_path: str = ""  # the target-language file, for data.format text (`path` is then the source one)
+    # Rows each filter dropped (filters.PAIR_FILTERS, then "duplicates"); a row counts under one reason.
+    rows_filtered: dict[str, int] = field(default_factory=dict)
+    section: str = "data"  # the config section naming the corpus: data, or data.corpora[N]
+    weight: float = 1.0
+    held_out: bool = True  # whether valid and test pairs are drawn from it
+    rows: tuple[int, int] = (0, 0)  # [start, end) of its rows in the table of all corpora's pairs
 
     @property
     def rows_kept(self) -> int:
-        return self.rows_read - self.rows_dropped_empty - self.rows_dropped_header - self.rows_dropped_long
+        return (self.rows_read - self.rows_dropped_empty - self.rows_dropped_header - self.rows_dropped_long
+                - sum(self.rows_filtered.values()))
 
 
 def _clean_batch(batch: dict[str, list], source_column: str, target_column: str) -> dict[str, list[str]]:
     # A row with a missing trailing field arrives as None; it becomes "" and is dropped as empty.
     return {
-        SOURCE: [clean_text(text) if text is not None else "" for text in batch[source_column]],
-        TARGET: [clean_text(text) if text is not None else "" for text in batch[target_column]],
+        SOURCE: [clean_text(text) if text is not None else "" for text in side_values(batch, source_column)],
+        TARGET: [clean_text(text) if text is not None else "" for text in side_values(batch, target_column)],
     }
 
 
@@ -109,36 +123,95 @@ def _drop_masks(cleaned: Rows, max_length: int, header: tuple[str, str] | None) 
 
 
 def _where(raw: RawPairs, mask: np.ndarray) -> str:
-    """'line 7' / 'lines 7, 9, ...' for the rows where `mask` is True."""
+    """'line 7' / 'lines 7, 9, ...' (or rows) for the rows where `mask` is True."""
     rows = np.flatnonzero(mask)
     lines = raw.line_numbers([int(r) for r in rows[:_LINES_SHOWN]])
     more = ", ..." if len(rows) > len(lines) else ""
-    return ("line " if len(lines) == 1 and not more else "lines ") + ", ".join(map(str, lines)) + more
+    return raw.unit + ("" if len(lines) == 1 and not more else "s") + " " + ", ".join(map(str, lines)) + more
+
+
+def _examples(raw: RawPairs, cleaned: Rows, mask: np.ndarray) -> str:
+    """A few of the rows where `mask` is True, quoted: 'line 7: "Hello." -> "Hello."'."""
+    rows = [int(row) for row in np.flatnonzero(mask)[:_EXAMPLES_SHOWN]]
+    found = cleaned.take(rows, [SOURCE, TARGET])
+    lines = raw.line_numbers(rows)
+    return "; ".join(f"{raw.unit} {line}: {_quote(source)} -> {_quote(target)}"
+                     for line, source, target in zip(lines, found[SOURCE], found[TARGET]))
+
+
+def _quote(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+_FILTER_REASONS = {
+    "copies": "the same on both sides once case, spaces and punctuation are set aside (filter.copies)",
+    "letters": "a side with fewer letters than filter.min_letter_share={filters.min_letter_share:g} of its characters",
+    "length_ratio": "one side over filter.max_length_ratio={filters.max_length_ratio:g} times as long as the other",
+    "language": "a side in the other language (filter.language, confidence {filters.language_confidence:g})",
+    "duplicates": "a pair already read (filter.duplicates)",
+}
 
 
 @cache_writes
-def load_pairs(config: DataConfig) -> tuple[Rows, LoadReport]:
-    """Read the corpus `config` names into rows with exactly the columns `source` and `target`, cleaned.
+def load_pairs(config: DataConfig, filters: FilterConfig | None = None) -> tuple[Rows, tuple[LoadReport, ...]]:
+    """Read every corpus `config` names into one table of rows with exactly the columns `source` and
+    `target`, cleaned, corpus after corpus; with a report of each.
 
-    Rows with an empty side (after cleaning), rows repeating the header line (CSV/TSV) and rows with
-    a side longer than data.max_length * MAX_CHARS_PER_TOKEN characters are dropped, counted in the
-    report and logged with their line numbers. datasets keeps its Arrow files in its cache
-    (HF_DATASETS_CACHE). A DataError names the file and key for a missing file or column, non-UTF-8
-    bytes, malformed CSV, or text files of different lengths.
+    Rows with an empty side (after cleaning), rows repeating the header line (CSV/TSV), rows with a
+    side longer than data.max_length * MAX_CHARS_PER_TOKEN characters and the rows `filters` drop
+    are left out, counted in the reports and logged with their line numbers and examples. datasets
+    keeps its Arrow files in its cache (HF_DATASETS_CACHE). A DataError names the file and key for a
+    missing file or column, non-UTF-8 bytes, malformed CSV, text files of different lengths, or a
+    corpus with no pair left.
     """
-    source = Source.of(config)
+    filters = filters or FilterConfig()
+    check_languages(filters)
+    tables, masks, keys, reports, start = [], [], [], [], 0
+    for corpus, section in config.corpus_list():
+        source = Source.of(corpus, section)
+        cleaned, kept, report = _load_corpus(source, config.max_length, filters)
+        report = dataclasses.replace(report, section=section, weight=corpus.weight, held_out=corpus.held_out,
+                                     rows=(start, start + len(cleaned)))
+        tables.append(cleaned.table)
+        masks.append(kept)
+        keys.append(content_key(cleaned.key, _kept_key(report)))
+        reports.append(report)
+        start += len(cleaned)
+    if len(tables) == 1:  # one corpus: its own table, as it was before several were possible
+        table, key = tables[0], keys[0]
+    else:
+        table, key = datasets.concatenate_datasets(tables), content_key("corpora", *keys)
+    kept = np.concatenate(masks)
+    if filters.duplicates:
+        reports = _drop_duplicates(Rows(table, key), kept, reports, filters)
+        key = content_key(key, "unique")
+    pairs = Rows(table, key) if kept.all() else Rows(table, content_key(key, "kept"), kept)
+    if len(reports) > 1:
+        for report in reports:
+            logger.info("%s (%s): %d sentence pairs, weight %g%s", report.section, report.path, report.rows_kept,
+                        report.weight, ", valid and test drawn from it" if report.held_out else "")
+    logger.info("%d sentence pairs", len(pairs))
+    return pairs, tuple(reports)
+
+
+def _kept_key(report: LoadReport) -> str:
+    return content_key(report.rows_dropped_empty, report.rows_dropped_header, report.rows_dropped_long,
+                       sorted(report.rows_filtered.items()))
+
+
+def _load_corpus(source: Source, max_length: int, filters: FilterConfig) -> tuple[Rows, np.ndarray, LoadReport]:
+    """One corpus cleaned (every row), the mask of the rows kept, and its report."""
     name = source.describe()
     logger.info("reading %s", name)  # minutes for a corpus of millions of pairs
     raw = READERS[source.format](source)
     cleaned = _clean(raw)
-    drop = _drop_masks(cleaned, config.max_length, raw.header)
+    drop = _drop_masks(cleaned, max_length, raw.header)
+    dropped = drop["empty"] | drop["header"] | drop["long"]
+    filtered = pair_masks(cleaned, filters, dropped)
     report = LoadReport(path=str(source.path), rows_read=len(cleaned), rows_dropped_empty=int(drop["empty"].sum()),
                         rows_dropped_header=int(drop["header"].sum()), rows_dropped_long=int(drop["long"].sum()),
-                        target_path=source.target_path)
-    if not report.rows_kept:
-        raise DataError(f"{name}: no usable sentence pairs: of {report.rows_read} rows, {report.rows_dropped_empty} "
-                        f"have an empty source or target side, {report.rows_dropped_header} repeat the header line "
-                        f"and {report.rows_dropped_long} are too long")
+                        target_path=source.target_path,
+                        rows_filtered={reason: int(mask.sum()) for reason, mask in filtered.items()})
     if report.rows_dropped_empty:
         logger.warning("%s: dropped %d of %d rows with an empty source or target side (%s)",
                        name, report.rows_dropped_empty, report.rows_read, _where(raw, drop["empty"]))
@@ -148,14 +221,47 @@ def load_pairs(config: DataConfig) -> tuple[Rows, LoadReport]:
     if report.rows_dropped_long:
         logger.warning("%s: dropped %d of %d rows with a side longer than %d characters (%s): far beyond "
                        "data.max_length=%d tokens", name, report.rows_dropped_long, report.rows_read,
-                       config.max_length * MAX_CHARS_PER_TOKEN, _where(raw, drop["long"]), config.max_length)
-    # The key says which rows are kept: the cleaned table's, less those the rules above drop.
-    pairs = cleaned
-    if report.rows_kept < report.rows_read:
-        dropped = drop["empty"] | drop["header"] | drop["long"]
-        pairs = cleaned.where(~dropped, content_key(cleaned.key, "kept", config.max_length * MAX_CHARS_PER_TOKEN))
-    logger.info("%s: %d sentence pairs", name, len(pairs))
-    return pairs, report
+                       max_length * MAX_CHARS_PER_TOKEN, _where(raw, drop["long"]), max_length)
+    for reason, mask in filtered.items():
+        if report.rows_filtered[reason]:
+            logger.info("%s: filtered out %d of %d pairs, %s; e.g. %s", name, report.rows_filtered[reason],
+                        report.rows_read, _FILTER_REASONS[reason].format(filters=filters),
+                        _examples(raw, cleaned, mask))
+            dropped |= mask
+    if not report.rows_kept:
+        raise DataError(f"{name} ({source.key('path')}): no usable sentence pairs: of {report.rows_read} rows, "
+                        f"{_dropped_summary(report)}")
+    return cleaned, ~dropped, report
+
+
+def _dropped_summary(report: LoadReport) -> str:
+    reasons = {"have an empty source or target side": report.rows_dropped_empty,
+               "repeat the header line": report.rows_dropped_header, "are too long": report.rows_dropped_long,
+               **{f"were dropped by filter {reason}": count for reason, count in report.rows_filtered.items()}}
+    return ", ".join(f"{count} {reason}" for reason, count in reasons.items() if count) or "none kept"
+
+
+def _drop_duplicates(pairs: Rows, kept: np.ndarray, reports: list[LoadReport],
+                     filters: FilterConfig) -> list[LoadReport]:
+    """Leave out of `kept` (in place) every pair an earlier kept row holds, in this corpus or an earlier
+    one; count them in each corpus's report."""
+    kept_rows = pairs.where(kept, content_key(pairs.key, "kept-before-duplicates"))
+    repeated = np.zeros(len(kept), dtype=bool)
+    repeated[kept] = duplicate_mask(kept_rows)
+    updated = []
+    for report in reports:
+        start, end = report.rows
+        count = int(repeated[start:end].sum())
+        report = dataclasses.replace(report, rows_filtered={**report.rows_filtered, "duplicates": count})
+        if count:
+            logger.info("%s: filtered out %d of %d pairs, %s", report.path, count, report.rows_read,
+                        _FILTER_REASONS["duplicates"])
+        if not report.rows_kept:
+            raise DataError(f"{report.path} ({report.section}.path): no usable sentence pairs: every one of its "
+                            f"{report.rows_read} rows was dropped ({_dropped_summary(report)})")
+        updated.append(report)
+    kept &= ~repeated
+    return updated
 
 
 __all__ = ["SOURCE", "TARGET", "READERS", "MAX_CHARS_PER_TOKEN", "LoadReport", "load_pairs"]

@@ -13,10 +13,9 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from transformer.data.batching import PairCorpus
+from transformer.data.batching import Mix, PairCorpus
 from transformer.data.cache import code_digest, content_key
-from transformer.data.corpus import SOURCE, TARGET
-from transformer.data.rows import WRITER_BATCH_ROWS, Rows, cache_writes, num_proc
+from transformer.data.rows import SOURCE, TARGET, WRITER_BATCH_ROWS, Rows, cache_writes, num_proc
 from transformer.data.split import Splits
 from transformer.data.token_files import TOKEN_DIR, open_token_files, write_token_files
 from transformer.data.tokenizer import Tokenizers, tokenizers_digest
@@ -140,7 +139,7 @@ def token_lengths(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
 
 
 @cache_writes
-def corpus_of(rows: Rows) -> PairCorpus:
+def corpus_of(rows: Rows, mix: Mix | None = None) -> PairCorpus:
     """The ids of encoded `rows` as a PairCorpus. Rows of a table in datasets' cache have their ids
     written once to token files beside it, under the rows' key (a later run finds them there), and
     read from there as batches need them; rows held in memory are copied into arrays. Either way
@@ -157,12 +156,12 @@ def corpus_of(rows: Rows) -> PairCorpus:
         for _ in range(2):
             arrays = open_token_files(directory)
             if arrays is not None:
-                return PairCorpus(*arrays, directory=directory)
+                return PairCorpus(*arrays, directory=directory, mix=mix)
             write_token_files(directory, batches, (SRC_IDS, TGT_IDS))
     with tempfile.TemporaryDirectory() as scratch:
         write_token_files(Path(scratch) / "ids", batches, (SRC_IDS, TGT_IDS))
         arrays = open_token_files(Path(scratch) / "ids")
-        return PairCorpus(*(np.array(array) for array in arrays))
+        return PairCorpus(*(np.array(array) for array in arrays), mix=mix)
 
 
 __all__ = ["SRC_IDS", "TGT_IDS", "SRC_LEN", "TGT_LEN", "ENCODE_SHARD_ROWS", "EncodedSplits", "encode_splits",

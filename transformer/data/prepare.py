@@ -19,12 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from transformer.config import Config
-from transformer.data.batching import PairCorpus
+from transformer.data.batching import Mix, PairCorpus
 from transformer.data.cache import content_key
-from transformer.data.corpus import SOURCE, TARGET, load_pairs
+from transformer.data.corpus import SOURCE, TARGET, LoadReport, load_pairs
 from transformer.data.dropout import DropoutBatches
 from transformer.data.encode import corpus_of, encode_splits, token_lengths
-from transformer.data.readers import Source
 from transformer.data.rows import Rows, iter_texts, sample_rows
 from transformer.data.split import Splits, split_pairs
 from transformer.data.tokenizer import (Tokenizers, load_tokenizers, save_tokenizers, tokenizer_fingerprint,
@@ -84,24 +83,47 @@ def prepare(config: Config, tokenizer_source: TokenizerSource) -> PreparedData:
     (HF_DATASETS_CACHE), and this package its split, token files and batch plans beside them, all keyed
     by content: a second run with the same data and settings reads them back. A DataError names the
     file or key at fault."""
-    pairs, _ = load_pairs(config.data)
-    splits = split_pairs(pairs, config.data)
+    pairs, reports = load_pairs(config.data, config.filter)
+    splits = split_pairs(pairs, config.data, _held_out(pairs, reports))
     tokenizers = _tokenizers(splits, config, tokenizer_source)
     fingerprints = {"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer_source.directory),
                     "data_fingerprint": splits.fingerprint}
     logger.info("encoding %d pairs into subword ids", len(splits.train) + len(splits.valid) + len(splits.test))
     encoded = encode_splits(splits, tokenizers, config.data.max_length)
     if not len(encoded.train):
-        raise DataError(f"{Source.of(config.data).describe()}: nothing to train on: all {encoded.train_too_long} "
+        raise DataError(f"{', '.join(report.path for report in reports)}: nothing to train on: all {encoded.train_too_long} "
                         f"training pairs are longer than data.max_length={config.data.max_length} allows (more "
                         f"than {config.data.max_length - 1} subword tokens on a side); raise data.max_length")
-    corpus = corpus_of(encoded.train)
+    corpus = corpus_of(encoded.train, _mix(encoded.train, reports))
     # BPE-dropout splits training pairs afresh each epoch; valid, test and held-out files never see it.
     dropout = DropoutBatches(encoded.train_texts, corpus, tokenizers, config.tokenizer.dropout, config.train.seed,
                              config.data.max_length - 1) if config.tokenizer.dropout else None
     return PreparedData(corpus=corpus, valid_corpus=_valid_corpus(encoded.valid, config.model.max_len),
                         valid=_texts(splits.valid), test=_texts(splits.test), tokenizers=tokenizers,
                         fingerprints=fingerprints, dropout=dropout)
+
+
+def _held_out(pairs: Rows, reports: tuple[LoadReport, ...]) -> np.ndarray | None:
+    """(len(pairs),) whether each pair is of a corpus valid and test are drawn from; None: all are."""
+    if all(report.held_out for report in reports) or not any(report.held_out for report in reports):
+        return None
+    held = np.zeros(len(pairs.table), dtype=bool)
+    for report in reports:
+        held[report.rows[0]: report.rows[1]] = report.held_out
+    return held if pairs.mask is None else held[pairs.mask]
+
+
+def _mix(train: Rows, reports: tuple[LoadReport, ...]) -> Mix | None:
+    """The weights of several corpora over the training pairs (PairCorpus indices), or None for one."""
+    if len(reports) == 1:
+        return None
+    chosen = np.ones(len(train.table), dtype=bool) if train.mask is None else train.mask
+    bounds = [0] + [int(np.count_nonzero(chosen[: report.rows[1]])) for report in reports]
+    logger.info("training pairs by corpus: %s", ", ".join(
+        f"{report.section} {end - start} (weight {report.weight:g})"
+        for report, start, end in zip(reports, bounds, bounds[1:])))
+    return Mix(tuple(bounds), tuple(report.weight for report in reports),
+               tuple(f"{report.section} ({report.path})" for report in reports))
 
 
 def _tokenizers(splits: Splits, config: Config, source: TokenizerSource) -> Tokenizers:

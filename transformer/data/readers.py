@@ -20,7 +20,7 @@ from pathlib import Path
 
 import datasets
 
-from transformer.config import DataConfig
+from transformer.config import CorpusConfig
 from transformer.errors import DataError
 from transformer.files import file_sha256
 
@@ -38,20 +38,25 @@ class Source:
     path: str
     format: str
     target_path: str  # the target-language file of a pair of text files; "" otherwise
-    source_column: str
+    source_column: str  # a column, or a field of a nested one: "translation.en"
     target_column: str
-    section: str = "data"
+    section: str = "data"  # or data.corpora[N]
+    split: str = "train"  # dataset (a DatasetDict's) and hub: the split holding the pairs
+    hub_config: str = ""  # hub: the dataset's configuration
 
     @classmethod
-    def of(cls, config: DataConfig) -> "Source":
-        return cls(config.path, config.format, config.target_path, config.source_column, config.target_column)
+    def of(cls, corpus: CorpusConfig, section: str = "data") -> "Source":
+        return cls(corpus.path, corpus.format, corpus.target_path, corpus.source_column, corpus.target_column,
+                   section, corpus.split, corpus.hub_config)
 
     def key(self, name: str) -> str:
         """The config key of field `name`, as messages write it."""
         return f"{self.section}.{name}"
 
     def describe(self) -> str:
-        """How messages name the input: the file, or both files of a pair of text files."""
+        """How messages name the input: the file, both files of a pair of text files, or the Hub dataset."""
+        if self.format == "hub":
+            return f"the Hub dataset {self.path}" + (f" ({self.hub_config})" if self.hub_config else "")
         return f"{self.path} and {self.target_path}" if self.target_path else str(self.path)
 
 
@@ -67,6 +72,16 @@ class RawPairs:
     header: tuple[str, str] | None
     key: str  # names what was read: the content of the file(s) and the format they were read as
     line_numbers: Callable[[list[int]], list[int]]  # the 1-based line on which each 0-based row starts
+    unit: str = "line"  # what line_numbers count: "line" in a text file, "row" in a table
+
+
+def side_values(batch: dict[str, list], column: str) -> list:
+    """One side's values in a batch of raw rows: `column`, or a field of a nested column
+    ("translation.en": batch["translation"][i]["en"]). A missing field is None (an empty side)."""
+    if column in batch:
+        return batch[column]
+    outer, field = column.split(".", 1)
+    return [None if value is None else value.get(field) for value in batch[outer]]
 
 
 def existing(path: Path, key: str) -> Path:
@@ -113,4 +128,4 @@ def content_name(path: Path) -> str:
     return f"content-{digest[:_DIGEST_CHARS]}"
 
 
-__all__ = ["STRING", "Source", "RawPairs", "existing", "not_utf8", "find_cause", "content_name"]
+__all__ = ["STRING", "Source", "RawPairs", "side_values", "existing", "not_utf8", "find_cause", "content_name"]

@@ -27,6 +27,8 @@ from transformer.data.cache import cache_full
 from transformer.data.readers import find_cause
 from transformer.errors import UserError, disk_full
 
+SOURCE, TARGET = "source", "target"  # the columns of a cleaned table (corpus.py)
+
 # From this many rows on, a table is cleaned and encoded in one process per CPU (`python
 # bench/data_memory.py` measures the data stage). Smaller corpora take seconds anyway, not worth the
 # workers' start-up and one cache file per worker.
@@ -38,9 +40,10 @@ PARALLEL_ROWS = 1_000_000
 WRITER_BATCH_ROWS = 10_000
 
 
-def num_proc(n_rows: int) -> int | None:
-    """Worker processes for a map over `n_rows` rows: None (this process) unless the corpus is large."""
-    if n_rows < PARALLEL_ROWS:
+def num_proc(n_rows: int, from_rows: int | None = None) -> int | None:
+    """Worker processes for a map over `n_rows` rows: None (this process) unless there are `from_rows`
+    (default PARALLEL_ROWS) or more."""
+    if n_rows < (PARALLEL_ROWS if from_rows is None else from_rows):
         return None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cpus if cpus > 1 else None
@@ -203,4 +206,4 @@ def _cache_location(arguments: dict) -> Path | str:
     return datasets.config.HF_DATASETS_CACHE
 
 
-__all__ = ["PARALLEL_ROWS", "WRITER_BATCH_ROWS", "num_proc", "Rows", "iter_texts", "sample_rows", "cache_writes"]
+__all__ = ["SOURCE", "TARGET", "PARALLEL_ROWS", "WRITER_BATCH_ROWS", "num_proc", "Rows", "iter_texts", "sample_rows", "cache_writes"]

@@ -18,13 +18,14 @@ import pyarrow as pa
 
 from transformer.config import DataConfig
 from transformer.data.cache import code_digest, content_key, discard_damaged, intact, write_entry
-from transformer.data.corpus import SOURCE, TARGET
-from transformer.data.rows import Rows, cache_writes
+from transformer.data.rows import SOURCE, TARGET, Rows, cache_writes
 from transformer.errors import DataError
 
 logger = logging.getLogger(__name__)
 
-TRAIN, VALID, TEST = 0, 1, 2  # each row's split, as stored
+# Each row's split, as stored. EXCLUDED: a pair of a corpus valid and test are not drawn from that
+# shares a sentence with a valid or test pair: in no split, so that training never sees that sentence.
+TRAIN, VALID, TEST, EXCLUDED = 0, 1, 2, 3
 _SPLIT_DIR = "splits"  # beside the datasets cache: each row's split and the fingerprint, per setting
 _CODE = code_digest("split.py")
 
@@ -42,24 +43,32 @@ class Splits:
 
 
 @cache_writes
-def split_pairs(pairs: Rows, config: DataConfig) -> Splits:
+def split_pairs(pairs: Rows, config: DataConfig, held_out: np.ndarray | None = None) -> Splits:
     """Hold out whole groups of pairs: >= `valid_pairs` rows for valid, >= `test_pairs` for test.
+    `held_out` (one entry per pair): the pairs of the corpora valid and test are drawn from; None: all.
 
     Tatoeba gives one source sentence several translations, and one translation to several source
     sentences (paraphrases). A group is every pair connected to another through a shared source or
     target sentence; groups are assigned whole, so no held-out source sentence occurs on the source
     side of train and no held-out target sentence on its target side. Groups are taken in a seeded
     random order (a hash), so the split depends only on the seed and the set of pairs, not on row
-    order; a group larger than a split's size stays in train.
+    order; a group larger than a split's size stays in train. With several corpora, only a group
+    holding a pair of a `held_out` corpus may be held out, and only those pairs of it are; its pairs
+    of the other corpora are left out of training (EXCLUDED).
     """
-    key = content_key(pairs.key, config.split_seed, config.valid_pairs, config.test_pairs, _CODE)
+    layout = () if held_out is None else (hashlib.sha256(np.packbits(held_out).tobytes()).hexdigest(),)
+    key = content_key(pairs.key, config.split_seed, config.valid_pairs, config.test_pairs, *layout, _CODE)
     stored = pairs.cache_directory / _SPLIT_DIR / key if pairs.cache_directory is not None else None
     found = _load_split(stored, len(pairs)) if stored else None
-    row_side, fingerprint = found or _assign_sides(pairs, config)
+    row_side, fingerprint = found or _assign_sides(pairs, config, held_out)
     if stored and not found:
         _save_split(stored, row_side, fingerprint)
+    counts = np.bincount(row_side, minlength=4)
     logger.info("split by groups of pairs that share a sentence: %d train, %d valid, %d test pairs",
-                *(int(count) for count in np.bincount(row_side, minlength=3)[:3]))
+                *(int(count) for count in counts[:3]))
+    if counts[EXCLUDED]:
+        logger.info("left out of training: %d pairs of other corpora that share a sentence with a valid or test "
+                    "pair", int(counts[EXCLUDED]))
     valid, test = _held_out(pairs, row_side)
     return Splits(train=pairs.where(row_side == TRAIN, content_key(key, "train")),
                   valid=Rows(valid, content_key(key, "valid")), test=Rows(test, content_key(key, "test")),
@@ -177,14 +186,16 @@ def _groups(source_hashes: np.ndarray, target_hashes: np.ndarray) -> np.ndarray:
             parent = parent[parent]
 
 
-def _assign_sides(pairs: Rows, config: DataConfig) -> tuple[np.ndarray, str]:
-    """(N,) int8: 0 train, 1 valid, 2 test for every row; and the fingerprint of the set of pairs."""
+def _assign_sides(pairs: Rows, config: DataConfig, held_out: np.ndarray | None) -> tuple[np.ndarray, str]:
+    """(N,) int8: TRAIN, VALID, TEST or EXCLUDED for every row; and the fingerprint of the set of pairs."""
     source_hashes, target_hashes = _sentence_hashes(pairs)
     group = _groups(source_hashes, target_hashes)
     # A group's place in the order: the smallest seeded hash of its source sentences.
     rank = np.full(int(group.max()) + 1 if len(group) else 0, np.iinfo(np.uint64).max, dtype=np.uint64)
     np.minimum.at(rank, group, _mix(source_hashes, config.split_seed))
-    sizes = np.bincount(group, minlength=len(rank))
+    # What a group would give a held-out split: its pairs of the held-out corpora.
+    sizes = np.bincount(group, minlength=len(rank)) if held_out is None else \
+        np.bincount(group[held_out], minlength=len(rank))
     present = np.flatnonzero(sizes)
     order = present[np.lexsort((present, rank[present]))]
 
@@ -199,10 +210,14 @@ def _assign_sides(pairs: Rows, config: DataConfig) -> tuple[np.ndarray, str]:
                 side[candidate] = split_id
                 taken += int(sizes[candidate])
     row_side = side[group]
-    train, valid, test = (int(np.count_nonzero(row_side == split_id)) for split_id in (0, 1, 2))
+    if held_out is not None:
+        row_side[~held_out & (row_side != TRAIN)] = EXCLUDED
+    train, valid, test = (int(np.count_nonzero(row_side == split_id)) for split_id in (TRAIN, VALID, TEST))
     if not train or valid < config.valid_pairs or test < config.test_pairs:
+        counted = len(pairs) if held_out is None else int(np.count_nonzero(held_out))
+        whose = "" if held_out is None else " of the corpora marked held_out"
         raise DataError(
-            f"{len(pairs)} pairs ({len(present)} groups of pairs that share a sentence) are too few for "
+            f"{counted} pairs{whose} ({len(present)} groups of pairs that share a sentence) are too few for "
             f"data.valid_pairs={config.valid_pairs} and data.test_pairs={config.test_pairs} "
             "with pairs left for training; lower them"
         )
@@ -221,4 +236,4 @@ def _set_fingerprint(source_hashes: np.ndarray, target_hashes: np.ndarray, chunk
     return digest.hexdigest()
 
 
-__all__ = ["TRAIN", "VALID", "TEST", "Splits", "split_pairs"]
+__all__ = ["TRAIN", "VALID", "TEST", "EXCLUDED", "Splits", "split_pairs"]

@@ -46,6 +46,8 @@ _SHIPPED_COLUMNS = {DataConfig.source_column: "en", DataConfig.target_column: "f
 
 def _data_description(data: DataConfig) -> tuple[str, list[str]]:
     """What the run trained on, in words, and its languages (source first) where the config says them."""
+    if data.corpora:
+        return ", ".join(f"`{Path(corpus.path).name}` (weight {corpus.weight:g})" for corpus in data.corpora), []
     if data.format == "text":
         return f"`{Path(data.path).name}` → `{Path(data.target_path).name}` (line-aligned text files)", []
     languages = [_SHIPPED_COLUMNS.get(data.source_column), _SHIPPED_COLUMNS.get(data.target_column)]
@@ -67,7 +69,7 @@ def _is_shipped_data(path: Path) -> bool:
 
 def _licence(data: DataConfig | None) -> tuple[str, str]:
     """The card's licence identifier and sentence for the data the run trained on."""
-    if data is not None and data.format == "csv" and _is_shipped_data(Path(data.path)):
+    if data is not None and not data.corpora and data.format == "csv" and _is_shipped_data(Path(data.path)):
         return _SHIPPED_LICENCE
     return _UNKNOWN_LICENCE
 

@@ -405,3 +405,33 @@ def test_train_py_names_a_missing_parquet_column_in_one_line(tmp_path, tiny_pair
     assert [line for line in done.stderr.splitlines() if "data.source_column" in line] == [
         f"error: {folder}: no column 'nope' (data.source_column); its columns are: id, {SOURCE_COLUMN}, "
         f"{TARGET_COLUMN}"]
+
+
+@pytest.mark.slow
+def test_runs_from_a_saved_dataset_and_from_parquet_end_bitwise_as_the_csv_run(tmp_path, tiny_pairs):
+    """The same pairs in the same order give the same split, tokenizer, batches and weights, whatever
+    the format they are read from."""
+    import hashlib
+
+    import yaml
+
+    csv_path = write_csv(tmp_path / "tiny.csv", tiny_pairs)
+    parquet = write_parquet(tmp_path / "tiny.parquet", tiny_pairs)
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict(columns_of(tiny_pairs)).save_to_disk(str(saved))
+    settings = {"data": {"valid_pairs": 4, "test_pairs": 4}, "tokenizer": {"vocab_size": 200, "min_frequency": 1},
+                "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+                "train": {"max_steps": 6, "batch_tokens": 128, "warmup_steps": 3, "valid_every": 6,
+                          "checkpoint_every": 6, "device": "cpu", "threads": 1, "attention_images": False}}
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    weights = {}
+    for format, path in (("csv", csv_path), ("parquet", parquet), ("dataset", saved)):
+        run_dir = tmp_path / f"run-{format}"
+        done = subprocess.run([sys.executable, "train.py", "--config", str(config), "--run-dir", str(run_dir),
+                               "--no-progress", "--set", f"data.format={format}", "--set", f"data.path={path}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        model = run_dir / "checkpoints" / "step_00000006" / "model.safetensors"
+        weights[format] = hashlib.sha256(model.read_bytes()).hexdigest()
+    assert weights["parquet"] == weights["csv"] and weights["dataset"] == weights["csv"]

@@ -22,6 +22,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from transformer.errors import DataError, disk_full
 from transformer.files import file_sha256
 
@@ -149,6 +151,25 @@ def write_entry(entry: Path, fill: Callable[[Path], None]) -> None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def cached_array(entry: Path | None, build: Callable[[], np.ndarray], length: int, dtype: np.dtype) -> np.ndarray:
+    """A (length,) array kept as the cache entry `entry` (None: not kept): read back when the entry is
+    intact and fits, else built, written and returned. A damaged entry is removed with a warning."""
+    if entry is not None and intact(entry):
+        try:
+            array = np.load(entry / "array.npy")
+            if array.shape == (length,) and array.dtype == dtype:
+                return array
+            raise ValueError("it does not fit the rows it was made from")
+        except FileNotFoundError:  # removed by another process since it was checked
+            pass
+        except (OSError, ValueError, EOFError) as error:
+            discard_damaged(entry, error)
+    array = build()
+    if entry is not None:
+        write_entry(entry, lambda scratch: np.save(scratch / "array.npy", array))
+    return array
+
+
 def cache_full(where: Path | str, error: OSError) -> DataError:
     """The error for a write in the datasets cache at `where` that failed because the disk, a quota
     or the largest file size allowed is reached (`errors.disk_full`)."""
@@ -161,4 +182,4 @@ def cache_full(where: Path | str, error: OSError) -> DataError:
 
 
 __all__ = ["MANIFEST", "KEY_CHARS", "content_key", "code_digest", "file_sha256", "damage", "intact",
-           "discard_damaged", "discard", "write_entry", "cache_full"]
+           "discard_damaged", "discard", "write_entry", "cached_array", "cache_full"]

@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow.compute as pc
 
 from transformer.config import DataConfig, FilterConfig
-from transformer.data.cache import code_digest, content_key
+from transformer.data.cache import cached_array, code_digest, content_key
 from transformer.data.delimited import read_delimited
-from transformer.data.filters import check_languages, duplicate_mask, pair_masks
+from transformer.data.filters import PAIR_FILTERS, check_languages, duplicate_mask, pair_masks
 from transformer.data.hf_formats import read_hub, read_jsonl, read_parquet, read_saved_dataset
 from transformer.data.parallel_text import read_parallel_text
 from transformer.data.readers import RawPairs, Source, side_values
@@ -50,7 +50,11 @@ MAX_CHARS_PER_TOKEN = 32
 _LINES_SHOWN = 5  # line numbers named in a warning about dropped rows
 
 # The cleaned rows change with this code and the cleaning's: both are in the key of the cleaned table.
-_CODE = code_digest("corpus.py", "text.py")
+_CODE = code_digest("corpus.py", "text.py", "filters.py")
+_FILTER_DIR = "filters"  # beside the cleaned table: why each row is left out, per setting
+_DUPLICATES_DIR = "duplicates"  # beside the first corpus's table: the rows repeating an earlier pair
+# Why a row is left out, as stored (0: kept): the cleaning's rules, then the filters in their order.
+REASONS = ("kept", "empty", "header", "long", *PAIR_FILTERS)
 _EXAMPLES_SHOWN = 2  # dropped pairs quoted in the log, per filter and corpus
 
 
@@ -207,33 +211,49 @@ def _load_corpus(source: Source, max_length: int, filters: FilterConfig) -> tupl
     logger.info("reading %s", name)  # minutes for a corpus of millions of pairs
     raw = READERS[source.format](source)
     cleaned = _clean(raw)
-    drop = _drop_masks(cleaned, max_length, raw.header)
-    dropped = drop["empty"] | drop["header"] | drop["long"]
-    filtered = pair_masks(cleaned, filters, dropped)
-    report = LoadReport(path=str(source.path), rows_read=len(cleaned), rows_dropped_empty=int(drop["empty"].sum()),
-                        rows_dropped_header=int(drop["header"].sum()), rows_dropped_long=int(drop["long"].sum()),
+    reasons = _reasons(raw, cleaned, max_length, filters)
+    counts = np.bincount(reasons, minlength=len(REASONS))
+    report = LoadReport(path=str(source.path), rows_read=len(cleaned), rows_dropped_empty=int(counts[1]),
+                        rows_dropped_header=int(counts[2]), rows_dropped_long=int(counts[3]),
                         target_path=source.target_path,
-                        rows_filtered={reason: int(mask.sum()) for reason, mask in filtered.items()})
+                        rows_filtered={reason: int(counts[code]) for code, reason in enumerate(REASONS) if code > 3})
     if report.rows_dropped_empty:
         logger.warning("%s: dropped %d of %d rows with an empty source or target side (%s)",
-                       name, report.rows_dropped_empty, report.rows_read, _where(raw, drop["empty"]))
+                       name, report.rows_dropped_empty, report.rows_read, _where(raw, reasons == 1))
     if report.rows_dropped_header:
         logger.warning("%s: dropped %d of %d rows repeating the header line (%s); were two files pasted together?",
-                       name, report.rows_dropped_header, report.rows_read, _where(raw, drop["header"]))
+                       name, report.rows_dropped_header, report.rows_read, _where(raw, reasons == 2))
     if report.rows_dropped_long:
         logger.warning("%s: dropped %d of %d rows with a side longer than %d characters (%s): far beyond "
                        "data.max_length=%d tokens", name, report.rows_dropped_long, report.rows_read,
-                       max_length * MAX_CHARS_PER_TOKEN, _where(raw, drop["long"]), max_length)
-    for reason, mask in filtered.items():
-        if report.rows_filtered[reason]:
-            logger.info("%s: filtered out %d of %d pairs, %s; e.g. %s", name, report.rows_filtered[reason],
-                        report.rows_read, _FILTER_REASONS[reason].format(filters=filters),
-                        _examples(raw, cleaned, mask))
-            dropped |= mask
+                       max_length * MAX_CHARS_PER_TOKEN, _where(raw, reasons == 3), max_length)
+    for code, reason in enumerate(REASONS):
+        if code > 3 and counts[code]:
+            logger.info("%s: filtered out %d of %d pairs, %s; e.g. %s", name, counts[code], report.rows_read,
+                        _FILTER_REASONS[reason].format(filters=filters), _examples(raw, cleaned, reasons == code))
     if not report.rows_kept:
         raise DataError(f"{name} ({source.key('path')}): no usable sentence pairs: of {report.rows_read} rows, "
                         f"{_dropped_summary(report)}")
-    return cleaned, ~dropped, report
+    return cleaned, reasons == 0, report
+
+
+def _reasons(raw: RawPairs, cleaned: Rows, max_length: int, filters: FilterConfig) -> np.ndarray:
+    """(N,) int8: why each cleaned row is left out, as its index in REASONS (0: kept). Kept in the cache
+    beside the cleaned table, under its key and the settings, so that a resume filters nothing again."""
+    settings = {name: value for name, value in dataclasses.asdict(filters).items() if name != "duplicates"}
+    key = content_key(cleaned.key, "reasons", max_length, raw.header, sorted(settings.items()), _CODE)
+    entry = cleaned.cache_directory / _FILTER_DIR / key if cleaned.cache_directory is not None else None
+
+    def build() -> np.ndarray:
+        drop = _drop_masks(cleaned, max_length, raw.header)
+        masks = {**drop, **pair_masks(cleaned, filters, drop["empty"] | drop["header"] | drop["long"])}
+        reasons = np.zeros(len(cleaned), dtype=np.int8)
+        for code, reason in enumerate(REASONS):
+            if code:
+                reasons[masks[reason]] = code
+        return reasons
+
+    return cached_array(entry, build, len(cleaned), np.dtype(np.int8))
 
 
 def _dropped_summary(report: LoadReport) -> str:
@@ -248,8 +268,10 @@ def _drop_duplicates(pairs: Rows, kept: np.ndarray, reports: list[LoadReport],
     """Leave out of `kept` (in place) every pair an earlier kept row holds, in this corpus or an earlier
     one; count them in each corpus's report."""
     kept_rows = pairs.where(kept, content_key(pairs.key, "kept-before-duplicates"))
+    directory = pairs.cache_directory
+    entry = directory / _DUPLICATES_DIR / content_key(pairs.key, _CODE) if directory is not None else None
     repeated = np.zeros(len(kept), dtype=bool)
-    repeated[kept] = duplicate_mask(kept_rows)
+    repeated[kept] = cached_array(entry, lambda: duplicate_mask(kept_rows), len(kept_rows), np.dtype(bool))
     updated = []
     for report in reports:
         start, end = report.rows

@@ -41,17 +41,17 @@ def pair_masks(cleaned: Rows, filters: FilterConfig, dropped: np.ndarray) -> dic
         start = 0
         for batch in cleaned.batches([SOURCE, TARGET], batch_size=100_000):
             rows = slice(start, start + batch.num_rows)
-            sources, targets = batch.column(SOURCE), batch.column(TARGET)
+            sides = [_Side(batch.column(SOURCE)), _Side(batch.column(TARGET))]
             if filters.copies:
-                masks["copies"][rows] = pc.equal(_bare(sources), _bare(targets)).to_numpy(zero_copy_only=False)
+                masks["copies"][rows] = pc.equal(pc.utf8_lower(sides[0].bare), pc.utf8_lower(sides[1].bare)) \
+                    .to_numpy(zero_copy_only=False)
             if filters.min_letter_share:
-                masks["letters"][rows] = ((_letter_share(sources) < filters.min_letter_share)
-                                          | (_letter_share(targets) < filters.min_letter_share))
+                masks["letters"][rows] = ((sides[0].letter_share() < filters.min_letter_share)
+                                          | (sides[1].letter_share() < filters.min_letter_share))
             if filters.max_length_ratio:
-                source_chars = pc.utf8_length(sources).to_numpy().astype(np.float64)
-                target_chars = pc.utf8_length(targets).to_numpy().astype(np.float64)
-                longer, shorter = np.maximum(source_chars, target_chars), np.minimum(source_chars, target_chars)
-                masks["length_ratio"][rows] = longer > filters.max_length_ratio * np.maximum(shorter, 1)
+                longer = np.maximum(sides[0].chars, sides[1].chars)
+                shorter = np.maximum(np.minimum(sides[0].chars, sides[1].chars), 1)
+                masks["length_ratio"][rows] = longer > filters.max_length_ratio * shorter
             start += batch.num_rows
     if filters.language:
         source_other, target_other = _other_language(cleaned, filters)
@@ -64,17 +64,22 @@ def pair_masks(cleaned: Rows, filters: FilterConfig, dropped: np.ndarray) -> dic
     return masks
 
 
-def _bare(texts: pa.Array) -> pa.Array:
-    """The letters and digits of each text, case-folded: what is left of a sentence once spaces and
-    punctuation are set aside ("Stop!" and "Stop !" are the same)."""
-    return pc.replace_substring_regex(pc.utf8_lower(texts), r"[^\p{L}\p{N}]+", "")
+class _Side:
+    """One side of a batch of cleaned pairs, with what the filters measure of it. One regular
+    expression pass a side: cleaned text has no space but single plain ones (text.clean_text)."""
 
+    def __init__(self, texts: pa.Array) -> None:
+        self.texts = texts
+        # Its letters and digits: a sentence with spaces and punctuation set aside ("Stop !" -> "Stop").
+        self.bare = pc.replace_substring_regex(texts, r"[^\p{L}\p{N}]+", "")
+        self.chars = pc.utf8_length(texts).to_numpy().astype(np.float64)
 
-def _letter_share(texts: pa.Array) -> np.ndarray:
-    """(N,) letters / characters other than spaces, of each text (1 for a text of spaces only)."""
-    letters = pc.count_substring_regex(texts, r"\p{L}").to_numpy().astype(np.float64)
-    visible = pc.count_substring_regex(texts, r"\S").to_numpy().astype(np.float64)
-    return np.divide(letters, visible, out=np.ones_like(letters), where=visible > 0)
+    def letter_share(self) -> np.ndarray:
+        """(N,) letters / characters other than spaces (1 for an empty text)."""
+        digits = pc.count_substring_regex(self.bare, r"\p{N}").to_numpy()
+        letters = pc.utf8_length(self.bare).to_numpy() - digits
+        visible = self.chars - pc.count_substring(self.texts, " ").to_numpy()
+        return np.divide(letters, visible, out=np.ones_like(visible), where=visible > 0)
 
 
 # --------------------------------------------------------------------------- the language check

@@ -1,4 +1,4 @@
-"""A noisy corpus made from the shipped CSV, for measuring the data filters (docs/data-filters.md).
+"""A noisy corpus made from the shipped CSV, for measuring the data filters (docs/corpora.md).
 
     python bench/noisy_mix.py --exclude runs/recipe/wsd08-idle --out runs/noisy-data
 

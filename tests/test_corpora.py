@@ -1,4 +1,4 @@
-"""Several corpora in one run, and the filters of noisy pairs (docs/data-filters.md).
+"""Several corpora in one run, and the filters of noisy pairs (docs/corpora.md).
 
 - Filters: each reason counted per corpus and logged with its lines and examples; the tiny corpus
   (clean, like the shipped one) loses nothing to the defaults; the language check catches swapped

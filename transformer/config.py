@@ -235,8 +235,8 @@ class DataConfig:
 @dataclass(frozen=True)
 class FilterConfig:
     """Filters of noisy pairs, applied to every corpus after cleaning, each counted and logged per
-    corpus with examples (docs/data-filters.md). The defaults drop 2 + 26 of the shipped CSV's
-    164,339 pairs; set a key to false or 0 to turn its filter off."""
+    corpus with examples (docs/corpora.md, which says what the defaults drop from the shipped CSV);
+    set a key to false or 0 to turn its filter off."""
 
     SECTION: ClassVar[str] = "filter"
     # The two sides are the same once case, spaces and punctuation are set aside: an untranslated copy.

@@ -1,4 +1,4 @@
-"""Filters of noisy pairs (the `filter` config section; docs/data-filters.md): which cleaned rows
+"""Filters of noisy pairs (the `filter` config section; docs/corpora.md): which cleaned rows
 are an untranslated copy, have too few letters, sides of too different lengths, a side in the
 wrong language, or repeat a pair seen before. Each filter is a boolean mask over a corpus's rows,
 computed on Arrow columns a batch at a time; the language check is a cached `map`, as it reads every

@@ -195,7 +195,7 @@ def load_pairs(config: DataConfig, filters: FilterConfig | None = None) -> tuple
         for report in reports:
             logger.info("%s (%s): %d sentence pairs, weight %g%s", report.section, report.path, report.rows_kept,
                         report.weight, ", valid and test drawn from it" if report.held_out else "")
-    logger.info("%d sentence pairs", len(pairs))
+    logger.info("%s: %d sentence pairs", reports[0].path if len(reports) == 1 else "all corpora", len(pairs))
     return pairs, tuple(reports)
 
 

@@ -280,3 +280,19 @@ def test_an_unknown_language_code_is_one_line_naming_its_key(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.splitlines()[0].startswith("error: filter.target_language: py3langid knows no language 'xx'"), err
     assert err.count("\n") == 1
+
+
+def test_a_damaged_filters_or_duplicates_cache_entry_is_rebuilt_with_a_warning(tmp_path, fresh_datasets_cache,
+                                                                                caplog):
+    path = write_csv(tmp_path / "noisy.csv", CLEAN + NOISE)
+    config = config_from_dict({"data": {"path": str(path)}, "train": {"max_steps": 1}})
+    first, (report,) = load_pairs(config.data, config.filter)
+    entries = [entry for name in ("filters", "duplicates") for entry in fresh_datasets_cache.rglob(name)]
+    assert len(entries) == 2
+    for folder in entries:
+        (array,) = folder.rglob("array.npy")
+        array.write_bytes(array.read_bytes()[:-3])  # a power cut mid-write
+    with caplog.at_level(logging.WARNING, logger="transformer.data"):
+        again, (report_again,) = load_pairs(config.data, config.filter)
+    assert caplog.text.count("is damaged") == 2
+    assert texts(again) == texts(first) and report_again == report

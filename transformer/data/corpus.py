@@ -188,7 +188,7 @@ def load_pairs(config: DataConfig, filters: FilterConfig | None = None) -> tuple
         table, key = datasets.concatenate_datasets(tables), content_key("corpora", *keys)
     kept = np.concatenate(masks)
     if filters.duplicates:
-        reports = _drop_duplicates(Rows(table, key), kept, reports, filters)
+        reports = _drop_duplicates(Rows(table, key), kept, reports)
         key = content_key(key, "unique")
     pairs = Rows(table, key) if kept.all() else Rows(table, content_key(key, "kept"), kept)
     if len(reports) > 1:
@@ -263,8 +263,7 @@ def _dropped_summary(report: LoadReport) -> str:
     return ", ".join(f"{count} {reason}" for reason, count in reasons.items() if count) or "none kept"
 
 
-def _drop_duplicates(pairs: Rows, kept: np.ndarray, reports: list[LoadReport],
-                     filters: FilterConfig) -> list[LoadReport]:
+def _drop_duplicates(pairs: Rows, kept: np.ndarray, reports: list[LoadReport]) -> list[LoadReport]:
     """Leave out of `kept` (in place) every pair an earlier kept row holds, in this corpus or an earlier
     one; count them in each corpus's report."""
     kept_rows = pairs.where(kept, content_key(pairs.key, "kept-before-duplicates"))

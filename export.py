@@ -9,33 +9,39 @@ a post-norm model, Pegasus for a pre-norm one): AutoModelForSeq2SeqLM, AutoToken
 transformers 4, pipeline("translation", model=OUT_DIR); and a model card README.md, with the run's test
 scores under --score-test. Nothing is uploaded. Needs pip install -e ".[hf]".
 
-OUT_DIR must be new, empty, or an earlier export of the same kind (which is replaced), and lie outside
-every run directory and checkpoint: nothing else is ever deleted. The export is written beside OUT_DIR and
-renamed into place once whole: a failed or interrupted export leaves OUT_DIR as it was. Exit codes: 0
-exported, 2 a problem with the input or the system, said in one line, 130 interrupted (Ctrl-C).
+OUT_DIR must be new, empty, or an earlier export of the same kind (which is replaced), lie outside
+every run directory and checkpoint, and be neither the current directory nor one holding it (the export
+replaces OUT_DIR whole): nothing else is ever deleted. The export is written beside OUT_DIR (beside the
+folder it links to, if it is a link) and renamed into place once whole: a failed or interrupted export
+leaves OUT_DIR as it was. Exit codes: 0 exported, 2 a problem with the input or the system, said in one
+line, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
-from pathlib import Path
 
 from transformer.checkpoints.layout import STATE_FILE
-from transformer.cli import guard_standard_streams, run_script
+from transformer.cli import guard_standard_streams, path_argument, run_script
 from transformer.errors import UserError
 from transformer.export import ctranslate2, huggingface
 from transformer.runtime import select_device
 from transformer.training.logs import setup_logging
 
 
+FLAGS = {"run": "--run", "checkpoint": "--checkpoint", "device": "--device"}  # the package's names for options
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="directory to write the export to")
+    parser.add_argument("out_dir", type=path_argument, metavar="OUT_DIR", help="directory to write the export to")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--run", type=Path, help="run directory (default: the newest run under runs/)")
-    where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
+    where.add_argument("--run", type=path_argument, help="run directory (default: the newest run under runs/)")
+    where.add_argument("--checkpoint", type=path_argument,
+                       help="a checkpoint directory, e.g. runs/base/checkpoints/best")
     parser.add_argument("--to", choices=["ctranslate2", "huggingface"], required=True, help="the format to export to")
     parser.add_argument("--score-test", action="store_true",
                         help="--to huggingface: translate the run's test split and put its BLEU and chrF in the model "
@@ -57,19 +63,20 @@ def run(args: argparse.Namespace) -> None:
         exporter = huggingface.HuggingFaceExporter(args.score_test, select_device(args.device, key="--device")
                                                    if args.score_test else "cpu")
     out_dir = exporter.export_run(args.run, args.checkpoint, args.out_dir)
+    # Commands to copy: the path as a shell (or Python) reads it back, whatever its characters (`~`, spaces).
     if not args.quiet and args.to == "ctranslate2":
-        print(f"exported to {out_dir}. Translate with: python translate.py --engine ctranslate2 --checkpoint {out_dir} "
-              "\"I am cold.\"", file=sys.stderr)
+        print(f"exported to {out_dir}. Translate with: python translate.py --engine ctranslate2 --checkpoint "
+              f"{shlex.quote(str(out_dir))} \"I am cold.\"", file=sys.stderr)
     elif not args.quiet:
         print(f"exported to {out_dir}. Load it with transformers' AutoModelForSeq2SeqLM and AutoTokenizer "
-              f"(from_pretrained(\"{out_dir}\")); {out_dir}/README.md shows how", file=sys.stderr)
+              f"(from_pretrained({str(out_dir)!r})); {out_dir / 'README.md'} shows how", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
     # The export is written beside OUT_DIR and renamed into place whole: until then OUT_DIR is untouched.
-    return run_script(lambda: run(args), sys.stderr, sys.argv[1:] if argv is None else argv,
+    return run_script(lambda: run(args), sys.stderr, sys.argv[1:] if argv is None else argv, names=FLAGS,
                       interrupted=f"interrupted: nothing was exported; {args.out_dir} is as it was")
 
 

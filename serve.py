@@ -25,20 +25,21 @@ import argparse
 import errno
 import logging
 import sys
-from pathlib import Path
 
-from transformer.cli import guard_standard_streams, run_script
+from transformer.cli import guard_standard_streams, path_argument, run_script
 from transformer.errors import UserError, name_options
 from transformer.training.logs import setup_logging
 
-FLAGS = {"engine": "--engine", "device": "--device", "threads": "--threads", "run": "--run"}  # the package's names
+FLAGS = {"engine": "--engine", "device": "--device", "threads": "--threads", "run": "--run",  # the package's names
+         "checkpoint": "--checkpoint"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--run", type=Path, help="run directory (default: the newest run under runs/)")
-    where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
+    where.add_argument("--run", type=path_argument, help="run directory (default: the newest run under runs/)")
+    where.add_argument("--checkpoint", type=path_argument,
+                       help="a checkpoint directory, e.g. runs/base/checkpoints/best")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000; 0: a free one)")
     parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",

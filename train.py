@@ -1,12 +1,14 @@
 """Train a Transformer translation model from a YAML config (English to French with the shipped data):
 `python train.py --config configs/base.yaml`.
 
-Re-running the same command resumes the run from its latest checkpoint. Ctrl-C (or SIGTERM)
-finishes the current step, saves a checkpoint and exits. Data-parallel on N GPUs or processes:
-`torchrun --nproc_per_node=N train.py --config ...`.
+Re-running the same command resumes the run from its latest checkpoint. Ctrl-C (or SIGTERM, what
+`timeout`, systemd, Slurm and `docker stop` send) finishes the current step, saves a checkpoint and
+exits; during the data stage it stops at once, with the data stage's worker processes. Data-parallel
+on N GPUs or processes: `torchrun --nproc_per_node=N train.py --config ...`.
 
-Exit codes: 0 trained, or stopped by Ctrl-C after saving; 2 a problem with the input or the system, said
-in one line (on every rank of a data-parallel run); 130 interrupted before a save could be made.
+Exit codes: 0 trained, or stopped by Ctrl-C or SIGTERM after saving; 2 a problem with the input or the
+system, said in one line (on every rank of a data-parallel run); 130 interrupted by Ctrl-C (143 by
+SIGTERM) before a save could be made: during the data stage, or by a second signal.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from transformer.training.allocator import reuse_freed_memory
 from transformer.checkpoints.layout import CHECKPOINTS, step_dir_name
 from transformer.checkpoints.rundir import MissingRunState, RunDirectory
 from transformer.config import Config, load_config
-from transformer.cli import allocation_failure, guard_standard_streams, os_reason, run_script
+from transformer.cli import (TERMINATED, Terminated, allocation_failure, end_children_with_this_process,
+                             guard_standard_streams, os_reason, path_argument, require_installed, run_script)
 from transformer.errors import CheckpointError, Interrupted, UserError
 from transformer.runtime import select_device, set_threads
 from transformer.training.logs import setup_logging
@@ -41,11 +44,11 @@ from transformer.training.run import VALID_SAMPLE, TrainOutcome, train
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="YAML config, e.g. configs/base.yaml")
+    parser.add_argument("--config", type=path_argument, required=True, help="YAML config, e.g. configs/base.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set train.max_steps=200 (repeatable)")
-    parser.add_argument("--run-dir", type=Path, help="run directory (default: runs/<config name>)")
-    parser.add_argument("--init-from", type=Path, metavar="RUN",
+    parser.add_argument("--run-dir", type=path_argument, help="run directory (default: runs/<config name>)")
+    parser.add_argument("--init-from", type=path_argument, metavar="RUN",
                         help="fine-tune: start a new run from the best checkpoint of the trained run RUN, with its "
                              "tokenizer files (sets train.init_from)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and CI)")
@@ -110,6 +113,15 @@ def largest_size(config: Config) -> tuple[str, int, int]:
     return max((size(key) for key in SIZE_KEYS), key=lambda found: found[1] / found[2])
 
 
+def check_installed(config: Config) -> None:
+    """Refuse to start without a package this config needs later on, before any work its absence would
+    waste: matplotlib is first imported at the first validation (train.attention_images), maybe hours
+    in, and would cost every step since the last checkpoint; py3langid once the corpus is cleaned
+    (filter.language); tensorboard once the data is ready."""
+    require_installed("tensorboard", *(["matplotlib"] if config.train.attention_images else []),
+                      *(["py3langid"] if config.filter.language else []))
+
+
 DATA_STAGE_INTERRUPTED = ("interrupted while preparing the data; the datasets cache keeps what was finished, and the "
                           "same command continues from there")
 STEP_INTERRUPTED = ("interrupted: nothing was saved for the current step; rerun the same command to resume from the "
@@ -117,19 +129,23 @@ STEP_INTERRUPTED = ("interrupted: nothing was saved for the current step; rerun 
 
 
 class Signals:
-    """Ctrl-C and SIGTERM for the life of a training command. During the data stage Ctrl-C stops at
-    once (the datasets cache keeps what was finished); once training has begun, the first signal
-    finishes the step and saves, a second stops at once. As a context manager it restores the
-    handlers it found (main() may run inside a longer-lived process: tests, notebooks), and turns
-    whatever a library made of the KeyboardInterrupt into an Interrupted that says what was left."""
+    """Ctrl-C and SIGTERM for the life of a training command, the one as the other. During the data
+    stage the first stops at once (the datasets cache keeps what was finished) and the data stage's
+    worker processes end with this one; once training has begun, the first signal finishes the step
+    and saves, a second stops at once. As a context manager it restores the handlers it found (main()
+    may run inside a longer-lived process: tests, notebooks), and turns whatever a library made of the
+    KeyboardInterrupt into an Interrupted (SIGINT, exit 130) or a Terminated (SIGTERM, exit 143) that
+    says what was left."""
 
     def __init__(self) -> None:
-        self.stop_requested = self.training = self._data_stage_interrupted = False
+        self.stop_requested = self.training = False
+        self._received: int | None = None  # the signal that stopped the command at once
         self._main_pid = os.getpid()
         self._previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
 
     def __enter__(self) -> "Signals":
-        signal.signal(signal.SIGINT, self._interrupt_data_stage)
+        for signum in self._previous:
+            signal.signal(signum, self._interrupt_data_stage)
         return self
 
     def training_begins(self) -> None:
@@ -138,15 +154,25 @@ class Signals:
             signal.signal(signum, self._request_stop)
 
     def _interrupt_data_stage(self, signum: int, _frame) -> None:
-        # The data stage's worker processes (datasets' map, forked) inherit this handler, and a terminal
-        # sends Ctrl-C to them too: they carry on until this process ends them, so none dies half-way
-        # with a traceback and none is started again in its place.
-        if os.getpid() == self._main_pid:
-            self._data_stage_interrupted = True
+        if os.getpid() != self._main_pid:
+            # A worker of the data stage (datasets' map, forked with this handler). A terminal sends
+            # Ctrl-C to it too: it carries on until this process ends it, so none dies half-way with a
+            # traceback and none is started again in its place. SIGTERM is how this process (the pool's
+            # terminate) ends it, and what `timeout` or systemd send the whole group: it ends quietly,
+            # by an exception rather than at once, so that the locks of the pool's queues it holds are
+            # released on the way out (the pool's clean-up in this process waits for them).
+            if signum == signal.SIGTERM:
+                raise SystemExit(TERMINATED)
+            return
+        if self._received is None:
+            self._received = signum
             raise KeyboardInterrupt
+        # Another signal while the first one's KeyboardInterrupt unwinds: an exception raised in the
+        # middle of datasets' clean-up would leave its workers running.
 
     def _request_stop(self, signum: int, _frame) -> None:
-        if self.stop_requested:  # a second Ctrl-C: the user really wants out now
+        if self.stop_requested:  # a second signal: the user really wants out now
+            self._received = signum
             raise KeyboardInterrupt
         self.stop_requested = True
         logging.getLogger("train").warning("%s received: finishing this step and saving a checkpoint ...",
@@ -159,8 +185,11 @@ class Signals:
             self._previous[signal.SIGTERM] = signal.SIG_IGN
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-        if error is not None and (self._data_stage_interrupted or isinstance(error, KeyboardInterrupt)):
-            raise Interrupted(STEP_INTERRUPTED if self.training else DATA_STAGE_INTERRUPTED) from None
+        if error is not None and (self._received is not None or isinstance(error, KeyboardInterrupt)):
+            line = STEP_INTERRUPTED if self.training else DATA_STAGE_INTERRUPTED
+            if self._received == signal.SIGTERM:
+                raise Terminated(line.replace("interrupted", "stopped by SIGTERM", 1)) from None
+            raise Interrupted(line) from None
 
 
 def open_log(run_dir: Path, rank: int) -> None:
@@ -182,14 +211,14 @@ def say_outcome(outcome: TrainOutcome, args: argparse.Namespace, config: Config,
     elif outcome.stopped_early:
         log.info("stopped early at step %d: no better valid BLEU in %d validations; %s. Translate with: "
                  "python translate.py --run %s %s", state.step, state.validations_without_improvement,
-                 found, run_dir, example_sentence(run_dir))
+                 found, shlex.quote(str(run_dir)), example_sentence(run_dir))
     elif outcome.already_finished:
         log.info("%s already reached its budget at step %d; nothing to do. Raise train.max_steps / max_epochs / "
                  "max_minutes (e.g. --set train.max_steps=N) to train further.", run_dir, state.step)
     elif state.end_step and state.step >= state.end_step:
         minutes = f"{state.train_seconds / 60:.1f} min of training, {state.elapsed_seconds / 60:.1f} min in all"
         log.info("done: %d steps (%s), %s. Translate with: python translate.py --run %s %s",
-                 state.step, minutes, found, run_dir, example_sentence(run_dir))
+                 state.step, minutes, found, shlex.quote(str(run_dir)), example_sentence(run_dir))
     else:
         log.info("stopped at step %d; saved %s. Resume with: %s",
                  state.step, run_dir / CHECKPOINTS / step_dir_name(state.step), resume_command(args))
@@ -202,6 +231,7 @@ def run(args: argparse.Namespace, rank: int, loaded: list[Config]) -> int:
         init_from = [f"train.init_from={json.dumps(str(args.init_from))}"] if args.init_from else []
         config = load_config(args.config, args.overrides + init_from)
         loaded.append(config)
+        check_installed(config)
         run_dir = args.run_dir or Path("runs") / config.name
         # Before the log file opens in it: a folder that is not a run gets nothing written into it.
         RunDirectory.check_trainable(run_dir, rebuilding=args.rebuild_state)
@@ -251,4 +281,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     guard_standard_streams()
+    end_children_with_this_process()
     sys.exit(main())

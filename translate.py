@@ -27,12 +27,11 @@ import argparse
 import contextlib
 import logging
 import sys
-from pathlib import Path
 
 # Nothing here imports torch: the engine policy loads it for the torch engine only, so that the default
 # CTranslate2 engine starts without it (and matplotlib only loads for --attention).
 from transformer.engines import ENGINES, EngineRequest, open_engine
-from transformer.cli import guard_standard_streams, run_script
+from transformer.cli import guard_standard_streams, path_argument, require_installed, run_script
 from transformer.decoding import Sampling
 from transformer.errors import UserError, name_options
 from transformer.files import same_file
@@ -44,6 +43,7 @@ FLAGS = {"n_best": "--n-best", "length_penalty": "--length-penalty", "max_length
          "max_length_b": "--max-length-b", "batch_size": "--batch-size", "sampling": "--sample", "top_k": "--top-k",
          "top_p": "--top-p", "temperature": "--temperature", "seed": "--seed", "threads": "--threads",
          "engine": "--engine", "int8": "--int8", "bf16": "--bf16", "device": "--device", "run": "--run",
+         "checkpoint": "--checkpoint",
          "ensemble": "--run given more than once", "alignment_layer": "--alignment-layer", "input": "--input",
          "targets": "--targets", "explain": "--explain"}
 
@@ -53,12 +53,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add("sentences", nargs="*", help="sentences to translate (default: read stdin)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--run", type=Path, action="append",
+    where.add_argument("--run", type=path_argument, action="append",
                        help="run directory (default: the newest run under runs/); repeat it for an ensemble, "
                             "whose models' probabilities are averaged at each step (torch engine)")
-    where.add_argument("--checkpoint", type=Path, help="a checkpoint directory, e.g. runs/base/checkpoints/best")
-    add("--input", type=Path, help="file with one source sentence per line")
-    add("--output", type=Path, help="write translations here instead of stdout")
+    where.add_argument("--checkpoint", type=path_argument,
+                       help="a checkpoint directory, e.g. runs/base/checkpoints/best")
+    add("--input", type=path_argument, help="file with one source sentence per line")
+    add("--output", type=path_argument, help="write translations here instead of stdout")
     search = parser.add_mutually_exclusive_group()
     search.add_argument("--beam", type=int, metavar="K", help="beam size (default: the run's decode.beam_size)")
     search.add_argument("--greedy", action="store_true", help="greedy search (same as --beam 1)")
@@ -82,10 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 "faster there, slightly different output")
     add("--threads", type=int, default=0, metavar="N", help="CPU threads (default: the engine's own; torch's is "
                                                             "one per core)")
-    add("--reference", type=Path, action="append", default=[], metavar="FILE",
+    add("--reference", type=path_argument, action="append", default=[], metavar="FILE",
         help="reference translations, line-aligned; repeat for several references (blank lines = no reference in "
              "that file); prints BLEU and chrF on stderr")
-    add("--attention", type=Path, metavar="DIR", help="write DIR/N.png: the cross-attention of input line N's "
+    add("--attention", type=path_argument, metavar="DIR", help="write DIR/N.png: the cross-attention of input line N's "
         "(best) translation, every layer averaged over heads and every head of the last layer")
     add("--alignment", action="store_true",
         help="after each translation, a tab and its hard alignment: 0-based src-tgt subword pairs")
@@ -106,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="input lines are source<TAB>prefix: each translation starts with its line's prefix")
     add("--score", action="store_true", help="score given translations instead of translating: input lines "
         "source<TAB>target, or --input with --targets; prints log-prob, log-prob per token and perplexity per pair")
-    add("--targets", type=Path, metavar="FILE", help="with --score and --input: the target lines")
+    add("--targets", type=path_argument, metavar="FILE", help="with --score and --input: the target lines")
     add("--format", choices=["text", "jsonl"], default="text",
         help="text (default), or jsonl: one JSON object per input line, for programs")
     add("--explain", action="store_true", help="for learners: instead of the translations, show how each sentence "
@@ -158,6 +159,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, names: dict[str, str]) -> None:
     check_arguments(args)
+    if args.attention:  # before the model loads and DIR is made
+        require_installed("matplotlib")
     if sys.stdin is None and not (args.sentences or args.input):  # started with `<&-`
         raise UserError("standard input is closed: give the sentences as arguments, or --input FILE")
     given = {name: getattr(args, name) for name in ("top_k", "top_p", "temperature", "seed")}

@@ -1,13 +1,17 @@
 """Fault injection for the scripts' tests: run train.py, translate.py, export.py or serve.py as a process
-of its own under one fault (a full disk, a read-only directory, a closed standard output, SIGINT or
-SIGKILL as a chosen function of the package is entered) and return how it ended. An over-long name is
-not a fault of the process but of an argument: LONG_NAME. test_faults.py holds the table of cases.
+of its own under one fault (a full disk, a read-only directory, a closed standard output, a package
+not installed, SIGINT, SIGTERM or SIGKILL as a chosen function of the package is entered, in the
+script's process or in a worker of its data stage) and return how it ended, with any process it left
+running. An over-long name is not a fault of the process but of an argument: LONG_NAME (and a name
+just short enough, LEGAL_LONG_NAME; `.`). test_faults.py holds the table of cases.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import json
 import os
 import re
 import resource
@@ -15,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -22,26 +27,43 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG_NAME = "n" * 300  # longer than any common filesystem allows one name (NAME_MAX): ENAMETOOLONG
+LEGAL_LONG_NAME = "é" * 127 + "n"  # 255 bytes in UTF-8: as long as a name may be, and legal
 
-# Started as `python -c LAUNCHER POINT SIGNAL SCRIPT ARGS...`: wraps the package function POINT
-# ("module:name" or "module:Class.name") so that the process sends itself SIGNAL as it is entered, then
-# runs SCRIPT as `python SCRIPT ARGS...` would. The signal is real: its handler (Python's, the
-# script's, or the kernel's for SIGKILL) decides what happens, as it would for a user's.
+# Started as `python -c LAUNCHER POINT SIGNAL FROM_WORKER PATCHES MISSING SCRIPT ARGS...`: makes each
+# module of the comma-separated MISSING fail to import (ModuleNotFoundError, as for a package not
+# installed), sets each "module:name" of the JSON object PATCHES to the Python expression it maps to,
+# wraps the package function POINT ("module:name" or "module:Class.name") so that SIGNAL is sent to
+# the script's process as POINT is entered (with FROM_WORKER "1", only where it is entered in another
+# process: a worker of the data stage), then runs SCRIPT as `python SCRIPT ARGS...` would. The signal
+# is real: its handler (Python's, the script's, or the kernel's for SIGKILL) decides what happens, as
+# it would for a user's.
 LAUNCHER = """
-import importlib, os, runpy, signal, sys
-point, signal_name, script = sys.argv[1:4]
-if point:
-    module_name, _, path = point.partition(":")
+import importlib, json, os, runpy, signal, sys
+point, signal_name, from_worker, patches, missing, script = sys.argv[1:7]
+script_pid = os.getpid()
+for module_name in filter(None, missing.split(",")):
+    sys.modules[module_name] = None
+
+def owner_of(where):
+    module_name, _, path = where.partition(":")
     owner = importlib.import_module(module_name)
     *parents, name = path.split(".")
     for parent in parents:
         owner = getattr(owner, parent)
+    getattr(owner, name)  # a name that moved fails the case here, not by testing nothing
+    return owner, name
+
+for where, expression in json.loads(patches).items():
+    setattr(*owner_of(where), eval(expression))
+if point:
+    owner, name = owner_of(point)
     original = getattr(owner, name)
     def signalled(*args, **kwargs):
-        os.kill(os.getpid(), getattr(signal, signal_name))
+        if from_worker != "1" or os.getpid() != script_pid:
+            os.kill(script_pid, getattr(signal, signal_name))
         return original(*args, **kwargs)
     setattr(owner, name, signalled)
-sys.argv = [script, *sys.argv[4:]]
+sys.argv = [script, *sys.argv[7:]]
 runpy.run_path(script, run_name="__main__")
 """
 
@@ -60,6 +82,9 @@ class Fault:
     stdout_closed: bool = False
     signal: signal.Signals | None = None
     at: str | None = None
+    from_worker: bool = False  # `at` runs in the data stage's workers; the signal goes to the script from there
+    patches: tuple[tuple[str, str], ...] = ()  # ("module:name", Python expression) set before the script runs
+    missing: tuple[str, ...] = ()  # modules that fail to import, as a package not installed
 
 
 NONE = Fault("none")
@@ -68,7 +93,14 @@ NONE = Fault("none")
 FULL_DISK = Fault("full disk", file_size=16 * 1024)
 READ_ONLY = Fault("read-only directory", read_only=True)
 LONG = Fault("over-long name")  # the case puts LONG_NAME in a path argument
+LEGAL_LONG = Fault("255-byte name")  # the case puts LEGAL_LONG_NAME in a path argument: no fault at all
+CURRENT_DIRECTORY = Fault("current directory")  # the case names `.` where a directory is replaced whole
 STDOUT_CLOSED = Fault("closed stdout", stdout_closed=True)
+
+
+def without(package: str) -> Fault:
+    """`package` not installed (an optional dependency, or a regular one pip could not install)."""
+    return Fault(f"without {package}", missing=(package,))
 
 
 def sigint_at(point: str | None) -> Fault:
@@ -79,6 +111,18 @@ def sigkill_at(point: str) -> Fault:
     return Fault(f"SIGKILL at {point}", signal=signal.SIGKILL, at=point)
 
 
+# datasets' maps in two worker processes however few the rows (rows.num_proc starts them from a
+# million rows, filters.py's language map from 20,000).
+TWO_WORKERS = (("transformer.data.filters:num_proc", "lambda n_rows, from_rows=None: 2"),)
+
+
+def signal_from_worker(signum: signal.Signals, point: str) -> Fault:
+    """`signum` sent to the script, as `timeout`, systemd or `docker stop` would, while the data stage's
+    workers run `point` (one of them sends it; the script must have started them)."""
+    return Fault(f"{signum.name} from a worker at {point}", signal=signum, at=point, from_worker=True,
+                 patches=TWO_WORKERS)
+
+
 @dataclass
 class Ended:
     """How a script's process ended: its exit code (negative: the signal that killed it) and output."""
@@ -86,6 +130,7 @@ class Ended:
     code: int
     stdout: str
     stderr: str
+    survivors: list[str] = dataclasses.field(default_factory=list)  # its processes left running (killed since)
 
     @property
     def last_line(self) -> str:
@@ -122,7 +167,8 @@ def _preexec(fault: Fault):
 def command(script: str, args: list[str], fault: Fault, read_only: Path | None = None) -> list[str]:
     """The command line that runs `script` with `args` under `fault`."""
     signal_name = fault.signal.name if fault.signal is not None and fault.at else ""
-    line = [sys.executable, "-c", LAUNCHER, fault.at or "", signal_name, str(ROOT / script), *map(str, args)]
+    line = [sys.executable, "-c", LAUNCHER, fault.at or "", signal_name, "1" if fault.from_worker else "0",
+            json.dumps(dict(fault.patches)), ",".join(fault.missing), str(ROOT / script), *map(str, args)]
     if fault.read_only and os.geteuid() == 0:
         mount = 'mount --bind -o ro "$1" "$1" && shift && exec "$@"'
         line = ["unshare", "-m", "sh", "-c", mount, "sh", str(read_only), *line]
@@ -155,10 +201,49 @@ def run_script(script: str, args: list[str], fault: Fault, cwd: Path, cache: Pat
     if fault.signal is not None and fault.at is None:
         return _serve_then_signal(script, args, fault, cwd, cache, timeout)
     with _read_only(read_only, fault):
-        result = subprocess.run(command(script, args, fault, read_only), cwd=cwd, env=environment(cache),
-                                stdout=subprocess.PIPE if not fault.stdout_closed else subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, timeout=timeout, preexec_fn=_preexec(fault))
-    return Ended(result.returncode, result.stdout or "", result.stderr)
+        # A session of its own: what the script starts stays in its process group, to be found after.
+        process = subprocess.Popen(command(script, args, fault, read_only), cwd=cwd, env=environment(cache),
+                                   stdout=subprocess.DEVNULL if fault.stdout_closed else subprocess.PIPE,
+                                   stderr=subprocess.PIPE, preexec_fn=_preexec(fault), start_new_session=True)
+        # Read as they come, by threads: a process the script leaves running holds the pipes open, and
+        # reading them to their end would wait for it rather than for the script.
+        read = {}
+        readers = [threading.Thread(target=lambda name=name, pipe=pipe: read.__setitem__(name, pipe.read()))
+                   for name, pipe in (("out", process.stdout), ("err", process.stderr)) if pipe is not None]
+        for reader in readers:
+            reader.start()
+        try:
+            code = process.wait(timeout=timeout)
+        finally:
+            survivors = _end_group(process.pid)
+            for reader in readers:
+                reader.join()
+    return Ended(code, read.get("out", b"").decode(), read["err"].decode(), survivors)
+
+
+def _group(pgid: int) -> list[str]:
+    """The processes of process group `pgid`, as "pid command"."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":  # a zombie has ended: its parent has not yet looked
+                found.append(f"{stat.parent.name} {(stat.parent / 'cmdline').read_bytes()[:80]!r}")
+    return found
+
+
+def _end_group(pgid: int, grace: float = 5) -> list[str]:
+    """What is left of the script's process group `grace` seconds after it ended (or was killed by the
+    test's timeout); those are then killed, so that no case leaves processes to the next."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, 0)  # nothing left at all: the common case, without the wait
+        deadline = time.monotonic() + grace
+        while (left := _group(pgid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        return left
+    return []
 
 
 _SERVING = re.compile(r"serving (http://\S+?/) ")

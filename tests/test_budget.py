@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from transformer.checkpoints import layout
 from transformer.training.budget import (MEASURE_UNTIL_STEP, REESTIMATE_AT, Budget, BudgetState, Plan, Position,
                                          linear_rate, reconcile, steps_for_epochs, steps_for_minutes)
 from transformer.checkpoints.layout import STATE_FILE, read_run_state
-from transformer.config import Config, TrainConfig
+from tests.conftest import TINY_PAIRS, write_csv
+from transformer.config import Config, TrainConfig, config_from_dict, config_to_dict
 from transformer.data.batching import PairCorpus
 from transformer.errors import ConfigError
 from transformer.training import trainer
@@ -338,3 +340,36 @@ def test_wsd_with_a_step_budget_cools_down_over_its_last_steps():
     short = BudgetState()
     fake_run(short, TrainConfig(max_steps=10, schedule="wsd", warmup_steps=100), Position(0, 0, 0, 0.0))
     assert short.plan == Plan(10, 0, 0)
+
+
+# --------------------------------------------------------------------------- weighted corpora: the pace is the steps'
+
+
+def weighted_config(tiny_config: Config, tmp_path: Path, weight: float, **train_values) -> Config:
+    """tiny_config over two corpora (the tiny pairs, halved), both weighted `weight`."""
+    raw = config_to_dict(configured(tiny_config, **train_values))
+    halves = TINY_PAIRS[0::2], TINY_PAIRS[1::2]
+    del raw["data"]["path"]
+    raw["data"]["corpora"] = [{"path": str(write_csv(tmp_path / f"corpus{n}.csv", half)), "weight": weight,
+                               "held_out": n == 0} for n, half in enumerate(halves)]
+    raw["train"]["batch_tokens"] = 64  # several batches an epoch, even at weight 0.25
+    return config_from_dict(raw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule, weight", [("wsd", 0.25), ("wsd", 4.0), ("linear", 0.25)])
+def test_a_time_budget_over_weighted_corpora_plans_from_the_pace_of_its_steps(
+        schedule, weight, tiny_config, tmp_path, datasets_cache, caplog, monkeypatch):
+    """Weights change how many pairs an epoch draws, not what a step costs: the pace the budget logs
+    and plans from is the seconds its steps take, and the run trains its minutes (a weight of 0.05 once
+    made the budget count every pair in a twentieth of the steps, and a run trained half its minutes)."""
+    caplog.set_level(logging.INFO)
+    monkeypatch.setattr(trainer, "time", TickingClock(0.01))  # every step takes the same fake time
+    minutes = 0.2
+    config = weighted_config(tiny_config, tmp_path, weight, schedule=schedule, max_steps=0, max_minutes=minutes,
+                             warmup_steps=20, valid_every=10**6, checkpoint_every=10**6)
+    state = train(config, tmp_path / "run", show_progress=False).state
+    real_pace = state.train_seconds / state.step
+    logged = [float(pace) for pace in re.findall(r"at ([\d.]+) s a step", caplog.text)]
+    assert logged and all(pace == pytest.approx(real_pace, rel=0.15) for pace in logged), (logged, real_pace)
+    assert state.train_seconds == pytest.approx(minutes * 60, rel=0.05)

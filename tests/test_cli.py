@@ -305,28 +305,67 @@ def test_the_malloc_setting_is_the_cli_s_and_can_be_switched_off(tmp_path: Path,
     assert "allocator" not in transformer.training.run.__dict__ and "reuse_freed_memory" not in vars(transformer.training.run)
 
 
-def test_ctrl_c_while_the_data_is_prepared_stops_at_once_and_the_rerun_trains(tmp_path: Path, tiny_csv: Path,
-                                                                               monkeypatch, capsys):
-    """The data stage takes minutes on a large corpus: Ctrl-C there stops it (the cache keeps what was
-    finished), rather than being held until the first step."""
+@pytest.mark.parametrize("signal_name, code, said", [
+    ("SIGINT", 130, "interrupted"),
+    ("SIGTERM", 143, "stopped by SIGTERM"),  # what `timeout`, systemd, Slurm and `docker stop` send
+])
+def test_ctrl_c_or_sigterm_while_the_data_is_prepared_stops_at_once_and_the_rerun_trains(
+        tmp_path: Path, tiny_csv: Path, monkeypatch, capsys, signal_name: str, code: int, said: str):
+    """The data stage takes minutes on a large corpus: Ctrl-C or SIGTERM there stops it (the cache keeps
+    what was finished), rather than being held until the first step. SIGTERM ended the process at once,
+    its data stage's workers left running (tests/test_faults.py has those)."""
     import signal
 
     encode = prepare.encode_splits
 
     def interrupted_encode(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it, in the middle of the encode
+        os.kill(os.getpid(), getattr(signal, signal_name))  # as it is sent, in the middle of the encode
         return encode(*args, **kwargs)
 
-    monkeypatch.setattr(prepare, "encode_splits", interrupted_encode)
-    assert run_train(tmp_path, tiny_csv, max_steps=4) == 130
+    def unhandled(signum, frame):  # rather than this test process ended, should train.py not handle it
+        raise AssertionError(f"{signal_name} reached the handler train.py found")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        monkeypatch.setattr(prepare, "encode_splits", interrupted_encode)
+        assert run_train(tmp_path, tiny_csv, max_steps=4) == code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.rstrip().endswith(
-        "interrupted while preparing the data; the datasets cache keeps what was finished, and the same command "
+        f"{said} while preparing the data; the datasets cache keeps what was finished, and the same command "
         "continues from there")
     assert not layout.list_checkpoints(tmp_path / "run")
     monkeypatch.setattr(prepare, "encode_splits", encode)
     assert run_train(tmp_path, tiny_csv, max_steps=4) == 0
     assert "done: 4 steps" in capsys.readouterr().err
+
+
+def test_a_process_forked_while_a_run_is_locked_does_not_hold_its_lock(tmp_path: Path):
+    """The data stage's workers are forked while the run is locked. A flock belongs to the open file,
+    which a forked child shared: a worker outliving the training process (killed with SIGKILL) kept
+    the run locked, and the rerun was refused as "being trained by another process"."""
+    run = RunDirectory(tmp_path / "run")
+    started, started_here = os.pipe()
+    with run.lock():
+        child = os.fork()
+        if child == 0:  # the child only waits, as an orphaned worker does
+            try:
+                os.write(started_here, b"1")  # its fork hooks have run
+                threading.Event().wait(60)
+            finally:
+                os._exit(0)
+    os.read(started, 1)
+    os.close(started)
+    os.close(started_here)
+    try:
+        with open(tmp_path / "run" / layout.LOCK_FILE, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError while the child holds it
+        with run.lock():  # the next training process
+            pass
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
 
 
 # --------------------------------------------------------------------------- translate battery
@@ -403,6 +442,23 @@ def test_translate_a_corrupt_checkpoint(trained_run: Path, tmp_path: Path, capsy
         assert translate(copy, "--engine", engine, "Hi.") == 2
         assert user_error(capsys).startswith(f"{weights}: truncated or corrupt (1000 bytes, expected ")
     assert not (copy / layout.EXPORTS_DIR).exists()
+
+
+def test_where_the_run_is_not_what_was_given_the_line_says_what_to_give(trained_run: Path, tmp_path: Path, capsys,
+                                                                        monkeypatch, tiny_csv: Path):
+    """A newcomer's first mistakes: no run under runs/ yet (the line said "name a run or checkpoint"
+    without saying how), a file given as the run ("run directory not found", though it is there), a
+    checkpoint given to --init-from (which takes the run)."""
+    monkeypatch.chdir(tmp_path)
+    assert translate_cli.main(["I'm cold."]) == 2
+    assert user_error(capsys) == ("no trained run found under runs/: train one first (python train.py --config "
+                                  "configs/base.yaml) or name one with --run DIR or --checkpoint DIR")
+    assert translate(tiny_csv, "I'm cold.") == 2
+    assert user_error(capsys) == f"{tiny_csv}: is a file, not a run directory"
+    best = trained_run / layout.CHECKPOINTS / layout.BEST
+    assert run_train(tmp_path, tiny_csv, "--init-from", str(best)) == 2
+    assert user_error(capsys) == (f"train.init_from: {best} is a checkpoint, not a run: give its run directory, "
+                                  f"{trained_run}, whose best checkpoint is fine-tuned from")
 
 
 def test_translate_a_run_directory_given_as_checkpoint(trained_run: Path, capsys):

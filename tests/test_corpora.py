@@ -225,6 +225,9 @@ def _files(folder: Path) -> dict[str, str]:
      "{d}/copies.csv (data.corpora[1].path): no usable sentence pairs: of 2 rows, 2 were dropped by filter copies"),
     (lambda c, d: c[1].update(source_column="English"),
      "no column 'English' (data.corpora[1].source_column)"),
+    # Weights so small that an epoch draws nothing: once a ZeroDivisionError traceback.
+    (lambda c, d: [corpus.update(weight=1e-6) for corpus in c],
+     "the weights of data.corpora draw no training pair in an epoch: data.corpora[0] ({d}/in_domain.csv) "),
 ])
 def test_bad_corpora_are_one_line_exit_2_and_no_run_is_started(tmp_path, capsys, change, expected):
     corpora = two_corpora(tmp_path)

@@ -1,11 +1,12 @@
-"""Tests for the data stage's reading, cleaning and split (transformer/data/corpus.py, readers.py,
-delimited.py, parallel_text.py, split.py, rows.py): strict CSV/TSV and line-aligned text reading,
+"""Tests for the data stage's reading, cleaning and split (transformer/data/corpus.py, formats/common.py,
+formats/delimited.py, formats/parallel_text.py, split.py, rows.py): strict CSV/TSV and line-aligned text reading,
 cleaning, splitting by groups of pairs that share a sentence, the cache keyed by content, encoding."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import random
@@ -116,6 +117,29 @@ def test_unquoted_separator_is_an_error_not_a_silent_shift(tmp_path: Path, body:
         load_pairs(config_for(path))
 
 
+@pytest.mark.parametrize("format, body, expected", [
+    ("csv", "\n\nHello, world,Bonjour\nHi.,Salut\n",  # the first row on line 4, past blank lines: not line 2
+     "line 4 has more fields than the header (2); a field containing ',' must be quoted"),
+    ("tsv", "Hi.\tSalut\tx\nGo.\tVa\n",  # "must be quoted": advice TSV, read without quoting, cannot take
+     "line 2 has more fields than the header (2); TSV has no quoting, so a sentence cannot hold a tab: remove it, "
+     "or write the file as CSV"),
+], ids=["csv-after-blank-lines", "tsv"])
+def test_a_row_with_more_fields_names_its_line_and_what_the_format_allows(tmp_path: Path, fresh_datasets_cache,
+                                                                           format, body, expected):
+    path = tmp_path / f"ragged.{format}"
+    path.write_text(f"en{',' if format == 'csv' else chr(9)}fr\n{body}", encoding="utf-8")
+    with pytest.raises(DataError) as error:
+        load_pairs(config_for(path, format=format, source_column="en", target_column="fr"))
+    assert str(error.value) == f"{path}: {expected}"
+
+
+def test_a_folder_given_for_a_file_is_named_a_folder(tmp_path: Path, fresh_datasets_cache):
+    """Once "data file not found", of a folder that is there."""
+    with pytest.raises(DataError) as error:
+        load_pairs(config_for(tmp_path))
+    assert str(error.value) == f"{tmp_path}: a folder, not a file (data.path); name the data file in it"
+
+
 def test_header_only_file_is_an_error(tmp_path: Path, fresh_datasets_cache):
     path = write_csv(tmp_path / "header.csv", [])
     with pytest.raises(DataError, match="no sentence pairs"):
@@ -183,6 +207,63 @@ def test_text_files_read_like_the_same_csv(tmp_path: Path, tiny_pairs, fresh_dat
     assert pairs.table.column_names == ["source", "target"] and rows_of(pairs) == rows_of(as_csv)
     assert (report.rows_read, report.rows_kept, report.path, report.target_path) == (
         csv_report.rows_read, csv_report.rows_kept, str(source), str(target))
+
+
+@pytest.mark.parametrize("folder, name", [("WMT [en-fr]", "train"), ("wmt", "news*2014?"), ("wmt", "[x]")])
+def test_paths_that_look_like_glob_patterns_name_files(tmp_path: Path, tiny_pairs, fresh_datasets_cache, folder, name):
+    """Issue 47: a corpus in a folder "WMT [en-fr]" reached datasets unescaped, read as a pattern:
+    "ValueError: Instruction "train" corresponds to no data!" and a traceback. CSV, TSV, text, Parquet and
+    JSON lines alike; and a folder of split files so named once had its splits unseen (datasets' split
+    patterns were globbed below the unescaped name, which matched nothing), so that it was read whole:
+    the test split trained on."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    where = tmp_path / folder
+    where.mkdir()
+    csv_path = write_csv(where / f"{name}.csv", tiny_pairs)
+    tsv_path = where / f"{name}.tsv"
+    tsv_path.write_text("".join(f"{s}\t{t}\n" for s, t in [(SOURCE_COLUMN, TARGET_COLUMN), *tiny_pairs]),
+                        encoding="utf-8")
+    source = write_lines(where / f"{name}.en", [s for s, _ in tiny_pairs])
+    target = write_lines(where / f"{name}.fr", [t for _, t in tiny_pairs])
+
+    def write(path: Path, pairs: list[tuple[str, str]]) -> Path:
+        rows = [{SOURCE_COLUMN: s, TARGET_COLUMN: t} for s, t in pairs]
+        if path.suffix == ".parquet":
+            pq.write_table(pa.Table.from_pylist(rows), path)
+        else:
+            path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+        return path
+
+    splits = where / f"{name} splits"  # its name holds the folder's glob characters too
+    splits.mkdir()
+    for suffix in (".parquet", ".jsonl"):
+        write(splits / f"train-00000-of-00001{suffix}", tiny_pairs[:30])
+        write(splits / f"test-00000-of-00001{suffix}", tiny_pairs[30:])
+    expected = [(clean_text(s), clean_text(t)) for s, t in tiny_pairs]
+    cases = [(config_for(csv_path), expected), (config_for(tsv_path, format="tsv"), expected),
+             (text_config(source, target), expected)]
+    for data_format, suffix in (("parquet", ".parquet"), ("jsonl", ".jsonl")):
+        cases += [(config_for(write(where / f"{name}{suffix}", tiny_pairs), format=data_format), expected),
+                  (config_for(splits, format=data_format), expected[:30]),
+                  (config_for(splits, format=data_format, split="test"), expected[30:])]
+    for config, rows in cases:
+        pairs, (report,) = load_pairs(config, FilterConfig(copies=False, min_letter_share=0, max_length_ratio=0,
+                                                           duplicates=False))
+        assert rows_of(pairs) == rows and report.path == config.path, (config.path, config.format, config.split)
+
+
+def test_a_compressed_csv_is_named_compressed_not_text_to_re_save(tmp_path: Path, fresh_datasets_cache):
+    """Once "not UTF-8 text at line 1 (invalid start byte); re-save the file as UTF-8": not what a
+    gzip file needs."""
+    import gzip
+
+    path = tmp_path / "pairs.csv.gz"
+    path.write_bytes(gzip.compress(f"{SOURCE_COLUMN},{TARGET_COLUMN}\nHi.,Salut\n".encode("utf-8")))
+    with pytest.raises(DataError) as error:
+        load_pairs(config_for(path))
+    assert str(error.value) == f"{path}: a gzip-compressed file, which this format does not read; decompress it"
 
 
 def test_text_empty_lines_are_dropped_naming_their_lines(tmp_path: Path, caplog, fresh_datasets_cache):

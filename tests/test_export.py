@@ -136,3 +136,64 @@ def test_what_a_killed_export_left_is_reclaimed_by_the_next_one(trained_run: Pat
     assert export(trained_run, out, "--quiet") == 0
     assert sorted(os.listdir(tmp_path)) == sorted(["export", running.name])
     assert (out / EXPORT_INFO).is_file()
+
+
+# --------------------------------------------------------------------------- how OUT_DIR may be spelt
+
+
+def test_the_current_directory_is_refused_and_other_spellings_export(trained_run: Path, tmp_path: Path, capsys,
+                                                                      monkeypatch):
+    """`export.py ... .` ended in "ValueError: PosixPath('.') has an empty name". An export replaces
+    its directory whole, by a rename, which would leave the shell in a directory that no longer
+    exists: the current directory, and any that holds it, is refused in one line."""
+    here = tmp_path / "here"
+    (here / "sub").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    for spelling in (".", "./", str(here), "sub/.."):
+        assert export(trained_run, Path(spelling)) == 2
+        assert user_error(capsys) == (f"{Path(spelling)} is the current directory, which an export replaces whole; "
+                                      f"export into a directory of its own, e.g. {Path(spelling) / 'export'}")
+    assert export(trained_run, Path("..")) == 2
+    assert user_error(capsys) == (f".. holds the current directory ({here}), which an export replaces whole; "
+                                  "export into a directory of its own, e.g. ../export")
+    assert sorted(os.listdir(here)) == ["sub"] and sorted(os.listdir(tmp_path)) == ["here"]
+    # A trailing slash, `./` and `dir/.` name the directory itself; `~` is the home directory, as in a shell.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for spelling, where in [("out/", here / "out"), ("./dotted", here / "dotted"), ("sub/.", here / "sub"),
+                            ("~/exported", tmp_path / "home" / "exported")]:
+        assert export_cli.main(["--run", str(trained_run), "--to", "ctranslate2", "--quiet", spelling]) == 0
+        assert (where / EXPORT_INFO).is_file(), spelling
+    assert not (here / "~").exists()
+    assert sorted(os.listdir(here)) == ["dotted", "out", "sub"]  # no temporary left beside any of them
+
+
+def test_the_command_it_prints_reads_back_the_same_path(trained_run: Path, tmp_path: Path, capsys):
+    out = tmp_path / "my export"
+    assert export(trained_run, out) == 0
+    assert f"--checkpoint '{out}' \"I am cold.\"" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["n" * 250, "n" * 255, "é" * 127, "日本" * 42], ids=["250", "255", "é*127", "cjk-252"])
+def test_a_directory_name_of_up_to_255_bytes_exports_and_is_replaced(trained_run: Path, tmp_path: Path, name: str):
+    """A name the filesystem allows is one the export allows: the temporary beside it, which adds a
+    prefix and the process id, is shortened (with a hash of the name) rather than failing with "File
+    name too long" (ENAMETOOLONG)."""
+    out = tmp_path / name
+    assert export(trained_run, out, "--quiet") == 0
+    assert export(trained_run, out, "--quiet") == 0  # the earlier export moved aside, then replaced
+    assert (out / EXPORT_INFO).is_file() and os.listdir(tmp_path) == [name]
+
+
+def test_an_export_directory_that_is_a_link_stays_one_and_its_target_gets_the_export(trained_run: Path,
+                                                                                   tmp_path: Path):
+    """OUT_DIR a link to a larger disk: the export is written beside the link's target (a rename is
+    atomic only within one filesystem) and replaces the target; the link stays."""
+    target = tmp_path / "disk" / "models"
+    target.mkdir(parents=True)
+    (tmp_path / "work").mkdir()
+    link = tmp_path / "work" / "model"
+    link.symlink_to(target)
+    for _ in range(2):  # into the empty target, then over the earlier export
+        assert export(trained_run, link, "--quiet") == 0
+        assert link.is_symlink() and (target / EXPORT_INFO).is_file()
+        assert os.listdir(tmp_path / "work") == ["model"] and os.listdir(tmp_path / "disk") == ["models"]

@@ -1,8 +1,9 @@
 """The fault kit: each script (train.py, translate.py, export.py, serve.py) run as its own process under
 each fault of tests/faults.py, as a table of cases. Every case ends with the documented exit code, its
-last line of standard error as expected and no traceback (with --quiet, that line alone), and keeps
-what was already done: the run's checkpoints verify, an earlier output or export is as it was, a
-half-written one is gone. A boundary a script gains is covered by a row added here.
+last line of standard error as expected and no traceback (with --quiet, that line alone), no process
+of its own left running (a data stage's workers), and keeps what was already done: the run's
+checkpoints verify, an earlier output or export is as it was, a half-written one is gone. A boundary
+a script gains is covered by a row added here.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from conftest import train_tiny_run
-from faults import (FULL_DISK, LONG, LONG_NAME, NONE, READ_ONLY, STDOUT_CLOSED, Ended, Fault, read_only_unavailable,
-                    run_script, sigint_at, sigkill_at)
+from faults import (CURRENT_DIRECTORY, FULL_DISK, LEGAL_LONG, LEGAL_LONG_NAME, LONG, LONG_NAME, NONE, READ_ONLY,
+                    STDOUT_CLOSED, Ended, Fault, read_only_unavailable, run_script, sigint_at, sigkill_at,
+                    signal_from_worker, without)
 from transformer.checkpoints.format import read_meta
 from transformer.checkpoints.layout import CHECKPOINTS, read_run_state, step_dir_name
 from transformer.config import Config
@@ -94,6 +96,13 @@ def resume(where: Where, *extra: str) -> list[str]:
             "--set", "train.attention_images=false", *extra]
 
 
+def fresh_with_workers(where: Where) -> list[str]:
+    """A new run of the shared run's config in a folder of the case's own, whose data stage has workers
+    (filter.language's map, given two under signal_from_worker), two steps long."""
+    return ["--config", where.run / "config.yaml", "--run-dir", where.tmp / "fresh", "--no-progress",
+            "--set", "train.attention_images=false", "--set", "filter.language=true", "--set", "train.max_steps=2"]
+
+
 def translate_torch(where: Where, *extra: str) -> list[str]:
     return ["--run", where.run, "--engine", "torch", "--quiet", *extra]
 
@@ -154,6 +163,35 @@ def run_export_healed(where: Where, ended: Ended) -> None:
     assert again.code == 0 and again.stdout.strip(), again.stderr
 
 
+def unlocked_then_trained(where: Where, ended: Ended) -> None:
+    """The same command, run again, trains: nothing of the stopped one holds the run's lock."""
+    rerun = run_script("train.py", fresh_with_workers(where), NONE, where.tmp, where.cache)
+    assert rerun.code == 0 and "done: 2 steps" in rerun.stderr, rerun.stderr
+    verifies(where.tmp / "fresh", 2)
+
+
+def written_under_the_longest_name(where: Where, ended: Ended) -> None:
+    assert (where.tmp / LEGAL_LONG_NAME).read_text(encoding="utf-8").count("\n") == 1
+    assert not [name for name in where.tmp.iterdir() if name.name.startswith(".tmp-")]
+
+
+def current_directory_untouched(where: Where, ended: Ended) -> None:
+    assert where.tmp.is_dir() and not [name for name in where.tmp.iterdir() if name.name.startswith(".tmp-")]
+
+
+def no_new_run(where: Where, ended: Ended) -> None:
+    assert not (where.tmp / "fresh").exists()
+
+
+def no_attention_directory(where: Where, ended: Ended) -> None:
+    assert not (where.tmp / "maps").exists()
+
+
+def not_installed(package: str, command: str = "") -> str:
+    return re.escape(f"error: the {package} package is not installed; install it with "
+                     f"{command or 'pip install ' + package}")
+
+
 def nothing(where: Where, ended: Ended) -> None:
     pass
 
@@ -175,10 +213,13 @@ class Case:
     kept: Callable[[Where, Ended], None] = nothing
     quiet: bool = False
     read_only: Callable[[Where], Path] | None = None
+    own_cache: bool = False  # a datasets cache of the case's own: its data stage must run, not be found cached
 
 
 DATA_STAGE = ("interrupted while preparing the data; the datasets cache keeps what was finished, and the same "
               "command continues from there")
+DATA_STAGE_TERMINATED = DATA_STAGE.replace("interrupted", "stopped by SIGTERM")
+LANGUAGE_MAP = "transformer.data.filters:_identify_batch"  # run by filter.language's workers
 # A server writes nothing to standard output: closed, it serves until Ctrl-C.
 SERVE_WHILE_SERVING = Fault(STDOUT_CLOSED.name, stdout_closed=True, signal=signal.SIGINT)
 
@@ -195,6 +236,22 @@ CASES = [
          r".* already reached its budget at step 10; nothing to do\. .*", step_10_verifies),
     Case("train.py", sigint_at("transformer.data.prepare:encode_splits"),
          lambda w: resume(w, "--set", "train.max_steps=20"), 130, re.escape(DATA_STAGE), step_10_verifies),
+    # a new run whose data stage has two workers; one of them signals the script (`timeout`, systemd,
+    # Slurm and `docker stop` send SIGTERM; Ctrl-C; the OOM killer); none may outlive it or keep the lock
+    Case("train.py", signal_from_worker(signal.SIGTERM, LANGUAGE_MAP), fresh_with_workers, 143,
+         re.escape(DATA_STAGE_TERMINATED), unlocked_then_trained, own_cache=True),
+    Case("train.py", signal_from_worker(signal.SIGINT, LANGUAGE_MAP), fresh_with_workers, 130,
+         re.escape(DATA_STAGE), unlocked_then_trained, own_cache=True),
+    Case("train.py", signal_from_worker(signal.SIGKILL, LANGUAGE_MAP), fresh_with_workers, -9, "",
+         unlocked_then_trained, own_cache=True),
+    # a package the config needs later on (at the first validation, for attention pictures) is looked
+    # for before any work
+    Case("train.py", without("matplotlib"),
+         lambda w: resume(w, "--set", "train.max_steps=20", "--set", "train.attention_images=true"), 2,
+         not_installed("matplotlib"), step_10_verifies),
+    Case("train.py", without("tensorboard"), lambda w: resume(w, "--set", "train.max_steps=20"), 2,
+         not_installed("tensorboard"), step_10_verifies),
+    Case("train.py", without("py3langid"), fresh_with_workers, 2, not_installed("py3langid"), no_new_run),
     Case("train.py", sigint_at("transformer.training.trainer:Trainer.train_step"),
          lambda w: resume(w, "--set", "train.max_steps=20"), 0,
          r"stopped at step 11; saved \S+step_00000011\. Resume with: python train.py .*", step_11_saved),
@@ -208,8 +265,12 @@ CASES = [
          read_only=lambda w: w.earlier.parent),
     Case("translate.py", LONG, lambda w: translate_torch(w, "--output", w.tmp / LONG_NAME, SENTENCE), 2,
          rf"error: .*{LONG_NAME}: File name too long", quiet=True),
+    Case("translate.py", LEGAL_LONG, lambda w: translate_torch(w, "--output", w.tmp / LEGAL_LONG_NAME, SENTENCE), 0,
+         "", written_under_the_longest_name, quiet=True),
     Case("translate.py", STDOUT_CLOSED, lambda w: translate_torch(w, SENTENCE), 2,
          r"error: cannot write standard output: it is closed \(Bad file descriptor\); .*", quiet=True),
+    Case("translate.py", without("matplotlib"), lambda w: translate_torch(w, "--attention", w.tmp / "maps", SENTENCE),
+         2, not_installed("matplotlib"), no_attention_directory, quiet=True),
     Case("translate.py", sigint_at("transformer.translation.lines:translate_stream"),
          lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 130,
          r"interrupted: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
@@ -223,6 +284,9 @@ CASES = [
          no_export, quiet=True, read_only=lambda w: w.earlier.parent),
     Case("export.py", LONG, lambda w: export_ct2(w, w.tmp / LONG_NAME), 2,
          rf"error: .*{LONG_NAME}: File name too long", quiet=True),
+    Case("export.py", CURRENT_DIRECTORY, lambda w: export_ct2(w, "."), 2,  # the case's directory is the current one
+         re.escape("error: . is the current directory, which an export replaces whole; export into a directory of "
+                   "its own, e.g. export"), current_directory_untouched, quiet=True),
     Case("export.py", STDOUT_CLOSED, lambda w: export_ct2(w, w.export), 0, "", exported, quiet=True),
     Case("export.py", sigint_at("transformer.export.ctranslate2:CTranslate2Exporter.write_files"),
          lambda w: export_ct2(w, w.export), 130, r"interrupted: nothing was exported; \S+export is as it was", no_export,
@@ -232,6 +296,8 @@ CASES = [
     Case("export.py", sigint_at("transformer.export.huggingface:scores_on_test_split"),
          lambda w: ["--run", w.run, "--to", "huggingface", "--score-test", "--quiet", w.export], 130,
          r"interrupted: nothing was exported; \S+export is as it was", no_export, quiet=True),
+    Case("export.py", without("transformers"), lambda w: ["--run", w.run, "--to", "huggingface", "--quiet", w.export],
+         2, not_installed("transformers", 'pip install -e ".[hf]"'), no_export, quiet=True),
     Case("export.py", sigkill_at("transformer.files:publish_directory"), lambda w: export_ct2(w, w.export), -9, "",
          killed_export_then_exported, quiet=True),
     # serve.py; the CTranslate2 engine exports into the run on first use, so those cases serve a copy
@@ -241,6 +307,8 @@ CASES = [
          r"error: .*Read-only file system.*", step_10_verifies, read_only=lambda w: w.copy),
     Case("serve.py", LONG, lambda w: served(w.tmp / LONG_NAME), 2,
          rf"error: .*{LONG_NAME}.*File name too long.*"),
+    Case("serve.py", without("uvicorn"), lambda w: served(w.run, "--engine", "torch"), 2,
+         re.escape('error: serving needs FastAPI and uvicorn (uvicorn is missing): pip install -e ".[serve]"')),
     Case("serve.py", SERVE_WHILE_SERVING, lambda w: served(w.run, "--engine", "torch"), 130, "interrupted"),
     Case("serve.py", sigint_at("transformer.engines:open_server_engines"),
          lambda w: served(w.run, "--engine", "torch"), 130, "interrupted"),
@@ -258,12 +326,13 @@ def test_a_script_under_a_fault_ends_in_one_line_and_keeps_what_was_done(case: C
                                                                          process_cache: Path, tmp_path: Path):
     if case.fault.read_only and (why := read_only_unavailable()):
         pytest.skip(why)
-    where = Where(trained_run, tmp_path, process_cache)
+    where = Where(trained_run, tmp_path, tmp_path / "cache" if case.own_cache else process_cache)
     args = case.args(where)  # before the read-only directory is chosen: the arguments make it
-    ended = run_script(case.script, args, case.fault, tmp_path, process_cache,
+    ended = run_script(case.script, args, case.fault, tmp_path, where.cache,
                        read_only=case.read_only(where) if case.read_only else None)
     assert ended.code == case.code, ended.stderr
     assert "Traceback" not in ended.stderr, ended.stderr
+    assert not ended.survivors, f"processes left running: {ended.survivors}"
     if case.code != -9:
         assert re.fullmatch(case.line, ended.last_line), ended.stderr
         assert sum(line.startswith("error: ") for line in ended.stderr.splitlines()) <= 1, ended.stderr

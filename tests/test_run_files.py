@@ -1,5 +1,6 @@
 """What train.py, translate.py and export.py do to files, through the CLIs only: a run directory's
-files are written by training and nothing a user owns is ever destroyed. A run that cannot be
+files are written by training and nothing a user owns is ever destroyed; a run whose folders are links
+to another disk, and any name the filesystem allows, work as any other. A run that cannot be
 resumed as it stands is refused with one `error: ...` line (exit 2) naming the file or key, and
 with every file where it was, byte for byte.
 
@@ -27,7 +28,8 @@ from conftest import TINY_PAIRS, write_csv
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-import train as train_cli  # noqa: E402  (the CLI scripts at the repository root)
+import export as export_cli  # noqa: E402  (the CLI scripts at the repository root)
+import train as train_cli  # noqa: E402
 import translate as translate_cli  # noqa: E402
 
 STEPS = 4  # a finished run: checkpoints at steps 2 and 4, validated at both
@@ -339,3 +341,86 @@ def test_rerunning_a_finished_run_changes_no_file(finished, tmp_path: Path):
     before = snapshot(run_dir, ignore=tensorboard)
     assert train(config, run_dir) == 0
     assert snapshot(run_dir, ignore=tensorboard) == before
+
+
+# --------------------------------------------------------------------------- a run kept on another disk
+
+
+def tensorboard_events(relative: str) -> bool:
+    return relative.startswith("tensorboard/") and "events.out.tfevents" in relative
+
+
+def test_a_run_folder_that_is_a_link_trains_prunes_reruns_translates_and_exports(finished, tmp_path: Path, capsys,
+                                                                                  monkeypatch):
+    """runs/base a link to a folder on a larger disk: resumed, pruned there, a rerun of the finished
+    run changes nothing, translate.py picks it as the newest run under runs/, export.py exports it."""
+    config, original = finished
+    disk = copy_of(original, tmp_path / "disk" / "base")
+    (tmp_path / "work" / "runs").mkdir(parents=True)
+    (tmp_path / "work" / "runs" / "base").symlink_to(disk)
+    monkeypatch.chdir(tmp_path / "work")
+    run_dir = Path("runs/base")
+    assert train(config, run_dir, "--set", f"train.max_steps={MORE_STEPS}", "--set", "train.keep_checkpoints=1") == 0
+    assert run_dir.is_symlink()
+    kept = sorted(p.name for p in (disk / "checkpoints").iterdir() if p.name.startswith("step_"))
+    best = json.loads((disk / STATE).read_text(encoding="utf-8"))["best"]["checkpoint"]
+    assert kept == sorted({best, f"step_{MORE_STEPS:08d}"})  # pruned to the newest and the best, on the disk
+    before = snapshot(disk, ignore=tensorboard_events)
+    assert train(config, run_dir, "--set", f"train.max_steps={MORE_STEPS}", "--set", "train.keep_checkpoints=1") == 0
+    assert snapshot(disk, ignore=tensorboard_events) == before
+    capsys.readouterr()
+    assert call(translate_cli.main, ["--engine", "torch", "--quiet", "I am cold."]) == 0  # the newest run: runs/base
+    assert capsys.readouterr().out.count("\n") == 1  # a tiny model's translation, maybe empty
+    assert call(export_cli.main, ["--to", "ctranslate2", "--quiet", "exported"]) == 0
+    assert (tmp_path / "work" / "exported" / "model.bin").is_file()
+    assert sorted(os.listdir(tmp_path / "work")) == ["exported", "runs"]
+
+
+def test_a_checkpoints_folder_linked_to_another_disk_before_the_first_start(finished, tmp_path: Path, capsys):
+    """runs/base/checkpoints made a link to an empty folder on a larger disk before the first start was
+    refused ("is not empty and is not a run"); then a checkpoint read through it looked for its run's
+    tokenizer beside the disk's folder, not in runs/base."""
+    config, _ = finished
+    disk = tmp_path / "disk" / "checkpoints"
+    disk.mkdir(parents=True)
+    run_dir = tmp_path / "runs" / "base"
+    run_dir.mkdir(parents=True)
+    (run_dir / "checkpoints").symlink_to(disk)
+    assert train(config, run_dir, "--set", "train.keep_checkpoints=1") == 0
+    assert train(config, run_dir, "--set", f"train.max_steps={MORE_STEPS}", "--set", "train.keep_checkpoints=1") == 0
+    assert (run_dir / "checkpoints").is_symlink()
+    assert sorted(p.name for p in disk.iterdir() if p.name.startswith("step_"))[-1] == f"step_{MORE_STEPS:08d}"
+    assert len([p for p in disk.iterdir() if p.name.startswith("step_")]) <= 2  # pruned there
+    assert not [p for p in disk.iterdir() if p.name.startswith(".tmp-")]
+    capsys.readouterr()
+    for engine in ("torch", "ctranslate2"):
+        assert call(translate_cli.main, ["--run", str(run_dir), "--engine", engine, "--quiet", "I am cold."]) == 0
+    assert call(translate_cli.main, ["--checkpoint", str(run_dir / "checkpoints" / "best"), "--engine", "torch",
+                                     "--quiet", "I am cold."]) == 0
+    out = tmp_path / "exported"
+    assert call(export_cli.main, ["--run", str(run_dir), "--to", "ctranslate2", "--quiet", str(out)]) == 0
+    assert (out / "model.bin").is_file()
+    capsys.readouterr()
+    inside = run_dir / "checkpoints" / "export"
+    assert call(export_cli.main, ["--run", str(run_dir), "--to", "ctranslate2", str(inside)]) == 2
+    assert error_line(capsys) == (f"{inside} lies inside {run_dir}, which is a run or a checkpoint; export into a "
+                                  "directory of its own")
+
+
+# --------------------------------------------------------------------------- names near the 255-byte limit
+
+
+def test_names_of_up_to_255_bytes_train_and_translate(finished, tmp_path: Path, capsys):
+    """A file name of up to 255 bytes (NAME_MAX) is legal, in UTF-8 too; a temporary derived from it
+    (a prefix and the process id added) went past that: "File name too long" on a name the user wrote
+    legally. The data file, the run directory and --output, each of 254-255 bytes."""
+    data = write_csv(tmp_path / ("é" * 125 + ".csv"), TINY_PAIRS)
+    config = write_config(tmp_path / "config.yaml", data)
+    run_dir = tmp_path / ("é" * 127)
+    assert train(config, run_dir) == 0
+    for output in (tmp_path / ("n" * 255), tmp_path / ("日本" * 42 + "ab.")):
+        for _ in range(2):  # written, then replaced
+            assert call(translate_cli.main, ["--run", str(run_dir), "--engine", "torch", "--quiet",
+                                             "--output", str(output), "I am cold."]) == 0
+            assert output.read_text(encoding="utf-8").count("\n") == 1
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".tmp-")]

@@ -1,21 +1,26 @@
 """The four scripts' one boundary (train.py, translate.py, export.py, serve.py), and nothing else in
 the package imports it: `run_script` turns a script's user errors, the operating system's errors,
-failed allocations, Ctrl-C and a reader leaving standard output into its last line and exit code
-(2 for a problem with the input or the system, 130 for Ctrl-C, 0 and nothing said when the reader of
-standard output left, `| head`); `guard_standard_streams` is what a script's `__main__` does to its
-standard streams first. Anything else is a bug and keeps its traceback.
+failed allocations, a dependency not installed, Ctrl-C and a reader leaving standard output into its
+last line and exit code (2 for a problem with the input or the system, 130 for Ctrl-C, 143 for a
+SIGTERM a script handles as it does Ctrl-C, 0 and nothing said when the reader of standard output
+left, `| head`); `guard_standard_streams` is what a script's `__main__` does to its standard streams
+first, and `end_children_with_this_process` what one that forks workers does. Anything else is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
 import os
 import re
+import signal
 import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from transformer.errors import Interrupted, OutputError, UserError, disk_full
 
@@ -81,8 +86,12 @@ class CheckedOutput:
 
 USER_ERROR = 2  # a problem with the input or the system, said in one line
 INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, what a shell reports for a command the signal ended
+TERMINATED = 128 + signal.SIGTERM  # 143: the same convention for SIGTERM (`timeout`, systemd, Slurm, `docker stop`)
 
 
+class Terminated(Interrupted):
+    """A SIGTERM that a script handled as it does Ctrl-C (train.py), carrying the line that says what
+    it left behind; it exits with TERMINATED, so that whatever sent the signal sees it was obeyed."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,42 @@ _ALLOCATION_BYTES = re.compile(r"allocate (\d+) bytes")
 _ALLOCATION_SIZE = re.compile(r"(?i)tried to allocate ([\d.]+ [KMGTP]iB)")
 # pathlib's resolve() on Python before 3.13 reports a loop of links as this RuntimeError, not an OSError.
 _SYMLINK_LOOP = re.compile(r"Symlink loop from (.+)")
+
+
+# The project's dependencies that a command imports only when it needs them, and how to install each
+# (pyproject.toml): the hf and serve extras, and regular dependencies, missing where pip found no wheel
+# for them or ran with --no-deps.
+INSTALL_COMMANDS = {
+    "transformers": 'pip install -e ".[hf]"',
+    "fastapi": 'pip install -e ".[serve]"',
+    "uvicorn": 'pip install -e ".[serve]"',
+    "ctranslate2": "pip install ctranslate2",
+    "py3langid": "pip install py3langid",
+    "matplotlib": "pip install matplotlib",
+    "tensorboard": "pip install tensorboard",
+}
+
+
+def missing_package(error: BaseException) -> str | None:
+    """The dependency of INSTALL_COMMANDS whose import `error` is (a ModuleNotFoundError: an
+    ImportError of a name inside an installed package is a version's, not a missing package), or None."""
+    if not isinstance(error, ModuleNotFoundError) or not error.name:
+        return None
+    package = error.name.partition(".")[0]
+    return package if package in INSTALL_COMMANDS else None
+
+
+def not_installed(package: str) -> str:
+    """The line for a dependency of INSTALL_COMMANDS that is not installed."""
+    return f"the {package} package is not installed; install it with {INSTALL_COMMANDS[package]}"
+
+
+def require_installed(*packages: str) -> None:
+    """Refuse, as the boundary says a missing dependency, a command that will need one of `packages`
+    (of INSTALL_COMMANDS) later on, before it does any work that their absence would waste."""
+    for package in packages:
+        if importlib.util.find_spec(package) is None:
+            raise ModuleNotFoundError(f"No module named {package!r}", name=package)
 
 
 def allocation_failure(error: BaseException) -> bool:
@@ -150,13 +195,16 @@ def script_ending(error: BaseException, names: dict[str, str] | None = None,
     traceback). A library's own error raised from the system's (datasets wraps an OSError) is read by
     its cause."""
     if isinstance(error, KeyboardInterrupt):
-        return Ending(INTERRUPTED, str(error) if isinstance(error, Interrupted) and str(error) else interrupted)
+        line = str(error) if isinstance(error, Interrupted) and str(error) else interrupted
+        return Ending(TERMINATED if isinstance(error, Terminated) else INTERRUPTED, line)
     if isinstance(error, UserError):
         return Ending(USER_ERROR, f"error: {error.naming(names or {})}")
     if isinstance(error, BrokenPipeError):
         return Ending(0, None)  # the reader of standard output left (`| head`): it has what it wanted
     cause: BaseException | None = error
     while cause is not None:
+        if package := missing_package(cause):
+            return Ending(USER_ERROR, f"error: {not_installed(package)}")
         if isinstance(cause, OSError):
             return Ending(USER_ERROR, f"error: {describe_os_error(cause)}")
         if allocation_failure(cause):
@@ -166,6 +214,13 @@ def script_ending(error: BaseException, names: dict[str, str] | None = None,
             return Ending(USER_ERROR, f"error: {path}: {os.strerror(errno.ELOOP)}")
         cause = cause.__cause__
     return None
+
+
+def path_argument(text: str) -> Path:
+    """A path given on a command line (argparse's `type`), with a leading `~` or `~user` expanded as a
+    shell would: a shell leaves it as it is in `--output=~/out.fr` or in quotes, and a folder named
+    `~` in the current one is never what was meant."""
+    return Path(os.path.expanduser(text))
 
 
 def check_command_line(argv: Sequence[str]) -> None:
@@ -186,7 +241,8 @@ def run_script(main: Callable[[], int | None], stderr: typing.TextIO | None, arg
     """Run a script's `main` and return its exit code. The one place where a script's user errors, the
     operating system's errors, failed allocations, Ctrl-C and a reader leaving standard output become
     one line on `stderr` (the script's, passed in: the package writes only where it is told) and an
-    exit code: 2, 130 (`interrupted` is the line unless the Interrupted says more), or 0 unsaid.
+    exit code: 2, 130 (`interrupted` is the line unless the Interrupted says more), 143 for a
+    Terminated, or 0 unsaid.
     `names`: each option's name on this command line; `prefix` starts the line (a rank's "[rank 1] ");
     `advise(error)` is what the script can add (a command, a config key). `argv`, the script's
     command line, is checked first. A bug keeps its traceback."""
@@ -229,3 +285,41 @@ def guard_standard_streams() -> None:
                     os.dup2(devnull, fd)
                     os.close(devnull)
     sys.stdout = CheckedOutput(sys.stdout)
+
+
+def end_children_with_this_process() -> None:
+    """For a script's `__main__` only (process-wide, and once: a fork hook cannot be removed): every
+    process forked from this one from now on (datasets' map workers and its manager) is killed when
+    this one ends, however it ends. Killed with SIGKILL (`kill -9`, the OOM killer), this process runs
+    no code to end them, and they would wait forever for work from it, each holding a copy of its
+    memory. And Ctrl-C or SIGTERM arriving while a child starts waits until it has started: a Python
+    handler raising in the middle of another library's fork hook is printed and ignored, and the child
+    would live on. Linux only (prctl PR_SET_PDEATHSIG); elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import threading
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    held = {signal.SIGINT, signal.SIGTERM}
+    forking = {"parent": 0, "mask": set()}  # seen from the child as they were in the parent
+
+    def before() -> None:  # the first of the fork hooks in the parent (they run in reverse order)
+        forking["mask"] = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        # The signal is sent when the forking *thread* ends. Only the main thread's end is this
+        # process's: a pool's helper thread that starts a replacement worker ends with the pool, while
+        # that worker may hold the lock of the pool's task queue, which the pool's clean-up then waits for.
+        forking["parent"] = os.getpid() if threading.current_thread() is threading.main_thread() else 0
+
+    def in_parent() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, forking["mask"])
+
+    def in_child() -> None:  # the last of the fork hooks in the child
+        if forking["parent"]:
+            libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+            if os.getppid() != forking["parent"]:  # the parent ended before the line above: nobody will signal
+                os._exit(TERMINATED)
+        signal.pthread_sigmask(signal.SIG_SETMASK, forking["mask"])
+
+    os.register_at_fork(before=before, after_in_parent=in_parent, after_in_child=in_child)

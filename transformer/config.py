@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ import yaml
 
 from transformer.decoding import SETTINGS, DecodeSettings
 from transformer.errors import ConfigError, DecodeOptionError
+
+logger = logging.getLogger(__name__)
 
 
 def _require(condition: bool, key: str, expected: str, value: Any) -> None:
@@ -122,8 +125,11 @@ def _check_fields(section: Any) -> None:
         object.__setattr__(section, item.name, value)  # frozen: an int given for a number becomes a float
 
 
-# The data formats a corpus may be in (transformer/data/corpus.py's READERS reads each).
+# The data formats a corpus may be in (transformer/data/formats/__init__.py's READERS reads each).
 DataFormat = Literal["csv", "tsv", "text", "parquet", "jsonl", "dataset", "hub"]
+# The formats whose data.path may hold several splits, of which data.split names one: a folder (or a
+# glob) of split files, a DatasetDict written by save_to_disk, a Hub dataset.
+_SPLIT_FORMATS = ("parquet", "jsonl", "dataset", "hub")
 _SHIPPED_SOURCE, _SHIPPED_TARGET = "English words/sentences", "French words/sentences"
 
 
@@ -142,6 +148,35 @@ def _check_corpus(corpus: Any, section: str) -> None:
         raise ConfigError(f"{section}.target_path is only for {section}.format: text; a {corpus.format} corpus "
                           f"holds both languages in {section}.path (remove {section}.target_path, or set "
                           f"{section}.format: text)")
+    # A key no reader of the format reads is refused, not ignored: a split asked for and not applied
+    # would train on every split's pairs (the test split's among them).
+    if corpus.format not in _SPLIT_FORMATS and corpus.split != "train":
+        raise ConfigError(f"{section}.split is only for {section}.format {', '.join(_SPLIT_FORMATS[:-1])} or "
+                          f"{_SPLIT_FORMATS[-1]}; a {corpus.format} corpus has no splits and is read whole (remove "
+                          f"{section}.split, and name the {corpus.split} split's file in {section}.path)")
+    if corpus.format != "hub" and corpus.hub_config:
+        raise ConfigError(f"{section}.hub_config is only for {section}.format: hub, a Hub dataset's configuration; "
+                          f"a {corpus.format} corpus has none (remove {section}.hub_config)")
+
+
+def _drop_unread_corpus_keys(raw: dict) -> list[str]:
+    """Remove from a config mapping (as read from YAML) the corpus keys _check_corpus refuses because
+    the corpus's format does not read them: `split` on a format without splits, `hub_config` on any
+    but hub. Returns the keys removed, as messages name them (data.split, data.corpora[1].hub_config)."""
+    data = raw.get("data")
+    if not isinstance(data, dict):
+        return []
+    corpora = data.get("corpora")
+    sections = [(data, "data")] + ([(corpus, f"data.corpora[{index}]") for index, corpus in enumerate(corpora)
+                                    if isinstance(corpus, dict)] if isinstance(corpora, list) else [])
+    dropped = []
+    for corpus, section in sections:
+        data_format = corpus.get("format", "csv")
+        if data_format not in _SPLIT_FORMATS and corpus.get("split", "train") != "train":
+            dropped.append(f"{section}.split: {corpus.pop('split')!r}")
+        if data_format != "hub" and corpus.get("hub_config"):
+            dropped.append(f"{section}.hub_config: {corpus.pop('hub_config')!r}")
+    return dropped
 
 
 @dataclass(frozen=True)
@@ -179,9 +214,10 @@ class DataConfig:
     # `target_path` the target-language one; line N of each is pair N. Named files rather than a stem plus
     # suffixes: each key then names exactly one file in errors, and the files may live apart.
     # parquet / jsonl: a file, a folder of such files or a glob (`data/wmt/*.parquet`), read by
-    # datasets. dataset: a folder written by datasets' save_to_disk (`split` picks one of a
-    # DatasetDict). hub: a Hugging Face Hub dataset's name, with `hub_config` and `split`
-    # (load_dataset(path, hub_config, split=split)). A column may be a field of a nested one:
+    # datasets; a folder whose files are named for splits as datasets names them (train-*.parquet,
+    # test/ ...) gives the files of `split`. dataset: a folder written by datasets' save_to_disk
+    # (`split` picks one of a DatasetDict). hub: a Hugging Face Hub dataset's name, with `hub_config`
+    # and `split` (load_dataset(path, hub_config, split=split)). A column may be a field of a nested one:
     # `translation.en` for opus_books' or wmt14's {"translation": {"en": ..., "fr": ...}}.
     path: str = "data/eng_-french.csv"
     format: DataFormat = "csv"
@@ -190,8 +226,10 @@ class DataConfig:
     # columns (configs/fr_en.yaml swaps these two). They must differ.
     source_column: str = _SHIPPED_SOURCE
     target_column: str = _SHIPPED_TARGET
-    split: str = "train"  # dataset (of a DatasetDict) and hub: which split holds the pairs
-    hub_config: str = ""  # hub: the dataset's configuration, e.g. "en-fr" for opus_books
+    # parquet and jsonl (a folder or glob of split files: train-*, test-*, ...), dataset (of a
+    # DatasetDict) and hub: which split holds the pairs. Refused for the other formats.
+    split: str = "train"
+    hub_config: str = ""  # hub only: the dataset's configuration, e.g. "en-fr" for opus_books
     # Several corpora instead of the one above: a list of mappings with CorpusConfig's keys (path,
     # format, columns, weight, held_out). data.path and its neighbours are then left out.
     corpora: tuple[CorpusConfig, ...] = ()
@@ -592,10 +630,14 @@ def config_from_dict(raw: dict, overrides: typing.Sequence[str] = ()) -> Config:
     return _build(Config, raw, "")
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Config:
+def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, stored: bool = False) -> Config:
     """Read a YAML config file, apply `--set` overrides, and validate it.
 
-    The run name defaults to the file's stem (`configs/base.yaml` -> `base`).
+    The run name defaults to the file's stem (`configs/base.yaml` -> `base`). `stored`: the config a
+    run was trained with (its config.yaml). A corpus key its format does not read (data.split on a
+    CSV) is refused in a config a user gives, but was accepted, and did nothing, before that rule: a
+    stored config's is dropped with a warning, so that the run can still be resumed, translated
+    with and exported.
     """
     path = Path(path)
     if not path.is_file():
@@ -615,6 +657,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> Confi
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections (data, model, train, ...), got {raw!r}")
     raw.setdefault("name", path.stem)
+    for key in _drop_unread_corpus_keys(raw) if stored else ():
+        logger.warning("%s: %s ignored, as it was when this run trained: its data format does not read it",
+                       path, key)
     try:
         return config_from_dict(raw, overrides)
     except ConfigError as error:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Callable
 
 _OPTION = re.compile("\u27e8([a-z0-9_]+)\u27e9")
 
@@ -69,6 +70,26 @@ def disk_full(error: OSError) -> bool:
     """Whether `error` says the disk (or quota) is full. pyarrow's IO errors may carry no errno, only
     the system's message."""
     return error.errno in DISK_FULL_ERRNOS or os.strerror(errno.ENOSPC) in str(error)
+
+
+def find_cause(error: BaseException, kind: type[BaseException],
+               predicate: Callable[[BaseException], bool] | None = None) -> BaseException | None:
+    """`error` or the first exception it was raised from (its cause, else its context, in turn) that is
+    a `kind` and satisfies `predicate`; None if there is none. Libraries wrap what they meet (datasets
+    a builder's errors in a DatasetGenerationError), so the error to report is along the chain."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, kind) and (predicate is None or predicate(error)):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def from_the_system(error: BaseException) -> bool:
+    """Whether `error` is the operating system's (an OSError with an errno: a permission, a full disk),
+    not a parser's or a library's OSError without one."""
+    return isinstance(error, OSError) and error.errno is not None
 
 
 class DecodeOptionError(UserError):

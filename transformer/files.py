@@ -8,6 +8,7 @@ it, is checkpoints/rundir.py's business; this module only knows how.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
 TEMPORARY_PREFIX = ".tmp-"  # every temporary this module makes starts with it, then the final name
+_OLD_PREFIX = f"{TEMPORARY_PREFIX}old-"  # a final directory moved aside for its replacement
 
 
 def file_sha256(path: Path, block: int = 1 << 20) -> str:
@@ -30,10 +32,44 @@ def file_sha256(path: Path, block: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+# The most bytes one name in a directory may have (NAME_MAX: ext4, XFS, Btrfs, tmpfs, APFS all say 255).
+NAME_MAX = 255
+# What a temporary's name adds after the final name: "-" and this process's id (Linux's pid_max is at
+# most 4,194,304: 7 digits; room is kept for 10).
+_PID_ROOM = 11
+_HASH_CHARS = 16
+
+
+def derived_name(prefix: str, name: str, room: int = _PID_ROOM) -> str:
+    """`prefix` + `name`, a name made from a user's: when that, with `room` more bytes, would be longer
+    than a name may be (NAME_MAX), `name` is cut short (whole UTF-8 characters) and ends in a hash of
+    the whole of it instead, so that any name the user could give leaves room for what is added."""
+    whole = prefix + name
+    if len(os.fsencode(whole)) + room <= NAME_MAX:
+        return whole
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:_HASH_CHARS]
+    keep = NAME_MAX - room - len(os.fsencode(prefix)) - len(digest) - 1
+    return f"{prefix}{os.fsencode(name)[:keep].decode('utf-8', 'ignore')}~{digest}"
+
+
+def real_destination(path: Path) -> Path:
+    """Where a write of `path` lands: its absolute real path, through links. A rename replaces what
+    it names, so a link to another disk (a run's checkpoints kept on a larger one) would be replaced
+    by a folder on this one; its target is what changes instead, and a temporary is written beside
+    the target (a rename is only atomic within one filesystem). Spellings such as `.` or `dir/..`
+    get the name a temporary is derived from."""
+    real = Path(os.path.realpath(path))
+    if not real.name:  # "/": nothing can be renamed over it
+        raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
+    return real
+
+
 def temporary_path(path: Path) -> Path:
     """The temporary that stands in for `path` while it is written: hidden, in the same directory
-    (a rename is only atomic within one filesystem), and unique to this process."""
-    return path.with_name(f"{TEMPORARY_PREFIX}{path.name}-{os.getpid()}")
+    (a rename is only atomic within one filesystem), and unique to this process. A name too long to
+    take the prefix and the process id is shortened (`derived_name`). `path` must name its file
+    (not `.` nor `..`): pass what `real_destination` returns where it may not."""
+    return path.with_name(f"{derived_name(TEMPORARY_PREFIX, path.name)}-{os.getpid()}")
 
 
 def fsync_directory(path: Path) -> None:
@@ -51,8 +87,9 @@ def fsync_directory(path: Path) -> None:
 @contextlib.contextmanager
 def atomic_writer(path: Path, mode: str = "w") -> Iterator[IO[Any]]:
     """Open a temporary for writing; on a clean exit it replaces `path`, on an exception it is
-    removed and `path` keeps its old content. Text modes write UTF-8 with '\\n' line ends."""
-    path = Path(path)
+    removed and `path` keeps its old content. Text modes write UTF-8 with '\\n' line ends. A link
+    at `path` is followed: its target is replaced (`real_destination`)."""
+    path = real_destination(path)
     tmp = temporary_path(path)
     text = "b" not in mode
     try:
@@ -82,7 +119,7 @@ def publish_directory(tmp: Path, final: Path) -> None:
     fsync_directory(tmp)
     old = None
     if final.exists():
-        old = final.with_name(f"{TEMPORARY_PREFIX}old-{final.name}-{os.getpid()}")
+        old = final.with_name(f"{derived_name(_OLD_PREFIX, final.name)}-{os.getpid()}")
         os.replace(final, old)
     try:
         os.replace(tmp, final)
@@ -97,8 +134,9 @@ def publish_directory(tmp: Path, final: Path) -> None:
 
 def write_directory_atomic(final: Path, write: Callable[[Path], None]) -> None:
     """`write(tmp)` fills a fresh temporary directory beside `final`, which then replaces `final` in one
-    rename (`publish_directory`); on any failure the temporary is removed and `final` is as it was."""
-    final = Path(final)
+    rename (`publish_directory`); on any failure the temporary is removed and `final` is as it was.
+    A link at `final` is followed: its target is replaced (`real_destination`)."""
+    final = real_destination(final)
     tmp = temporary_path(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -125,8 +163,9 @@ def remove_leftovers(final: Path) -> None:
     """Reclaim what a `write_directory_atomic` of `final` killed midway (SIGKILL, a power cut) left
     beside it: its temporary directory is removed, and an older `final` moved aside to be replaced is
     put back where its replacement never appeared. A process still running keeps its temporaries."""
-    final = Path(final)
-    pattern = re.compile(re.escape(TEMPORARY_PREFIX) + r"(old-)?" + re.escape(final.name) + r"-(\d+)")
+    final = real_destination(final)
+    pattern = re.compile(f"(?:{re.escape(derived_name(TEMPORARY_PREFIX, final.name))}"
+                         f"|({re.escape(derived_name(_OLD_PREFIX, final.name))}))" + r"-(\d+)")
     try:
         entries = list(final.parent.iterdir())
     except OSError:

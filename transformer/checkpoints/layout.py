@@ -8,6 +8,7 @@ checkpoints: shared by the run's writer (rundir.py) and its readers (lookup.py).
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,22 @@ EXPORTS_DIR = "ctranslate2"
 BEST_METRIC = "valid_bleu"  # higher is better
 CORRUPT_PREFIX = "corrupt-"  # a damaged checkpoint moved aside: corrupt-<its name>-<pid>
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+def checkpoint_location(checkpoint: Path) -> Path:
+    """The absolute path of `checkpoint` with its own links followed (checkpoints/best -> step_*),
+    its folders spelt as given: a run whose checkpoints/ is a link to a larger disk is still the folder
+    above them, with its tokenizer and config, which the fully resolved path would miss. A link that
+    leads out of its folder is resolved whole: its target's folders are where its run is."""
+    path = Path(checkpoint).absolute()
+    for _ in range(40):  # Linux follows at most 40 links in a row
+        if not path.is_symlink():
+            return path
+        target = os.readlink(path)
+        if os.sep in target or target in (os.curdir, os.pardir):
+            return path.resolve()
+        path = path.parent / target
+    return path.resolve(strict=True)  # a loop of links: the system's error names it
 
 
 def step_dir_name(step: int) -> str:
@@ -106,4 +123,4 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 __all__ = ["RUN_CONFIG", "STATE_FILE", "STATE_FORMAT", "TOKENIZER_DIR", "HELDOUT_DIR", "CHECKPOINTS", "BEST",
            "TENSORBOARD_DIR", "LOG_FILE", "LOCK_FILE", "EXPORTS_DIR", "BEST_METRIC", "CORRUPT_PREFIX",
-           "step_dir_name", "is_step_dir_name", "Best", "RunState", "read_run_state", "list_checkpoints"]
+           "checkpoint_location", "step_dir_name", "is_step_dir_name", "Best", "RunState", "read_run_state", "list_checkpoints"]

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Iterator
 
 from transformer.checkpoints.format import META_FILE
-from transformer.checkpoints.layout import CHECKPOINTS, RUN_CONFIG, STATE_FILE, list_checkpoints, read_run_state
+from transformer.checkpoints.layout import (CHECKPOINTS, RUN_CONFIG, STATE_FILE, checkpoint_location, list_checkpoints,
+                                            read_run_state)
 from transformer.checkpoints.pins import CheckpointGone, pin
 from transformer.config import Config, DecodeConfig, load_config
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, option
 
 
 def find_checkpoint(run: Path | None = None, checkpoint_dir: Path | None = None,
@@ -33,11 +34,13 @@ def find_checkpoint(run: Path | None = None, checkpoint_dir: Path | None = None,
                             if (path := run_dir / STATE_FILE).is_file() and list_checkpoints(run_dir))
         if not candidates:
             raise CheckpointError(f"no trained run found under {root}/: train one first "
-                                  "(python train.py --config configs/base.yaml) or name a run or checkpoint")
+                                  f"(python train.py --config configs/base.yaml) or name one with {option('run')} DIR "
+                                  f"or {option('checkpoint')} DIR")
         run = candidates[-1][1]
     run = Path(run)
     if not run.is_dir():
-        raise CheckpointError(f"run directory not found: {run}")
+        raise CheckpointError(f"{run}: is a file, not a run directory" if run.exists()
+                              else f"run directory not found: {run}")
     state = read_run_state(run)
     if state is None:
         raise CheckpointError(f"{run}: not a run of this project ({STATE_FILE} is missing)")
@@ -70,16 +73,19 @@ def pinned_checkpoint(run: Path | None = None, checkpoint_dir: Path | None = Non
 
 
 def load_run_config(run_dir: Path) -> Config:
-    """The resolved config a run was started with (`config.yaml` in its directory)."""
+    """The resolved config a run was started with (`config.yaml` in its directory). Loaded as stored:
+    a corpus key its format does not read, which the run's version accepted and ignored, is dropped
+    with a warning rather than refused (load_config)."""
     path = Path(run_dir) / RUN_CONFIG
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (is {run_dir} a run directory?)")
-    return load_config(path)
+    return load_config(path, stored=True)
 
 
 def run_dir_of(checkpoint_dir: Path) -> Path:
-    """runs/<name>/checkpoints/<step or best>  ->  runs/<name>"""
-    return Path(checkpoint_dir).resolve().parent.parent
+    """runs/<name>/checkpoints/<step or best>  ->  runs/<name> (absolute; through a checkpoints/ that
+    is a link to another disk, still runs/<name>: layout.checkpoint_location)"""
+    return checkpoint_location(checkpoint_dir).parent.parent
 
 
 def load_decode_config(run_dir: Path) -> DecodeConfig:

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from transformer.checkpoints import files
-from transformer.checkpoints.format import MODEL_FILE, read_meta
-from transformer.checkpoints.layout import STATE_FILE
+from transformer.checkpoints.format import META_FILE, MODEL_FILE, read_meta
+from transformer.checkpoints.layout import STATE_FILE, checkpoint_location
 from transformer.checkpoints.lookup import find_checkpoint, load_run_config
 from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config
@@ -48,6 +48,9 @@ def open_parent(config: Config) -> Parent:
     checkpoint was trained with, and whose tokenizer and model settings `config` repeats."""
     path = Path(config.train.init_from)
     if not (path / STATE_FILE).is_file():
+        if (path / META_FILE).is_file():  # runs/<name>/checkpoints/<step or best>: the run is two folders up
+            raise ConfigError(f"{KEY}: {path} is a checkpoint, not a run: give its run directory, "
+                              f"{checkpoint_location(path).parent.parent}, whose best checkpoint is fine-tuned from")
         raise ConfigError(f"{KEY}: {path} is not a run directory of this project (no {STATE_FILE})")
     run = RunDirectory(path)
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from transformer.checkpoints.format import META_FILE
+from transformer.checkpoints.layout import checkpoint_location
 from transformer.errors import CheckpointError
 
 
@@ -47,9 +48,10 @@ def _still_there(handle: IO[bytes], path: Path) -> bool:
 
 @contextlib.contextmanager
 def pin(checkpoint: Path) -> Iterator[Path]:
-    """Keep `checkpoint` on disk until the block ends; yields its real path (links resolved), which
-    the block should read through. CheckpointGone if it was removed before it could be pinned."""
-    real = Path(checkpoint).resolve()
+    """Keep `checkpoint` on disk until the block ends; yields its real path (its own links followed:
+    checkpoints/best moves on as training goes on), which the block should read through.
+    CheckpointGone if it was removed before it could be pinned."""
+    real = checkpoint_location(checkpoint)
     meta = real / META_FILE
     try:
         handle = open(meta, "rb")

@@ -34,6 +34,38 @@ log = logging.getLogger(__name__)
 
 # What a failed first start may leave in a folder that is not a run yet (train.py opens its log first).
 _BEFORE_A_RUN = {LOG_FILE, LOCK_FILE}
+# Folders of a run that a user may make ready before its first start, empty: checkpoints/ as a link
+# to a larger disk, say. Written through as any folder of the run.
+_RUN_FOLDERS = {CHECKPOINTS, TENSORBOARD_DIR, TOKENIZER_DIR, HELDOUT_DIR, EXPORTS_DIR}
+
+
+def _made_ready(entry: Path) -> bool:
+    """Whether `entry` is one of a run's folders, still empty (through a link, where it is one)."""
+    try:
+        return entry.name in _RUN_FOLDERS and entry.is_dir() and not any(entry.iterdir())
+    except OSError:
+        return False
+
+
+# The descriptors of the run locks this process holds. A flock belongs to the open file, which a
+# forked child shares: datasets' map workers (forked) would hold the run's lock for as long as they
+# live, and after this process was killed they may live on, so that the rerun is refused as "being
+# trained by another process". Each child therefore lets go of its copies as it starts.
+_HELD_LOCKS: set[int] = set()
+
+
+def _locks_not_inherited() -> None:
+    if not _HELD_LOCKS:
+        return
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    for fd in _HELD_LOCKS:
+        os.dup2(devnull, fd)  # not a close: the child's file object still owns the number
+    os.close(devnull)
+    _HELD_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_locks_not_inherited)
 
 
 class MissingRunState(CheckpointError):
@@ -72,7 +104,7 @@ class RunDirectory:
                 return
             raise MissingRunState(f"{path / STATE_FILE}: missing, so which checkpoints this run keeps, and which is "
                                   "best, is unknown; nothing was changed")
-        others = sorted(p.name for p in path.iterdir() if p.name not in _BEFORE_A_RUN)
+        others = sorted(p.name for p in path.iterdir() if p.name not in _BEFORE_A_RUN and not _made_ready(p))
         if others:
             raise CheckpointError(
                 f"{path}: is not empty and is not a run of this project (no {STATE_FILE}; it holds "
@@ -92,7 +124,8 @@ class RunDirectory:
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Held while training: two processes training one run would interleave their checkpoints.
-        The OS releases it when the process ends, even on SIGKILL."""
+        The OS releases it when the process ends, even on SIGKILL; a process forked meanwhile (the
+        data stage's workers) does not hold it (`_locks_not_inherited`)."""
         try:
             import fcntl
         except ImportError:  # Windows has no flock; the run goes unguarded there
@@ -107,7 +140,11 @@ class RunDirectory:
                                       "or train in another run directory") from None
             except OSError as error:  # e.g. a network filesystem without locks
                 log.warning("cannot lock %s (%s); make sure no other process trains in it", self.path, error.strerror)
-            yield
+            _HELD_LOCKS.add(handle.fileno())
+            try:
+                yield
+            finally:
+                _HELD_LOCKS.discard(handle.fileno())
 
     # -------------------------------------------------------------- files of the run
 

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from transformer.data.token_files import FileArray, load_plan, save_plan
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -311,6 +312,11 @@ class PairCorpus:
         if self.mix is None or not shuffle:  # unshuffled: every pair once (validation's order)
             return plan_batches(src_lengths, tgt_lengths, batch_tokens, seed, epoch, shuffle)
         drawn = self.mix.draw(src_lengths, tgt_lengths, seed, epoch)
+        if len(drawn) == 0:  # every epoch draws as many pairs: this run could never take a step
+            raise DataError("the weights of data.corpora draw no training pair in an epoch: " + "; ".join(
+                f"{name} {count} pairs at weight {weight:g}" for name, count, weight in zip(
+                    self.mix.names, np.diff(self.mix.bounds), self.mix.weights)) + "; raise a weight so that "
+                "an epoch holds at least one pair")
         logger.info("epoch %d draws %d pairs: %s", epoch, len(drawn), ", ".join(
             f"{name} {count} ({share:.1%})" for name, count, share in self.mix.shares(drawn)))
         order, bounds = plan_batches(src_lengths[drawn], tgt_lengths[drawn], batch_tokens, seed, epoch, shuffle)

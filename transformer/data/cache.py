@@ -1,7 +1,7 @@
 """The data cache's rules: what names a cached result, and how entries are written and checked.
 
 A result is named by a key of our own (`content_key`): the digest of what it was made from (the
-corpus file's bytes, readers.py), the settings and the code that made it (`code_digest`), never
+corpus file's bytes, formats/common.py), the settings and the code that made it (`code_digest`), never
 datasets' private fingerprints. Entries this project writes beside datasets' Arrow files (a
 split's row assignment, the token files, the batch plans of an epoch) are directories, filled under
 a temporary name with a manifest of what they hold (sizes, and checksums of the small files), then
@@ -181,5 +181,12 @@ def cache_full(where: Path | str, error: OSError) -> DataError:
                      "space there, or point HF_DATASETS_CACHE at a disk with room, and rerun")
 
 
+def cache_unwritable(error: OSError) -> DataError:
+    """The error for a write in datasets' cache that the system refused (no permission, a read-only
+    filesystem, a file where a folder should be): `error.filename` names where."""
+    return DataError(f"cannot write the datasets cache {os.fsdecode(error.filename)}: {error.strerror or error}; "
+                     "point HF_DATASETS_CACHE at a folder you can write, and rerun")
+
+
 __all__ = ["MANIFEST", "KEY_CHARS", "content_key", "code_digest", "file_sha256", "damage", "intact",
-           "discard_damaged", "discard", "write_entry", "cached_array", "cache_full"]
+           "discard_damaged", "discard", "write_entry", "cached_array", "cache_full", "cache_unwritable"]

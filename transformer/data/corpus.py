@@ -8,9 +8,11 @@ encode.py's.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import glob
 import hashlib
 import logging
-from collections.abc import Callable
+import os
 from dataclasses import dataclass, field
 
 import datasets
@@ -19,28 +21,15 @@ import pyarrow.compute as pc
 
 from transformer.config import DataConfig, FilterConfig
 from transformer.data.cache import cached_array, code_digest, content_key
-from transformer.data.delimited import read_delimited
 from transformer.data.filters import PAIR_FILTERS, check_languages, duplicate_mask, pair_masks
-from transformer.data.hf_formats import read_hub, read_jsonl, read_parquet, read_saved_dataset
-from transformer.data.parallel_text import read_parallel_text
-from transformer.data.readers import RawPairs, Source, side_values
+from transformer.data.formats import READERS
+from transformer.data.formats.common import Corpus, RawPairs, side_values
 from transformer.data.rows import SOURCE, TARGET, WRITER_BATCH_ROWS, Rows, cache_writes, num_proc
 from transformer.data.text import clean_text
-from transformer.errors import DataError
+from transformer.errors import DataError, UserError, find_cause, from_the_system
 
 logger = logging.getLogger(__name__)
 
-
-# The reader of each data.format: a function from the corpus to its raw rows (readers.py).
-READERS: dict[str, Callable[[Source], RawPairs]] = {
-    "csv": read_delimited,
-    "tsv": read_delimited,
-    "text": read_parallel_text,
-    "parquet": read_parquet,
-    "jsonl": read_jsonl,
-    "dataset": read_saved_dataset,
-    "hub": read_hub,
-}
 
 # A side longer than data.max_length * this many characters is dropped on reading. No subword
 # of natural text is that long on average, so such a row would be dropped as too long after
@@ -173,8 +162,7 @@ def load_pairs(config: DataConfig, filters: FilterConfig | None = None) -> tuple
     check_languages(filters)
     tables, masks, keys, reports, start = [], [], [], [], 0
     for corpus, section in config.corpus_list():
-        source = Source.of(corpus, section)
-        cleaned, kept, report = _load_corpus(source, config.max_length, filters)
+        cleaned, kept, report = _load_corpus(Corpus(corpus, section), config.max_length, filters)
         report = dataclasses.replace(report, section=section, weight=corpus.weight, held_out=corpus.held_out,
                                      rows=(start, start + len(cleaned)))
         tables.append(cleaned.table)
@@ -205,17 +193,17 @@ def _mask_digest(mask: np.ndarray) -> str:
     return hashlib.sha256(np.packbits(mask).tobytes() + len(mask).to_bytes(8, "little")).hexdigest()
 
 
-def _load_corpus(source: Source, max_length: int, filters: FilterConfig) -> tuple[Rows, np.ndarray, LoadReport]:
+def _load_corpus(corpus: Corpus, max_length: int, filters: FilterConfig) -> tuple[Rows, np.ndarray, LoadReport]:
     """One corpus cleaned (every row), the mask of the rows kept, and its report."""
-    name = source.describe()
+    name = corpus.describe()
     logger.info("reading %s", name)  # minutes for a corpus of millions of pairs
-    raw = READERS[source.format](source)
+    raw = _read(corpus)
     cleaned = _clean(raw)
     reasons = _reasons(raw, cleaned, max_length, filters)
     counts = np.bincount(reasons, minlength=len(REASONS))
-    report = LoadReport(path=str(source.path), rows_read=len(cleaned), rows_dropped_empty=int(counts[1]),
+    report = LoadReport(path=corpus.config.path, rows_read=len(cleaned), rows_dropped_empty=int(counts[1]),
                         rows_dropped_header=int(counts[2]), rows_dropped_long=int(counts[3]),
-                        target_path=source.target_path,
+                        target_path=corpus.config.target_path,
                         rows_filtered={reason: int(counts[code]) for code, reason in enumerate(REASONS) if code > 3})
     if report.rows_dropped_empty:
         logger.warning("%s: dropped %d of %d rows with an empty source or target side (%s)",
@@ -232,9 +220,42 @@ def _load_corpus(source: Source, max_length: int, filters: FilterConfig) -> tupl
             logger.info("%s: filtered out %d of %d pairs, %s; e.g. %s", name, counts[code], report.rows_read,
                         _FILTER_REASONS[reason].format(filters=filters), _examples(raw, cleaned, reasons == code))
     if not report.rows_kept:
-        raise DataError(f"{name} ({source.key('path')}): no usable sentence pairs: of {report.rows_read} rows, "
+        raise DataError(f"{name} ({corpus.key('path')}): no usable sentence pairs: of {report.rows_read} rows, "
                         f"{_dropped_summary(report)}")
     return cleaned, reasons == 0, report
+
+
+def _read(corpus: Corpus) -> RawPairs:
+    """The raw rows, read by the reader of the corpus's format. The system's refusal to read one of its
+    files (a permission, an I/O error) is one line naming the file and its config key, rather than an
+    OSError a caller may take for its own (the run directory's); one to write datasets' cache goes up
+    to cache_writes."""
+    try:
+        return READERS[corpus.config.format](corpus)
+    except UserError:
+        raise
+    except Exception as error:
+        cause = find_cause(error, OSError, from_the_system)
+        key = _input_key(corpus, cause.filename) if cause is not None else None
+        if key is None:
+            raise
+        raise DataError(f"cannot read {os.fsdecode(cause.filename)} ({corpus.key(key)}): "
+                        f"{cause.strerror or cause}") from None
+
+
+def _input_key(corpus: Corpus, filename: object) -> str | None:
+    """The config key naming the input file `filename` (an OSError's) is, or lies in; None if none does."""
+    if not isinstance(filename, (str, bytes, os.PathLike)):
+        return None
+    file, config = os.path.abspath(os.fsdecode(filename)), corpus.config
+    if config.target_path and file == os.path.abspath(config.target_path):
+        return "target_path"
+    given = os.path.abspath(config.path)
+    if file == given or file.startswith(given + os.sep):
+        return "path"
+    if glob.has_magic(config.path) and fnmatch.fnmatch(file, given):  # a file the pattern matches
+        return "path"
+    return None
 
 
 def _reasons(raw: RawPairs, cleaned: Rows, max_length: int, filters: FilterConfig) -> np.ndarray:
@@ -287,4 +308,4 @@ def _drop_duplicates(pairs: Rows, kept: np.ndarray, reports: list[LoadReport]) -
     return updated
 
 
-__all__ = ["SOURCE", "TARGET", "READERS", "MAX_CHARS_PER_TOKEN", "LoadReport", "load_pairs"]
+__all__ = ["SOURCE", "TARGET", "MAX_CHARS_PER_TOKEN", "LoadReport", "load_pairs"]

@@ -23,9 +23,8 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
-from transformer.data.cache import cache_full
-from transformer.data.readers import find_cause
-from transformer.errors import UserError, disk_full
+from transformer.data.cache import cache_full, cache_unwritable
+from transformer.errors import UserError, disk_full, find_cause, from_the_system
 
 SOURCE, TARGET = "source", "target"  # the columns of a cleaned table (corpus.py)
 
@@ -176,10 +175,11 @@ def sample_rows(n_rows: int, size: int, seed: int) -> np.ndarray | None:
 
 def cache_writes(function):
     """datasets writes an Arrow file for every builder and map, and this package its cache entries
-    beside them: a full disk there is the user's to fix, and is a DataError naming the cache rather
-    than a traceback. Nothing is lost: the run directory is untouched, and the next run rebuilds what
-    the cache lacks. datasets wraps what its builders meet in a DatasetGenerationError, so the
-    OSError is looked for along the error's chain."""
+    beside them: a full disk there, or a cache that cannot be written (HF_DATASETS_CACHE naming a
+    folder without permission, or under a file), is the user's to fix, and is a DataError naming the
+    cache rather than a traceback (or a caller's advice about its own folder). Nothing is lost: the
+    run directory is untouched, and the next run rebuilds what the cache lacks. datasets wraps what
+    its builders meet in a DatasetGenerationError, so the OSError is looked for along the error's chain."""
     signature = inspect.signature(function)
 
     @functools.wraps(function)
@@ -190,11 +190,23 @@ def cache_writes(function):
             raise
         except Exception as error:
             cause = find_cause(error, OSError)
-            if cause is None or not disk_full(cause):
+            if cause is None:
                 raise
-            raise cache_full(_cache_location(signature.bind(*args, **kwargs).arguments), cause) from None
+            if disk_full(cause):
+                raise cache_full(_cache_location(signature.bind(*args, **kwargs).arguments), cause) from None
+            if from_the_system(cause) and _in_datasets_cache(cause.filename):
+                raise cache_unwritable(cause) from None
+            raise
 
     return wrapper
+
+
+def _in_datasets_cache(filename: object) -> bool:
+    """Whether `filename` (an OSError's) lies in datasets' cache, HF_DATASETS_CACHE, or is that folder."""
+    if not isinstance(filename, (str, bytes, os.PathLike)):
+        return False
+    cache = Path(os.path.abspath(datasets.config.HF_DATASETS_CACHE))
+    return Path(os.path.abspath(os.fsdecode(filename))).is_relative_to(cache)
 
 
 def _cache_location(arguments: dict) -> Path | str:

@@ -1,6 +1,6 @@
 """What every export format shares, as CTranslate2's `Converter` base does: `Exporter` finds and pins
-the checkpoint, refuses a destination that lies in a run or a checkpoint or holds anything but an
-earlier export of that format, reclaims what a killed export left beside it, and publishes the new
+the checkpoint, refuses a destination that lies in a run or a checkpoint, is (or holds) the current
+directory, or holds anything but an earlier export of that format, reclaims what a killed export left beside it, and publishes the new
 export in one rename. A format (ctranslate2.py, huggingface.py) only says what it needs installed,
 how to recognise its own exports, and which files it writes.
 """
@@ -28,16 +28,31 @@ def _run_or_checkpoint(directory: Path) -> bool:
 
 def check_destination(out_dir: Path, holds_only_an_export: Callable[[Path], bool]) -> None:
     """Refuse an `out_dir` whose contents an export would destroy: one inside (or equal to) a run
-    directory or a checkpoint, or one for which `holds_only_an_export` is False. An empty or missing
-    directory is fine; so is an earlier export, which the new one replaces."""
+    directory or a checkpoint, the current directory or one holding it, or one for which
+    `holds_only_an_export` is False. An empty or missing directory is fine; so is an earlier export,
+    which the new one replaces."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir} exists and is not a directory")
     resolved = out_dir.resolve()  # links and other spellings count as where they lead
-    for directory in (resolved, *resolved.parents):
-        if _run_or_checkpoint(directory):
-            where = "is" if directory == resolved else f"lies inside {directory}, which is"
-            raise UserError(f"{out_dir} {where} a run or a checkpoint; export into a directory of its own")
+    try:
+        here = Path.cwd().resolve()
+    except OSError:  # the current directory was removed: then it is no destination either
+        here = None
+    if here is not None and (resolved == here or resolved in here.parents):
+        # The export replaces its directory whole, by a rename: the process's (and the shell's) current
+        # directory would be moved away with it, leaving them in a directory that no longer exists.
+        where = "is the current directory" if resolved == here else f"holds the current directory ({here})"
+        raise UserError(f"{out_dir} {where}, which an export replaces whole; export into a directory of its "
+                        f"own, e.g. {out_dir / 'export'}")
+    # As spelt, too: runs/base/checkpoints may be a link to another disk, whose real folders above it
+    # are no run, while the run is the folder it is spelt in.
+    spelt = out_dir.absolute()
+    for chain in ((resolved, *resolved.parents), (spelt, *spelt.parents)):
+        for directory in chain:
+            if _run_or_checkpoint(directory):
+                where = "is" if directory in (resolved, spelt) else f"lies inside {directory}, which is"
+                raise UserError(f"{out_dir} {where} a run or a checkpoint; export into a directory of its own")
     try:
         occupied = out_dir.is_dir() and any(out_dir.iterdir()) and not holds_only_an_export(out_dir)
     except OSError as error:

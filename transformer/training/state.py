@@ -10,9 +10,10 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
 import torch
 
-from transformer.data.batching import Batch, PairCorpus
+from transformer.data.batching import Batch, BatchPlan, PairCorpus
 from transformer.data.tokenizer import Tokenizers
 from transformer.runtime import set_rng_state
 from transformer.training import distributed
@@ -76,10 +77,16 @@ class TrainingData:
         """Training batch `indices` of `epoch`: with BPE-dropout, its pairs split afresh for that epoch."""
         return self.dropout.batch(indices, epoch) if self.dropout else self.corpus.batch(indices)
 
-    def tokens_per_step(self, batches_per_epoch: int, accumulate: int) -> float:
-        """Source + target tokens (with EOS) of an average step over an epoch, all ranks."""
-        tokens = self.corpus.n_tokens + 2 * len(self.corpus)
-        return tokens / math.ceil(batches_per_epoch / accumulate)
+    def tokens_per_step(self, plan: BatchPlan, accumulate: int) -> float:
+        """Source + target tokens (with EOS) of an average step over the epoch `plan`, all ranks.
+
+        Counted over the pairs the plan holds, not the corpus: with weighted corpora an epoch draws
+        some pairs several times and others not at all, and a time budget's pace (seconds per token
+        times this) must be that of the steps it times. Every epoch of a run draws the same lengths
+        (batching.Mix), so one epoch's plan speaks for all."""
+        order = np.asarray(plan.order[0:len(plan.order)])
+        lengths = self.corpus.src_lengths + self.corpus.tgt_lengths + 2
+        return float(lengths[order].sum()) / math.ceil(len(plan) / accumulate)
 
 
 def restore_rng(training: dict[str, Any], seed: int, step: int) -> None:

@@ -82,9 +82,9 @@ class Trainer:
     def _budget(self) -> Budget:
         # Every epoch has as many batches as the one at hand, which the first step plans anyway:
         # no other epoch is planned before training, whatever train.max_epochs says.
-        batches_per_epoch = len(self._batches(self.state.epoch))
-        return Budget(self.train_config, self.state.budget, self.state.position, batches_per_epoch,
-                      self.data.tokens_per_step(batches_per_epoch, self.train_config.accumulate_batches))
+        plan = self._batches(self.state.epoch)
+        return Budget(self.train_config, self.state.budget, self.state.position, len(plan),
+                      self.data.tokens_per_step(plan, self.train_config.accumulate_batches))
 
     def _batches(self, epoch: int) -> BatchPlan:
         """The global batches of `epoch`: every rank builds the same ones, world_size times the

@@ -163,11 +163,13 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
     given = {name: getattr(args, name) for name in ("top_k", "top_p", "temperature", "seed")}
     sampling = Sampling(**{k: v for k, v in given.items() if v is not None}) if args.sample else None
     first, *ensemble = args.run or [None]
-    request = EngineRequest(args.engine, first, args.checkpoint, tuple(ensemble), args.device, args.int8, args.bf16,
-                            args.attention is not None or args.alignment, args.threads, args.n_best, sampling,
-                            dict(beam_size=1 if args.greedy else args.beam, length_penalty=args.length_penalty,
-                                 max_length_a=args.max_length_a, max_length_b=args.max_length_b,
-                                 batch_size=args.batch_size), args.score, explain=args.explain)
+    request = EngineRequest(engine=args.engine, run=first, checkpoint=args.checkpoint, ensemble=tuple(ensemble),
+                            device=args.device, int8=args.int8, bf16=args.bf16,
+                            attention=args.attention is not None or args.alignment, threads=args.threads,
+                            n_best=args.n_best, sampling=sampling,
+                            decode=dict(beam_size=1 if args.greedy else args.beam, length_penalty=args.length_penalty,
+                                        max_length_a=args.max_length_a, max_length_b=args.max_length_b,
+                                        batch_size=args.batch_size), scoring=args.score, explain=args.explain)
     translator = open_engine(request, lambda text: args.quiet or print(f"note: {name_options(text, names)}",
                                                                        file=sys.stderr))
     layer = lines.alignment_layer(translator, args.alignment_layer) if args.alignment else None

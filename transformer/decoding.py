@@ -180,6 +180,8 @@ class Strategy:
     n_best_in_beam: bool = False  # its n-best are finished beam hypotheses: at most beam_size of them
     ends_with_eos: bool = False  # every output ends in EOS, at the length limit too (else one cut there has none)
     traced: bool = False  # its steps can be watched (translation/trace.py, translate.py --explain)
+    beam_steps: bool = False  # traced, its steps are beam steps (candidates, finished hypotheses), else one token each
+    exports_beam: bool = False  # an export runs it with its beam settings (Hugging Face num_beams, length penalty)
     seeded: bool = False  # it draws random numbers from sampling.seed
 
 
@@ -192,7 +194,7 @@ STRATEGIES: dict[str, Strategy] = {strategy.name: strategy for strategy in (
     Strategy("greedy", lambda options: options.beam_size == 1, reads=(), engines=ENGINES, n_best_in_beam=True,
              traced=True),
     Strategy("beam", lambda options: True, reads=("beam_size", "length_penalty", "n_best"), engines=ENGINES,
-             n_best_in_beam=True, ends_with_eos=True, traced=True),
+             n_best_in_beam=True, ends_with_eos=True, traced=True, beam_steps=True, exports_beam=True),
 )}
 
 

@@ -126,7 +126,7 @@ def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, conf
 def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None, device: torch.device | str = "cpu",
                     runs_root: Path = Path("runs"), int8: bool = False, bf16: bool = False,
                     sampling: Sampling | None = None, ensemble: list[Path] | tuple[Path, ...] = (),
-                    n_best: int = 1, **decode_overrides) -> Translator:
+                    n_best: int = 1, options: DecodeOptions | None = None, **decode_overrides) -> Translator:
     """The best checkpoint of `run` (default: the newest run under `runs_root`), or `checkpoint_dir`.
 
     `int8` quantizes the linear layers for faster CPU translation (see quantize.py). `bf16` casts the
@@ -136,7 +136,8 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     `ensemble`: more runs whose best checkpoints search together with the first (step_decoder.StepDecoder
     says how); they must share its tokenizer files, and the first run's decode config applies.
     The decode options are the run's decode config with `decode_overrides` (beam_size, batch_size, ...),
-    `sampling` (sample instead of searching) and `n_best` (decoding.DecodeOptions.over).
+    `sampling` (sample instead of searching) and `n_best` (decoding.DecodeOptions.over), unless `options`
+    gives them already built (the engine policy builds a request's options once, engines.EngineRequest.options).
     """
     if int8 and bf16:
         raise UserError("choose one of int8 and bf16")
@@ -146,7 +147,8 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     # Pinned while read: a run still training may prune its checkpoints meanwhile (pins.py).
     with contextlib.ExitStack() as pins:
         found = pins.enter_context(pinned_checkpoint(run, checkpoint_dir, runs_root))
-        decode = DecodeOptions.over(load_decode_config(run_dir_of(found)), sampling, n_best, **decode_overrides)
+        decode = options if options is not None else DecodeOptions.over(load_decode_config(run_dir_of(found)),
+                                                                        sampling, n_best, **decode_overrides)
         model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
         others = [_ensemble_member(found, tokenizers, pins.enter_context(pinned_checkpoint(member, None, runs_root)),
                                    device) for member in ensemble]

@@ -53,6 +53,9 @@ class EngineRequest:
     decode: dict[str, Any] = field(default_factory=dict)  # settings over the run's decode config (None: not given)
     scoring: bool = False  # scores given translations: no search, so no n-best and no note on searching
     explain: bool = False  # the search is traced step by step and the model's stages read (torch engine)
+    constraints: tuple[str, ...] = ()  # target phrases every output must contain (decoding.DecodeOptions)
+    avoid: tuple[str, ...] = ()  # target phrases no output may contain
+    per_text_constraints: bool = False  # each text brings its own required phrases too
     device_key: str = option("device")  # the device setting's name in errors
 
     def __post_init__(self) -> None:
@@ -71,7 +74,8 @@ class EngineRequest:
         """The decode options this request asks for: its run's decode settings with the request's own
         (decoding.DecodeOptions.over), read before any model loads or export is written; refused where
         the method they choose cannot do what the request asks."""
-        options = DecodeOptions.over(self.run_settings(), self.sampling, _n_best(self), **self.decode)
+        options = DecodeOptions.over(self.run_settings(), self.sampling, _n_best(self), self.constraints, self.avoid,
+                                     self.per_text_constraints, **self.decode)
         if self.explain:
             traced_strategy(options)
         return options
@@ -88,7 +92,7 @@ class EngineRequest:
         """Why this request, by the decoding method `strategy` when known, needs the torch engine (what
         CTranslate2 does not do), or None."""
         if strategy is not None and "ctranslate2" not in strategy.engines:
-            return f"{strategy.name}: runs on the torch engine only"
+            return f"{option(strategy.chosen_by)}: {strategy.described or strategy.name} runs on the torch engine only"
         if self.ensemble:
             return f"{option('ensemble')}: an ensemble runs on the torch engine only"
         if self.attention:

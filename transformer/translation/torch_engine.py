@@ -60,10 +60,10 @@ class Translator:
     def max_len(self) -> int:
         return min(model.config.max_len for model in self.models)
 
-    def translate(self, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None
-                  ) -> list[list[str]]:
+    def translate(self, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None,
+                  constraints: list[list[str]] | None = None) -> list[list[str]]:
         """For each text, its `n_best` translations, best first (texts.translate_texts)."""
-        return translate_texts(self, texts, n_best, prefixes=prefixes)
+        return translate_texts(self, texts, n_best, prefixes=prefixes, constraints=constraints)
 
     @contextlib.contextmanager
     def eval_mode(self):
@@ -85,11 +85,11 @@ class Translator:
             self._generator = torch.Generator(device=self.device).manual_seed(self.decode.sampling.seed)
         return self._generator
 
-    def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None
-               ) -> list[list[list[int]]]:
+    def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None,
+               phrases: list | None = None) -> list[list[list[int]]]:
         """Source id lists (no EOS) -> for each, its `n_best` output id lists best first, by the method
         the decode options choose (decoding.STRATEGIES, run by search.SEARCHES); each output starts with
-        its prefix when `prefixes` are given."""
+        its prefix when `prefixes` are given, and holds to its constrained.Phrases when `phrases` are."""
         options = self.decode if n_best == self.decode.n_best else dataclasses.replace(self.decode, n_best=n_best)
         strategy = options.strategy
         with self.eval_mode():
@@ -98,7 +98,8 @@ class Translator:
             max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), options.max_length_a,
                                              options.max_length_b, self.max_len - 1)
             generator = self.generator() if strategy.seeded else None
-            return SEARCHES[strategy.name](self.models, src, src_pad_mask, max_lengths, options, prefixes, generator)
+            return SEARCHES[strategy.name](self.models, src, src_pad_mask, max_lengths, options, prefixes, generator,
+                                           phrases=phrases)
 
     def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         """Teacher-forced log-probabilities of each target's tokens and its EOS, over the whole vocabulary

@@ -395,9 +395,10 @@ def _sampling(models, src, src_pad_mask, max_lengths, options, prefixes=None, ge
 def _constrained(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
                  phrases=None):
     # Imported here: constrained.py builds on this module's BeamSearch.
-    from transformer.translation.constrained import Phrases, constrained_beam_search
+    from transformer.translation.constrained import constrained_beam_search
 
-    phrases = phrases if phrases is not None else [Phrases()] * src.shape[0]
+    if phrases is None:  # the options' phrases would be ignored: the text path tokenizes them (texts.text_phrases)
+        raise ValueError("constrained search needs each sentence's phrases")
     hypotheses = constrained_beam_search(models, src, src_pad_mask, options.beam_size, options.length_penalty,
                                          max_lengths, options.n_best, phrases, prefixes)
     return [[h.tokens for h in sentence] for sentence in hypotheses]

@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import UNK, UNK_ID, Tokenizers
 from transformer.decoding import DecodeOptions
-from transformer.errors import UserError, option
+from transformer.errors import DecodeOptionError, UserError, option
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +158,12 @@ def target_prefix_ids(prefixes: list[str], sources: list[list[int]], engine: Eng
     return ids
 
 
-class PhraseError(UserError):
-    """A required or banned phrase no output can hold to; `index`: the text it belongs to (None: the
-    options' phrases, shared by every text), for a face to name its line."""
+class PhraseError(DecodeOptionError):
+    """A required or banned phrase (option `option_name`) no output can hold to; `index`: the text it
+    belongs to (None: the options' phrases, shared by every text), for a face to name its line."""
 
-    def __init__(self, message: str, index: int | None) -> None:
-        super().__init__(message)
+    def __init__(self, option_name: str, reason: str, index: int | None) -> None:
+        super().__init__(option_name, reason)
         self.index = index
 
 
@@ -176,11 +176,11 @@ def phrase_ids(tokenizers: Tokenizers, phrase: str, name: str, index: int | None
     text = clean_text(phrase)
     ids = tokenizers.encode_target([text])[0] if text else []
     if not ids:
-        raise PhraseError(f"{option(name)} {phrase!r} has no subwords: nothing of it is left after the input "
-                          "cleaning", index)
+        raise PhraseError(name, f"{phrase!r} has no subwords: nothing of it is left after the input cleaning",
+                          index)
     if UNK_ID in ids:
-        raise PhraseError(f"{option(name)} {phrase!r} holds characters the target vocabulary lacks: no output can "
-                          f"{'contain' if name == 'constraints' else 'hold'} it", index)
+        raise PhraseError(name, f"{phrase!r} holds characters the target vocabulary lacks: no output can "
+                                f"{'hold' if name == 'avoid' else 'contain'} it", index)
     return tuple(ids)
 
 
@@ -201,9 +201,9 @@ def text_phrases(engine: Engine, sources: list[list[int]], required: list[list[s
         if source and phrases.required:
             limit = max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
             if phrases.tokens > limit:
-                raise PhraseError(f"{option('constraints')} need {phrases.tokens} subwords, more than the {limit} an "
-                                  f"output of this source may have ({option('max_length_b')} raises it)",
-                                  None if not own else i)
+                raise PhraseError("constraints" if not own else "line_constraints",
+                                  f"need {phrases.tokens} subwords, more than the {limit} an output of this source "
+                                  f"may have ({option('max_length_b')} raises it)", None if not own else i)
         result.append(phrases)
     return result
 

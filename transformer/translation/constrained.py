@@ -25,6 +25,9 @@ class Phrases:
 
     required: tuple[tuple[int, ...], ...] = ()
     banned: tuple[tuple[int, ...], ...] = ()
+    # Subwords that would glue onto the word before them (no word start, a letter or digit first): never
+    # right after a required phrase, which would else end inside a longer word ("voulais" + "ais").
+    glued: frozenset[int] = frozenset()
 
     @property
     def tokens(self) -> int:
@@ -39,6 +42,7 @@ class _State:
     met: int = 0
     current: int = -1
     position: int = 0
+    completed: bool = False  # the last token ended a required phrase
 
     def advance(self, token: int, required: tuple[tuple[int, ...], ...]) -> "_State":
         """The state after writing `token`. A phrase begun and then left loses its progress (Post &
@@ -47,12 +51,12 @@ class _State:
             phrase = required[self.current]
             if phrase[self.position] == token:
                 if self.position + 1 == len(phrase):
-                    return _State(self.met | 1 << self.current)
+                    return _State(self.met | 1 << self.current, completed=True)
                 return _State(self.met, self.current, self.position + 1)
         for j, phrase in enumerate(required):
             if not self.met >> j & 1 and phrase[0] == token:
-                return _State(self.met | 1 << j) if len(phrase) == 1 else _State(self.met, j, 1)
-        return _State(self.met) if self.current >= 0 else self
+                return _State(self.met | 1 << j, completed=True) if len(phrase) == 1 else _State(self.met, j, 1)
+        return _State(self.met) if self.current >= 0 or self.completed else self
 
     def met_tokens(self, required: tuple[tuple[int, ...], ...]) -> int:
         """The bank: tokens of required phrases written (whole phrases met, and the one under way)."""
@@ -80,7 +84,8 @@ class ConstrainedBeamSearch(BeamSearch):
     slots a bank cannot fill go to the best candidates left. So hypotheses that have met more phrases
     are not crowded out by likelier ones that have met fewer.
 
-    A beam whose remaining length just fits its unwritten required tokens may only write them, so that
+    A phrase is written as whole words: it starts with a word start (texts.phrase_ids), and the subword
+    after it may not glue onto its last word. A beam whose remaining length just fits its unwritten required tokens may only write them, so that
     every live beam can still finish; one that cannot fit them is dropped. A banned phrase's last token
     is ruled out after its other tokens (a one-token phrase everywhere). Log-probs are the model's,
     never renormalised, so scores and the stopping bound are those of BeamSearch.
@@ -95,50 +100,61 @@ class ConstrainedBeamSearch(BeamSearch):
         self.phrases = list(phrases)
         self.states: list[_State] = [_State()] * (src.shape[0] * beam_size)  # one per row
         self.any_long_ban = any(len(b) > 1 for p in phrases for b in p.banned)
+        glued = sorted(set().union(*(p.glued for p in phrases))) if phrases else []
+        self.glued = torch.tensor(glued, dtype=torch.long, device=src.device)
 
     def step(self, step: int) -> bool:
         k, n = self.k, self.scores.shape[0]
-        log_probs = self._masked_log_probs(step)  # (n*k, V)
-        width = min(2 * k, log_probs.shape[-1])
-        top_log_probs, top_tokens = log_probs.topk(width, dim=-1)  # (n*k, width)
-        extra = self._phrase_tokens(top_tokens.tolist())  # (n*k, E) tokens that advance a phrase, not among the top
-        extra_log_probs = log_probs.gather(1, extra).masked_fill(extra == PAD_ID, NEG_INF)
-        tokens = torch.cat([top_tokens, extra], dim=1)  # (n*k, W)
-        summed = (self.scores.reshape(-1, 1) + torch.cat([top_log_probs, extra_log_probs], dim=1))  # (n*k, W)
-        per_row = tokens.shape[1]
-        summed_list, token_list = summed.view(n, -1).tolist(), tokens.view(n, -1).tolist()
+        logits, log_norm = self._masked_logits(step)  # (n*k, V) with what this step rules out at -inf, (n*k, 1)
+        width = min(2 * k, logits.shape[-1])
+        top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
+        row_scores = self.scores.reshape(-1, 1)  # (n*k, 1)
+        summed = (row_scores + top_logits - log_norm).view(n, k * width)
+        best, index = summed.topk(min(2 * k, k * width), dim=1)  # (n, 2k) the best candidates of each sentence
+        best_rows = self.beam_offset[:n] + index // width
+        best_tokens = top_tokens.view(n, k * width).gather(1, index)
+        # Each beam's own best token, and the tokens that advance its phrases (Post & Vilar's three sources).
+        extra = torch.cat([top_tokens[:, :1], self._phrase_tokens()], dim=1)  # (n*k, 1 + E)
+        extra_scores = (row_scores + logits.gather(1, extra) - log_norm).masked_fill(extra == PAD_ID, NEG_INF)
+        per_row = extra.shape[1]
+        best, best_rows, best_tokens = best.tolist(), best_rows.tolist(), best_tokens.tolist()
+        extra_scores, extra = extra_scores.view(n, -1).tolist(), extra.view(n, -1).tolist()
         penalty = gnmt_length_penalty(float(step + 1), self.alpha)
-        new_scores = torch.full((n, k), NEG_INF)
-        origin = self.beam_offset[:n].expand(n, k).clone().cpu()  # (n, k) an unfilled slot extends beam 0 at -inf
-        next_tokens = torch.full((n, k), EOS_ID, dtype=torch.long)
-        states: list[_State] = [_State()] * (n * k)
+        new_scores, origin, next_tokens = [], [], []
+        states: list[_State] = []
         for i in range(n):
             sentence = int(self.sentences[i])
-            required = self.phrases[sentence].required
-            pool = sorted(((score, column // per_row, token_list[i][column])
-                           for column, score in enumerate(summed_list[i]) if score > NEG_INF), key=lambda c: -c[0])
+            phrases = self.phrases[sentence]
+            pool = {(row, token): score for score, row, token in zip(best[i], best_rows[i], best_tokens[i])
+                    if score > NEG_INF}
+            for column, score in enumerate(extra_scores[i]):
+                if score > NEG_INF:
+                    pool.setdefault((i * k + column // per_row, extra[i][column]), score)
             finished, growing = [], []
-            for score, beam, token in pool:
-                row = i * k + beam
+            for (row, token), score in sorted(pool.items(), key=lambda item: -item[1]):
                 if token == EOS_ID:  # the mask lets only beams that met every phrase end
                     finished.append((score, row))
                 else:
-                    state = self.states[row].advance(token, required)
-                    growing.append((score, row, token, state, state.met_tokens(required)))
+                    state = self.states[row].advance(token, phrases.required)
+                    growing.append((score, row, token, state, state.met_tokens(phrases.required)))
             self._keep_finished(i, sentence, finished, penalty)
-            for slot, (score, row, token, state) in enumerate(self._allocate(growing, len(required) and
-                                                                              self.phrases[sentence].tokens)):
-                new_scores[i, slot], origin[i, slot], next_tokens[i, slot] = score, row, token
-                states[i * k + slot] = state
+            chosen = self._allocate(growing, phrases.tokens)
+            chosen += [(NEG_INF, i * k, EOS_ID, _State())] * (k - len(chosen))  # an unfilled slot: no beam
+            for score, row, token, state in chosen:
+                new_scores.append(score)
+                origin.append(row)
+                next_tokens.append(token)
+                states.append(state)
         device = self.scores.device
-        self.scores = new_scores.to(device)
-        bound, done = self._stopped()
+        self.scores = torch.tensor(new_scores, device=device).view(n, k)
+        _, done = self._stopped()
         if bool(done.all()):
             return True
         keep = (~done).nonzero().squeeze(1).tolist()
         self.states = [states[i * k + slot] for i in keep for slot in range(k)]
-        # origin holds absolute rows of this step; BeamSearch._advance gathers them after dropping sentences
-        self._advance(done, origin.to(device), next_tokens.to(device))
+        # origin holds the rows of this step; BeamSearch._advance gathers them after dropping stopped sentences
+        self._advance(done, torch.tensor(origin, device=device).view(n, k),
+                      torch.tensor(next_tokens, device=device).view(n, k))
         return False
 
     def _keep_finished(self, i: int, sentence: int, finished: list[tuple[float, int]], penalty: float) -> None:
@@ -175,27 +191,34 @@ class ConstrainedBeamSearch(BeamSearch):
         chosen.sort(key=lambda c: -c[0])
         return [(score, row, token, state) for score, row, token, state, _ in chosen]
 
-    def _masked_log_probs(self, step: int) -> Tensor:
-        """(n*k, V) the model's next-token log-probs with what this step rules out at -inf: other tokens
-        while a prefix lasts, a banned phrase's last token, EOS before every phrase is met, all but the
-        required tokens where only they still fit, all but EOS at the max length."""
+    def _masked_logits(self, step: int) -> tuple[Tensor, Tensor]:
+        """(n*k, V) the model's next-token logits with what this step rules out at -inf, and (n*k, 1) their
+        log-normaliser from before (log-probs are never renormalised, as in BeamSearch): other tokens while
+        a prefix lasts, a banned phrase's last token, a subword gluing onto a phrase just ended, EOS before
+        every phrase is met, all but the required tokens where only they still fit, all but EOS at the max
+        length. Only live beams are looked at: a row at -inf has no candidates anyway."""
         k = self.k
         logits = self.decoder.logits(self.prefix).float()  # (n*k, V)
-        log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+        log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)
         if self.forced is not None and step < self.forced[0].shape[1]:
             forced_ids, forced_lengths = self.forced
             token = forced_ids[self.sentences, step].repeat_interleave(k)[:, None]  # (n*k, 1)
-            only_forced = torch.full_like(log_probs, NEG_INF).scatter(1, token, log_probs.gather(1, token))
+            only_forced = torch.full_like(logits, NEG_INF).scatter(1, token, logits.gather(1, token))
             in_prefix = (step < forced_lengths[self.sentences]).repeat_interleave(k)[:, None]
-            log_probs = torch.where(in_prefix, only_forced, log_probs)
+            logits = torch.where(in_prefix, only_forced, logits)
         in_prefix_rows = (self._prefix_left(step) > 0).tolist() if self.forced is not None else None
         history = self.prefix[:, 1:].tolist() if self.any_long_ban else None
-        row_max = self.row_max.tolist()
+        row_max, sentences = self.row_max.tolist(), self.sentences.tolist()
+        live = (self.scores.reshape(-1) > NEG_INF).tolist()
         banned_rows, banned_tokens, only_rows, only_tokens = [], [], [], []
-        eos_rows = []
+        eos_rows, completed_rows = [], []
         for row, state in enumerate(self.states):
+            if not live[row]:
+                continue
             i = row // k
-            phrases = self.phrases[int(self.sentences[i])]
+            phrases = self.phrases[sentences[i]]
+            if state.completed:
+                completed_rows.append(row)
             for banned in phrases.banned:
                 if len(banned) == 1 or (history is not None and len(history[row]) >= len(banned) - 1
                                         and tuple(history[row][len(history[row]) - len(banned) + 1:]) == banned[:-1]):
@@ -209,42 +232,36 @@ class ConstrainedBeamSearch(BeamSearch):
             room = row_max[i] - step  # tokens this row may still write, this one included
             unwritten = phrases.tokens - state.met_tokens(phrases.required)
             if unwritten >= room:  # only the required tokens fit (or nothing does: the row dies)
-                for token in (state.next_tokens(phrases.required) if unwritten == room else []):
-                    only_rows.append(row)
-                    only_tokens.append(token)
                 only_rows.append(row)
-                only_tokens.append(-1)  # marks the row even when no token is allowed
+                only_tokens.append(state.next_tokens(phrases.required) if unwritten == room else [])
         if banned_rows:
-            log_probs[banned_rows, banned_tokens] = NEG_INF
+            logits[banned_rows, banned_tokens] = NEG_INF
+        if completed_rows and self.glued.numel():
+            rows = torch.tensor(completed_rows, device=logits.device)
+            logits[rows[:, None], self.glued[None, :]] = NEG_INF
         if eos_rows:
-            log_probs[eos_rows, EOS_ID] = NEG_INF
+            logits[eos_rows, EOS_ID] = NEG_INF
         if only_rows:
-            allowed = torch.zeros_like(log_probs, dtype=torch.bool)
-            marked = torch.zeros(log_probs.shape[0], dtype=torch.bool, device=log_probs.device)
-            marked[only_rows] = True
-            pairs = [(r, t) for r, t in zip(only_rows, only_tokens) if t >= 0]
-            if pairs:
-                allowed[[r for r, _ in pairs], [t for _, t in pairs]] = True
-            log_probs = torch.where(marked[:, None] & ~allowed, NEG_INF, log_probs)
+            kept = logits[only_rows]  # (r, V)
+            allowed = torch.full_like(kept, NEG_INF)
+            for j, tokens in enumerate(only_tokens):
+                allowed[j, tokens] = kept[j, tokens]
+            logits[only_rows] = allowed
         at_max = (self.row_max <= step).repeat_interleave(k)  # (n*k,) rows that already hold max tokens
         if bool(at_max.any()):
-            only_eos = torch.full_like(log_probs, NEG_INF)
-            only_eos[:, EOS_ID] = log_probs[:, EOS_ID]
-            log_probs = torch.where(at_max[:, None], only_eos, log_probs)
-        return log_probs
+            only_eos = torch.full_like(logits, NEG_INF)
+            only_eos[:, EOS_ID] = logits[:, EOS_ID]
+            logits = torch.where(at_max[:, None], only_eos, logits)
+        return logits, log_norm
 
     def _prefix_left(self, step: int) -> Tensor:
         """(n,) tokens of each working sentence's prefix still to force after this step's."""
         return self.forced[1][self.sentences] - step
 
-    def _phrase_tokens(self, top_tokens: list[list[int]]) -> Tensor:
-        """(n*k, E) per row, the tokens that advance one of its required phrases and are not among its
-        top tokens (PAD: none)."""
-        k = self.k
-        rows = []
-        for row, state in enumerate(self.states):
-            required = self.phrases[int(self.sentences[row // k])].required
-            rows.append([t for t in state.next_tokens(required) if t not in top_tokens[row]] if required else [])
+    def _phrase_tokens(self) -> Tensor:
+        """(n*k, E) per row, the tokens that advance one of its required phrases (PAD: none)."""
+        k, sentences = self.k, self.sentences.tolist()
+        rows = [state.next_tokens(self.phrases[sentences[row // k]].required) for row, state in enumerate(self.states)]
         width = max(1, max(len(r) for r in rows))
         return torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows], dtype=torch.long,
                             device=self.prefix.device)

@@ -184,6 +184,16 @@ def phrase_ids(tokenizers: Tokenizers, phrase: str, name: str, index: int | None
     return tuple(ids)
 
 
+def glued_subwords(tokenizers: Tokenizers) -> frozenset[int]:
+    """The target subwords that continue the word before them: no word-start mark, a letter or digit first
+    (punctuation, which Metaspace also leaves unmarked, ends a word rather than continuing it)."""
+    vocab = getattr(getattr(tokenizers, "target", None), "get_vocab", None)
+    if vocab is None:  # a stand-in without a subword vocabulary (the tests' word-level tokenizers)
+        return frozenset()
+    return frozenset(i for token, i in vocab().items() if token and not token.startswith("\u2581")
+                     and token[0].isalnum())
+
+
 def text_phrases(engine: Engine, sources: list[list[int]], required: list[list[str]] | None) -> list:
     """For each source, its constrained.Phrases: the options' required and banned phrases with the text's
     own `required` ones (None: none), as target ids; a text's phrases must fit its output's length
@@ -193,11 +203,12 @@ def text_phrases(engine: Engine, sources: list[list[int]], required: list[list[s
     decode = engine.decode
     shared = [phrase_ids(engine.tokenizers, phrase, "constraints") for phrase in decode.constraints]
     banned = tuple(phrase_ids(engine.tokenizers, phrase, "avoid") for phrase in decode.avoid)
+    glued = glued_subwords(engine.tokenizers)
     result = []
     for i, source in enumerate(sources):
         own = [] if required is None else [phrase_ids(engine.tokenizers, phrase, "line_constraints", i)
                                            for phrase in required[i]]
-        phrases = Phrases(tuple(shared + own), banned)
+        phrases = Phrases(tuple(shared + own), banned, glued)
         if source and phrases.required:
             limit = max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
             if phrases.tokens > limit:

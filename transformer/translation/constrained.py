@@ -76,19 +76,21 @@ class _State:
 class ConstrainedBeamSearch(BeamSearch):
     """BeamSearch with phrases (search.BeamSearch says the rest: rows, the 2k candidates, the exact stop).
 
-    Each step, every live beam offers its 2k best tokens and the tokens that advance one of its required
-    phrases (however improbable: that is how a phrase the model would not write enters the beam). Those
-    that end in EOS finish, which a beam may do only once every phrase is met. The others are grouped in
-    banks by how many required tokens they have written, and the k next beams are shared out among the
-    banks (dynamic beam allocation): each bank gets k // banks slots, the fullest banks the rest, and
-    slots a bank cannot fill go to the best candidates left. So hypotheses that have met more phrases
-    are not crowded out by likelier ones that have met fewer.
+    Each step a sentence considers its 2k best (beam, token) candidates, each live beam's own best token,
+    and the tokens that advance one of a beam's required phrases, however improbable: that is how a phrase
+    the model would not write enters the beam (Post & Vilar's three sources). Those that end in EOS
+    finish, which a beam may do only once every phrase is met. The others are grouped in banks by how
+    many required tokens they have written, and the k next beams are shared out among the banks
+    (dynamic beam allocation): each bank gets k // banks slots, the fullest banks the rest, and slots a
+    bank cannot fill go to the best candidates left. So hypotheses that have met more phrases are not
+    crowded out by likelier ones that have met fewer.
 
     A phrase is written as whole words: it starts with a word start (texts.phrase_ids), and the subword
-    after it may not glue onto its last word. A beam whose remaining length just fits its unwritten required tokens may only write them, so that
-    every live beam can still finish; one that cannot fit them is dropped. A banned phrase's last token
-    is ruled out after its other tokens (a one-token phrase everywhere). Log-probs are the model's,
-    never renormalised, so scores and the stopping bound are those of BeamSearch.
+    after it may not glue onto its last word. A beam whose remaining length just fits its unwritten
+    required tokens may only write them, so that every live beam can still finish; one that cannot fit
+    them is dropped. A banned phrase's last token is ruled out after its other tokens (a one-token phrase
+    everywhere). Log-probs are the model's, never renormalised, so scores and the stopping bound (exact:
+    an open beam, met or not, can only lose log-probability) are those of BeamSearch.
     """
 
     def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,

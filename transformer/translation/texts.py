@@ -342,7 +342,8 @@ def output_log_probs(engine: Engine, sources: list[list[int]], results: list[lis
     return [[next(scores).log_prob if sources[i] else None for _ in outputs] for i, outputs in enumerate(results)]
 
 
-__all__ = ["PhraseError", "phrase_ids", "text_phrases", "met_phrases", "search_texts_held", "Engine", "PairScore", "gnmt_length_penalty", "max_output_length", "truncate_sources",
+__all__ = ["PhraseError", "phrase_ids", "glued_subwords", "text_phrases", "met_phrases", "search_texts_held",
+           "Engine", "PairScore", "gnmt_length_penalty", "max_output_length", "truncate_sources",
            "warn_unknown_characters", "source_ids", "length_sorted_batches", "search_in_batches", "target_prefix_ids",
            "candidates_per_text", "search_texts", "decode_outputs", "translate_texts", "score_ids", "score_texts",
            "translate_scored", "output_log_probs"]

@@ -4,20 +4,21 @@ range the engines compute in `RANGES`, and `STRATEGIES`, the decoding methods (g
 when each is chosen, what it reads and excludes, and which engines run it. The config's decode
 section (config.DecodeConfig is a `DecodeSettings`), translate.py's flags and the API's requests all
 build these objects, and a refusal is a DecodeOptionError that marks the option's generic name
-(errors.option) for each face to call by its own: a YAML key, a flag, a JSON field. No torch here;
-it imports only errors.py, so that config.py can build on it.
+(errors.option) for each face to call by its own: a YAML key, a flag, a JSON field. What counts as an
+integer or a number in range is values.py's, as for the config. No torch here; it imports only
+errors.py and values.py, so that config.py can build on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from transformer.errors import DecodeOptionError, UserError, option
+from transformer.values import INT64_MAX, check_fields, integer, number, within
 
 # The widest beam, and the most candidates (n-best, or samples) of one text: memory grows with it, and
 # wider beams do not translate better.
@@ -28,7 +29,6 @@ MAX_LENGTH_PENALTY = 10.0
 # logits / temperature must stay finite and nonzero in float32 in both engines; near 0 it is greedy search.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 1e30
 MAX_SEED = 2**32 - 1  # CTranslate2's random generator takes an unsigned 32-bit seed
-_INT64_MAX = 2**63 - 1  # what torch and numpy hold an integer in
 # The most phrases one text may require (constraints) or ban (avoid), each: every required phrase adds a bank
 # of beams per step, and the search keeps one state per beam and phrase (translation/constrained.py).
 MAX_PHRASES = 16
@@ -52,10 +52,10 @@ RANGES: dict[str, Range] = {
     "beam_size": Range(int, 1, MAX_BEAM, f"from 1 to {MAX_BEAM}"),
     "length_penalty": Range(float, 0.0, MAX_LENGTH_PENALTY, f"from 0 to {MAX_LENGTH_PENALTY:g}"),
     "max_length_a": Range(float, 0.0, math.inf, "a finite number, 0 or more"),
-    "max_length_b": Range(int, 1, _INT64_MAX, "1 or more"),
-    "batch_size": Range(int, 1, _INT64_MAX, "1 or more"),
+    "max_length_b": Range(int, 1, INT64_MAX, "1 or more"),
+    "batch_size": Range(int, 1, INT64_MAX, "1 or more"),
     "n_best": Range(int, 1, MAX_BEAM, f"from 1 to {MAX_BEAM}"),
-    "top_k": Range(int, 0, _INT64_MAX, "0 (every token) or more"),
+    "top_k": Range(int, 0, INT64_MAX, "0 (every token) or more"),
     "top_p": Range(float, 0.0, 1.0, "above 0 and at most 1", low_open=True),
     "temperature": Range(float, MIN_TEMPERATURE, MAX_TEMPERATURE, f"from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}",
                          not_above_zero="a temperature near 0 is greedy search"),
@@ -65,31 +65,26 @@ RANGES: dict[str, Range] = {
 
 def check_option(name: str, value: Any) -> int | float:
     """`value` of option `name` as its kind (an integer given for a number becomes a float), or a
-    DecodeOptionError naming the option: the one check of every decode value."""
+    DecodeOptionError naming the option: the one check of every decode value (values.py's, worded here)."""
     rule = RANGES[name]
     if rule.kind is int:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not rule.low <= value <= rule.high:
+        checked = integer(value)
+        if checked is None or not within(checked, rule.low, rule.high):
             raise DecodeOptionError(name, f"must be {rule.expected}, got {value!r}")
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return checked
+    checked = number(value)
+    if checked is None:
         raise DecodeOptionError(name, f"must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer too large for a float
-        number = math.inf
-    if rule.not_above_zero and number <= 0:
+    if rule.not_above_zero and checked <= 0:
         raise DecodeOptionError(name, f"must be above 0, got {value!r} ({rule.not_above_zero})")
-    above_low = rule.low < number if rule.low_open else rule.low <= number
-    if not (above_low and number <= rule.high and math.isfinite(number)):  # NaN fails every comparison
+    if not (within(checked, rule.low, rule.high, rule.low_open) and math.isfinite(checked)):
         raise DecodeOptionError(name, f"must be {rule.expected}, got {value!r}")
-    return number
+    return checked
 
 
 def _check_fields(options: Any) -> None:
     """Check every field of `options` that RANGES names, in field order, keeping the checked value."""
-    for item in dataclasses.fields(options):
-        if item.name in RANGES:
-            object.__setattr__(options, item.name, check_option(item.name, getattr(options, item.name)))
+    check_fields(options, lambda item, value: check_option(item.name, value) if item.name in RANGES else value)
 
 
 @dataclass(frozen=True)
@@ -259,6 +254,7 @@ def traced_strategy(options: DecodeOptions) -> Strategy:
     return strategy
 
 
-__all__ = ["MAX_PHRASES", "check_phrases", "MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Range", "RANGES",
+__all__ = ["MAX_PHRASES", "check_phrases",
+           "MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Range", "RANGES",
            "check_option", "Sampling", "DecodeSettings", "SETTINGS", "DecodeOptions", "ENGINES", "Strategy",
            "STRATEGIES", "strategy_of", "traced_strategy"]

@@ -136,7 +136,8 @@ class SearchTrace:
         indices in `finished` of the winner and of the most probable hypothesis (None for greedy)."""
         index = {id(f): i for i, f in enumerate(self.finished)}
         return _finite(dataclasses.asdict(self)) | {
-            "verdict": self.verdict(), "winner": index.get(id(self.winner)),
+            "verdict": self.verdict(), "beam_steps": STRATEGIES[self.method].beam_steps,
+            "winner": index.get(id(self.winner)),
             "most_probable": index.get(id(self.most_probable))}
 
 

@@ -12,6 +12,8 @@
   python translate.py --run runs/a --run runs/b "I am cold."       # an ensemble of two runs
   python translate.py --format jsonl "I am cold."       # one JSON object per line
   python translate.py --explain "I am cold."            # subwords, tensor shapes, the search step by step
+  python translate.py --constraint gare "Where is the station?"    # every translation contains "gare"
+  python translate.py --glossary terms.tsv --input file.en        # source term<TAB>target term
 
 Default model: the best checkpoint of the newest run under runs/. Default engine (--engine auto):
 CTranslate2, the faster, exported into the run on first use; the torch engine where CTranslate2 is not
@@ -37,6 +39,7 @@ from transformer.errors import UserError, name_options
 from transformer.files import same_file
 from transformer.training.logs import setup_logging
 from transformer.translation import lines
+from transformer.translation.glossary import check_terms, read_glossary
 
 # The package names options generically; these are their flags.
 FLAGS = {"n_best": "--n-best", "length_penalty": "--length-penalty", "max_length_a": "--max-length-a",
@@ -45,7 +48,8 @@ FLAGS = {"n_best": "--n-best", "length_penalty": "--length-penalty", "max_length
          "engine": "--engine", "int8": "--int8", "bf16": "--bf16", "device": "--device", "run": "--run",
          "checkpoint": "--checkpoint",
          "ensemble": "--run given more than once", "alignment_layer": "--alignment-layer", "input": "--input",
-         "targets": "--targets", "explain": "--explain"}
+         "targets": "--targets", "explain": "--explain", "constraints": "--constraint", "avoid": "--avoid",
+         "line_constraints": "the constraints column", "glossary_term": "the target term"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,6 +109,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     prefix.add_argument("--prefix", metavar="TEXT", help="every translation starts with TEXT")
     prefix.add_argument("--prefix-column", action="store_true",
                         help="input lines are source<TAB>prefix: each translation starts with its line's prefix")
+    terms = parser.add_argument_group("terminology (constrained beam search, torch engine)")
+    terms.add_argument("--constraint", action="append", default=[], metavar="PHRASE",
+                       help="every translation contains PHRASE (repeat it for several)")
+    terms.add_argument("--avoid", action="append", default=[], metavar="PHRASE",
+                       help="no translation contains PHRASE (repeat it for several)")
+    terms.add_argument("--constraints-column", action="store_true",
+                       help="input lines are source<TAB>phrase[<TAB>phrase...]: each translation contains its "
+                            "line's phrases")
+    terms.add_argument("--glossary", type=Path, metavar="FILE",
+                       help="a TSV of source term<TAB>target term: a line whose source holds a source term (whole "
+                            "words, any case) gets its target term as a constraint")
     add("--score", action="store_true", help="score given translations instead of translating: input lines "
         "source<TAB>target, or --input with --targets; prints log-prob, log-prob per token and perplexity per pair")
     add("--targets", type=path_argument, metavar="FILE", help="with --score and --input: the target lines")
@@ -137,7 +152,9 @@ def check_arguments(args: argparse.Namespace) -> None:
                  "--n-best": args.n_best != 1, "--length-penalty": args.length_penalty is not None,
                  "--prefix": args.prefix is not None, "--prefix-column": args.prefix_column,
                  "--reference": bool(args.reference), "--attention": args.attention is not None,
-                 "--alignment": args.alignment, "--interactive": args.interactive, "--explain": args.explain}
+                 "--alignment": args.alignment, "--interactive": args.interactive, "--explain": args.explain,
+                 "--constraint": bool(args.constraint), "--avoid": bool(args.avoid),
+                 "--constraints-column": args.constraints_column, "--glossary": args.glossary is not None}
     clashes = [flag for flag, value in searching.items() if value]
     if args.score and clashes:
         raise UserError(f"--score scores the given translations and searches for none: leave out {clashes[0]}")
@@ -148,6 +165,16 @@ def check_arguments(args: argparse.Namespace) -> None:
         clash = next((flag for flag, given in clashes.items() if given), None)
         if clash:
             raise UserError(f"--explain writes a report of its own: leave out {clash}")
+    held = {"--constraint": bool(args.constraint), "--avoid": bool(args.avoid),
+            "--constraints-column": args.constraints_column, "--glossary": args.glossary is not None}
+    held_flag = next((flag for flag, given in held.items() if given), None)
+    if held_flag:  # what constrained search does not do (yet)
+        clashes = {"--attention": args.attention is not None, "--alignment": args.alignment,
+                   "--prefix-column": args.prefix_column and args.constraints_column}
+        clash = next((flag for flag, given in clashes.items() if given), None)
+        if clash:
+            raise UserError(f"{held_flag} is constrained beam search, which reads no attention and no second "
+                            f"column of prefixes: leave out {clash}")
     if args.targets is not None and args.input is None:
         raise UserError("--targets needs --input, the source of each target line")
     for flag, path in [("--input", args.input), ("--targets", args.targets)] + [("--reference", path) for path in
@@ -166,13 +193,20 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
     given = {name: getattr(args, name) for name in ("top_k", "top_p", "temperature", "seed")}
     sampling = Sampling(**{k: v for k, v in given.items() if v is not None}) if args.sample else None
     first, *ensemble = args.run or [None]
-    request = EngineRequest(args.engine, first, args.checkpoint, tuple(ensemble), args.device, args.int8, args.bf16,
-                            args.attention is not None or args.alignment, args.threads, args.n_best, sampling,
-                            dict(beam_size=1 if args.greedy else args.beam, length_penalty=args.length_penalty,
-                                 max_length_a=args.max_length_a, max_length_b=args.max_length_b,
-                                 batch_size=args.batch_size), args.score, explain=args.explain)
+    request = EngineRequest(engine=args.engine, run=first, checkpoint=args.checkpoint, ensemble=tuple(ensemble),
+                            device=args.device, int8=args.int8, bf16=args.bf16,
+                            attention=args.attention is not None or args.alignment, threads=args.threads,
+                            n_best=args.n_best, sampling=sampling,
+                            decode=dict(beam_size=1 if args.greedy else args.beam, length_penalty=args.length_penalty,
+                                        max_length_a=args.max_length_a, max_length_b=args.max_length_b,
+                                        batch_size=args.batch_size), scoring=args.score, explain=args.explain,
+                            constraints=tuple(args.constraint), avoid=tuple(args.avoid),
+                            per_text_constraints=args.constraints_column or args.glossary is not None)
+    glossary = read_glossary(args.glossary) if args.glossary else None  # before the model loads
     translator = open_engine(request, lambda text: args.quiet or print(f"note: {name_options(text, names)}",
                                                                        file=sys.stderr))
+    if glossary is not None:
+        check_terms(glossary, translator)
     layer = lines.alignment_layer(translator, args.alignment_layer) if args.alignment else None
     maps = lines.attention_directory(args.attention, "--attention") if args.attention else None
     if args.interactive:
@@ -198,7 +232,8 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
             progress = stack.enter_context(tqdm(total=source.count, unit="sent", file=sys.stderr, desc="translating"))
         report = lines.translate_lines(translator, source, out, translator.decode.n_best, args.reference, progress,
                                        attention_dir=maps, alignment_layer=layer, prefix=args.prefix,
-                                       prefix_column=args.prefix_column, jsonl=args.format == "jsonl")
+                                       prefix_column=args.prefix_column, jsonl=args.format == "jsonl",
+                                       constraints_column=args.constraints_column, glossary=glossary)
     if report:
         print(report, file=sys.stderr)
 
@@ -207,7 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
     names = {**FLAGS, "beam_size": "--greedy" if args.greedy and args.sample else "--beam",  # what excludes --sample
-             "attention": "--attention" if args.attention else "--alignment"}
+             "attention": "--attention" if args.attention else "--alignment",
+             # the phrases' option, by the flag that gave some (decoding names one for them all)
+             "constraints": "--constraint" if args.constraint or not (args.avoid or args.constraints_column or
+                                                                      args.glossary) else
+             "--avoid" if args.avoid else "--constraints-column" if args.constraints_column else "--glossary",
+             "line_constraints": "--glossary" if args.glossary and not args.constraints_column
+             else "the constraints column"}
     # Written to a temporary and renamed at the end: an interrupted run leaves an earlier --output as it was.
     interrupted = f"interrupted: --output {args.output} was left as it was" if args.output else "interrupted"
     return run_script(lambda: run(args, names), sys.stderr, sys.argv[1:] if argv is None else argv, names=names,

@@ -349,6 +349,8 @@ class FakeTokenizers:
     def encode_source(self, texts: list[str]) -> list[list[int]]:
         return [[FIRST_WORD + self.words.index(w) for w in text.split()] for text in texts]
 
+    encode_target = encode_source  # one vocabulary: constrained search's phrases are target words
+
     def decode_target(self, ids_batch: list[list[int]]) -> list[str]:
         return [" ".join(self.words[i - FIRST_WORD] for i in ids) for ids in ids_batch]
 

@@ -127,7 +127,7 @@ def test_each_method_has_an_implementation_on_every_engine_the_table_names():
         for engine, names in implemented.items():
             assert (name in names) == (engine in strategy.engines), (name, engine)
         assert set(strategy.reads) | set(strategy.excludes) <= {*SETTINGS, "n_best", "top_k", "top_p", "temperature",
-                                                                 "seed"}
+                                                                 "seed", "constraints", "avoid"}
 
 
 def test_the_first_row_that_asks_is_the_method():
@@ -142,7 +142,8 @@ def test_the_first_row_that_asks_is_the_method():
 def test_what_a_method_does_not_read_leaves_its_translations_as_they_are(strategy: str):
     """`reads` is true to the searches: a setting outside it changes no output of the torch engine."""
     chosen = {"greedy": dict(beam_size=1), "beam": dict(beam_size=3, n_best=2),
-              "sampling": dict(beam_size=2, n_best=2, sampling=Sampling(seed=4))}[strategy]
+              "sampling": dict(beam_size=2, n_best=2, sampling=Sampling(seed=4)),
+              "constrained": dict(beam_size=3, n_best=2, constraints=("w7",), avoid=("w2",))}[strategy]
     others = {"beam_size": 4, "length_penalty": 0.0, "n_best": 3, "top_k": 3, "top_p": 0.5, "temperature": 0.5,
               "seed": 9}
     texts = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9"]

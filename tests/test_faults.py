@@ -69,6 +69,20 @@ class Where:
         return path
 
     @functools.cached_property
+    def glossary(self) -> Path:
+        """A glossary whose second line is not UTF-8."""
+        path = self.tmp / "terms.tsv"
+        path.write_bytes(b"station\tgare\nfa\xe7ade\tfacade\n")
+        return path
+
+    @functools.cached_property
+    def column(self) -> Path:
+        """source<TAB>phrase lines whose second phrase is blank."""
+        path = self.tmp / "column.en"
+        path.write_text("I'm cold.\tfroid\nWhere is the station?\t \n", encoding="utf-8")
+        return path
+
+    @functools.cached_property
     def many(self) -> Path:
         """Source lines whose translations are more than FULL_DISK lets a file hold."""
         path = self.tmp / "many.en"
@@ -277,6 +291,20 @@ CASES = [
     Case("translate.py", sigkill_at("transformer.translation.lines:translate_stream"),
          lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), -9, "", earlier_output_kept,
          quiet=True),
+    # the terminology boundaries (issue 49): a glossary, a constraints column
+    Case("translate.py", LONG, lambda w: translate_torch(w, "--glossary", w.tmp / LONG_NAME, SENTENCE), 2,
+         rf"error: cannot read glossary \S*{LONG_NAME}: File name too long", quiet=True),
+    Case("translate.py", NONE, lambda w: translate_torch(w, "--glossary", w.glossary, "--output", w.earlier,
+                                                         SENTENCE), 2,
+         r"error: \S+terms\.tsv: not UTF-8 text at line 2 \(.*\); re-save it as UTF-8", earlier_output_kept,
+         quiet=True),
+    Case("translate.py", NONE, lambda w: translate_torch(w, "--constraints-column", "--input", w.column, "--output",
+                                                         w.earlier), 2,
+         r"error: line 2: the constraints column has an empty or blank phrase: nothing to require",
+         earlier_output_kept, quiet=True),
+    Case("translate.py", sigint_at("transformer.translation.glossary:read_glossary"),
+         lambda w: translate_torch(w, "--glossary", w.many, "--output", w.earlier, SENTENCE), 130,
+         r"interrupted: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
     # export.py exports the run into a directory of the case's own
     Case("export.py", FULL_DISK, lambda w: export_ct2(w, w.export), 2,
          r"error: cannot write the CTranslate2 export \S+export: File too large", no_export, quiet=True),

@@ -149,7 +149,20 @@ BAD_REQUESTS = {
     "sampling top_p 0": dict(json={"texts": ["Hi."], "sampling": {"top_p": 0}}),
     "an unknown sampling option": dict(json={"texts": ["Hi."], "sampling": {"top_q": 0.5}}),
     "a negative seed": dict(json={"texts": ["Hi."], "sampling": {"seed": -1}}),
+    "an empty constraint": dict(json={"texts": ["Hi."], "constraints": [" "]}),
+    "a constraint with no subwords": dict(json={"texts": ["Hi."], "constraints": ["\u200b"]}),
+    "constraints that cannot fit the output": dict(json={"texts": ["Hi."], "constraints": ["la gare " * 30]}),
+    "more constraints than the cap": dict(json={"texts": ["Hi."], "constraints": [f"w{i}" for i in range(17)]}),
+    "a phrase required and avoided": dict(json={"texts": ["Hi."], "constraints": ["gare"], "avoid": ["gare"]}),
+    "constraints with alignment": dict(json={"texts": ["Hi."], "constraints": ["gare"], "alignment": True}),
+    "constraints with sampling": dict(json={"texts": ["Hi."], "constraints": ["gare"], "sampling": {}}),
+    "constraints not a list": dict(json={"texts": ["Hi."], "constraints": "gare"}),
 }
+# The field each refusal names (the first word of its message).
+NAMED = {"an empty constraint": "constraints", "a constraint with no subwords": "constraints",
+         "constraints that cannot fit the output": "constraints", "more constraints than the cap": "constraints",
+         "a phrase required and avoided": "avoid", "constraints with alignment": "constraints",
+         "constraints with sampling": "sampling", "constraints not a list": "constraints"}
 
 
 @pytest.mark.parametrize("name", BAD_REQUESTS)
@@ -160,7 +173,19 @@ def test_a_bad_request_is_a_4xx_json_message_and_the_server_goes_on(client: Test
     assert response.headers["content-type"] == "application/json"
     message = response.json()["error"]
     assert message and "Traceback" not in response.text and "Value error" not in message
+    if name in NAMED:
+        assert message.split()[0].rstrip(":") == NAMED[name], message
     assert translate(client, texts=[SENTENCE])["translations"][0]["translation"] is not None
+
+
+def test_constraints_and_avoid_hold_in_every_translation(client: TestClient, translator: Translator):
+    plain = translate(client, texts=[SENTENCE, "Go."], beam=2)["translations"]
+    word = plain[0]["translation"].split()[0]
+    held = translate(client, texts=[SENTENCE, "Go."], beam=2, n_best=2, constraints=["gare"],
+                     avoid=[word])["translations"]
+    for translation in held:
+        for candidate in translation["n_best"]:
+            assert "gare" in candidate["text"].split() and word not in candidate["text"].split()
 
 
 def test_the_limits_are_inclusive(client: TestClient):

@@ -21,6 +21,7 @@ import yaml
 
 from transformer.decoding import SETTINGS, DecodeSettings
 from transformer.errors import ConfigError, DecodeOptionError
+from transformer.values import INT64_MAX, check_fields, integer, number, within
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +31,8 @@ def _require(condition: bool, key: str, expected: str, value: Any) -> None:
         raise ConfigError(f"{key}: expected {expected}, got {value!r}")
 
 
-# Every integer must fit the int64 that numpy and torch hold it in; seeds must also be >= 0
-# (numpy's generators refuse negative seeds).
-INT64_MAX = 2**63 - 1
+# Every integer must fit the int64 that numpy and torch hold it in (values.INT64_MAX); seeds must also
+# be >= 0 (numpy's generators refuse negative seeds).
 # A number of minutes whose seconds stay finite, with room to spare (about 1,900 years).
 MAX_MINUTES = 1e9
 
@@ -61,12 +61,9 @@ def _describe(annotation: Any, bounds: tuple, value: float) -> str:
 
 
 def _in_range(value: float, annotation: Any, bounds: tuple) -> bool:
-    low, high, low_open, high_open = bounds
-    if annotation is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
+    if annotation is int and not within(value, -INT64_MAX - 1, INT64_MAX):
         return False
-    if low is not None and (value <= low if low_open else value < low):
-        return False
-    return high is None or (value < high if high_open else value <= high)
+    return within(value, *bounds)
 
 
 def _check_value(value: Any, annotation: Any, key: str, bounds: tuple | None) -> Any:
@@ -94,17 +91,17 @@ def _check_value(value: Any, annotation: Any, key: str, bounds: tuple | None) ->
             raise ConfigError(f"{key}: expected a string without NUL characters, got {value!r}")
         return value
     if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        checked = integer(value)
+        if checked is None:
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        value = checked
     elif annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        checked = number(value)
+        if checked is None:
             raise ConfigError(f"{key}: expected a number, got {value!r}")
-        try:
-            value = float(value)
-        except OverflowError:  # an integer too large for a float
-            value = math.inf
-        if not math.isfinite(value):
+        if not math.isfinite(checked):
             raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        value = checked
     else:
         raise TypeError(f"unsupported config field type {annotation!r} for {key}")  # a bug, not user error
     bounds = bounds or (None, None, False, False)
@@ -116,13 +113,15 @@ def _check_value(value: Any, annotation: Any, key: str, bounds: tuple | None) ->
 def _check_fields(section: Any) -> None:
     """Check every field of a config section (see `_check_value`), naming each by its full key."""
     hints = typing.get_type_hints(type(section))
-    for item in dataclasses.fields(section):
+
+    def check(item: dataclasses.Field, value: Any) -> Any:
         annotation = hints[item.name]
         if dataclasses.is_dataclass(annotation) or _is_list_of_sections(annotation):
-            continue
+            return value
         key = f"{section.SECTION}.{item.name}" if section.SECTION else item.name
-        value = _check_value(getattr(section, item.name), annotation, key, item.metadata.get("range"))
-        object.__setattr__(section, item.name, value)  # frozen: an int given for a number becomes a float
+        return _check_value(value, annotation, key, item.metadata.get("range"))
+
+    check_fields(section, check)  # frozen: an int given for a number becomes a float
 
 
 # The data formats a corpus may be in (transformer/data/formats/__init__.py's READERS reads each).

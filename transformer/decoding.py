@@ -4,20 +4,21 @@ range the engines compute in `RANGES`, and `STRATEGIES`, the decoding methods (g
 when each is chosen, what it reads and excludes, and which engines run it. The config's decode
 section (config.DecodeConfig is a `DecodeSettings`), translate.py's flags and the API's requests all
 build these objects, and a refusal is a DecodeOptionError that marks the option's generic name
-(errors.option) for each face to call by its own: a YAML key, a flag, a JSON field. No torch here;
-it imports only errors.py, so that config.py can build on it.
+(errors.option) for each face to call by its own: a YAML key, a flag, a JSON field. What counts as an
+integer or a number in range is values.py's, as for the config. No torch here; it imports only
+errors.py and values.py, so that config.py can build on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from transformer.errors import DecodeOptionError, UserError, option
+from transformer.values import INT64_MAX, check_fields, integer, number, within
 
 # The widest beam, and the most candidates (n-best, or samples) of one text: memory grows with it, and
 # wider beams do not translate better.
@@ -28,7 +29,9 @@ MAX_LENGTH_PENALTY = 10.0
 # logits / temperature must stay finite and nonzero in float32 in both engines; near 0 it is greedy search.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 1e30
 MAX_SEED = 2**32 - 1  # CTranslate2's random generator takes an unsigned 32-bit seed
-_INT64_MAX = 2**63 - 1  # what torch and numpy hold an integer in
+# The most phrases one text may require (constraints) or ban (avoid), each: every required phrase adds a bank
+# of beams per step, and the search keeps one state per beam and phrase (translation/constrained.py).
+MAX_PHRASES = 16
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,10 @@ RANGES: dict[str, Range] = {
     "beam_size": Range(int, 1, MAX_BEAM, f"from 1 to {MAX_BEAM}"),
     "length_penalty": Range(float, 0.0, MAX_LENGTH_PENALTY, f"from 0 to {MAX_LENGTH_PENALTY:g}"),
     "max_length_a": Range(float, 0.0, math.inf, "a finite number, 0 or more"),
-    "max_length_b": Range(int, 1, _INT64_MAX, "1 or more"),
-    "batch_size": Range(int, 1, _INT64_MAX, "1 or more"),
+    "max_length_b": Range(int, 1, INT64_MAX, "1 or more"),
+    "batch_size": Range(int, 1, INT64_MAX, "1 or more"),
     "n_best": Range(int, 1, MAX_BEAM, f"from 1 to {MAX_BEAM}"),
-    "top_k": Range(int, 0, _INT64_MAX, "0 (every token) or more"),
+    "top_k": Range(int, 0, INT64_MAX, "0 (every token) or more"),
     "top_p": Range(float, 0.0, 1.0, "above 0 and at most 1", low_open=True),
     "temperature": Range(float, MIN_TEMPERATURE, MAX_TEMPERATURE, f"from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}",
                          not_above_zero="a temperature near 0 is greedy search"),
@@ -62,31 +65,26 @@ RANGES: dict[str, Range] = {
 
 def check_option(name: str, value: Any) -> int | float:
     """`value` of option `name` as its kind (an integer given for a number becomes a float), or a
-    DecodeOptionError naming the option: the one check of every decode value."""
+    DecodeOptionError naming the option: the one check of every decode value (values.py's, worded here)."""
     rule = RANGES[name]
     if rule.kind is int:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not rule.low <= value <= rule.high:
+        checked = integer(value)
+        if checked is None or not within(checked, rule.low, rule.high):
             raise DecodeOptionError(name, f"must be {rule.expected}, got {value!r}")
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return checked
+    checked = number(value)
+    if checked is None:
         raise DecodeOptionError(name, f"must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer too large for a float
-        number = math.inf
-    if rule.not_above_zero and number <= 0:
+    if rule.not_above_zero and checked <= 0:
         raise DecodeOptionError(name, f"must be above 0, got {value!r} ({rule.not_above_zero})")
-    above_low = rule.low < number if rule.low_open else rule.low <= number
-    if not (above_low and number <= rule.high and math.isfinite(number)):  # NaN fails every comparison
+    if not (within(checked, rule.low, rule.high, rule.low_open) and math.isfinite(checked)):
         raise DecodeOptionError(name, f"must be {rule.expected}, got {value!r}")
-    return number
+    return checked
 
 
 def _check_fields(options: Any) -> None:
     """Check every field of `options` that RANGES names, in field order, keeping the checked value."""
-    for item in dataclasses.fields(options):
-        if item.name in RANGES:
-            object.__setattr__(options, item.name, check_option(item.name, getattr(options, item.name)))
+    check_fields(options, lambda item, value: check_option(item.name, value) if item.name in RANGES else value)
 
 
 @dataclass(frozen=True)
@@ -129,11 +127,19 @@ class DecodeOptions(DecodeSettings):
 
     n_best: int = 1  # candidates per text, best first
     sampling: Sampling | None = None  # draw at random instead of searching
+    constraints: tuple[str, ...] = ()  # target phrases every output of every text must contain
+    avoid: tuple[str, ...] = ()  # target phrases no output may contain
+    per_text_constraints: bool = False  # each text brings its own phrases too (a column, a glossary, an API field)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.sampling is not None and not isinstance(self.sampling, Sampling):
             raise TypeError(f"sampling must be a Sampling or None, got {self.sampling!r}")  # a caller's bug
+        object.__setattr__(self, "constraints", check_phrases(self.constraints, "constraints"))
+        object.__setattr__(self, "avoid", check_phrases(self.avoid, "avoid", self.constraints))
+        if self.sampling is not None and self.constrained:
+            raise DecodeOptionError("sampling", "draws each token at random and cannot be held to phrases: leave "
+                                                f"out {option('constraints' if self.constraints else 'avoid')}")
         if self.strategy.n_best_in_beam and self.n_best > self.beam_size:
             raise DecodeOptionError("n_best", f"{self.n_best} needs a beam of at least {self.n_best} (beam is "
                                               f"{self.beam_size}; add {option('beam_size')} {self.n_best})")
@@ -142,23 +148,52 @@ class DecodeOptions(DecodeSettings):
     def strategy(self) -> "Strategy":
         return strategy_of(self)
 
+    @property
+    def constrained(self) -> bool:
+        """Whether the search is held to phrases, required or banned."""
+        return bool(self.constraints or self.avoid or self.per_text_constraints)
+
     @classmethod
     def over(cls, base: DecodeSettings, sampling: Sampling | None = None, n_best: int = 1,
+             constraints: tuple[str, ...] = (), avoid: tuple[str, ...] = (), per_text_constraints: bool = False,
              **given: Any) -> "DecodeOptions":
         """`base` (a run's decode settings) with the `given` ones (beam_size, length_penalty,
-        max_length_a, max_length_b, batch_size; None: not given), `n_best` and `sampling`. Each value
-        is checked by the object; a given setting the chosen method excludes is refused, not ignored."""
+        max_length_a, max_length_b, batch_size; None: not given), `n_best`, `sampling` and the phrases.
+        Each value is checked by the object; a given setting the chosen method excludes is refused, not ignored."""
         unknown = set(given) - set(SETTINGS)
         if unknown:
             raise TypeError(f"unknown decode settings: {sorted(unknown)}")  # a caller's bug
         given = {name: value for name, value in given.items() if value is not None}
         options = cls(**{**{name: getattr(base, name) for name in SETTINGS}, **given}, n_best=n_best,
-                      sampling=sampling)
+                      sampling=sampling, constraints=tuple(constraints), avoid=tuple(avoid),
+                      per_text_constraints=per_text_constraints)
         strategy = options.strategy
         excluded = [name for name in strategy.excludes if name in given]
         if excluded:
             raise DecodeOptionError(strategy.chosen_by, f"{strategy.unlike}: leave out {option(excluded[0])}")
         return options
+
+
+def check_phrases(phrases: Any, name: str, required: tuple[str, ...] = (), where: str = "") -> tuple[str, ...]:
+    """`phrases` (target phrases required or banned: option `name`) as a tuple of strings, refused when
+    one is blank, when there are more than MAX_PHRASES, or when one of them is also `required`. The one
+    check of a phrase's text, for the options and for each text's own phrases (`where`: e.g. "line 3: ",
+    said first); whether a phrase has subwords, and fits its output, is the text path's (texts.py)."""
+    if isinstance(phrases, str) or not all(isinstance(phrase, str) for phrase in phrases):
+        raise TypeError(f"{name} must be a sequence of strings, got {phrases!r}")  # a caller's bug
+    phrases = tuple(phrases)
+
+    def refuse(reason: str) -> None:
+        raise DecodeOptionError(name, reason) if not where else UserError(f"{where}{option(name)} {reason}")
+
+    if any(not phrase.strip() for phrase in phrases):
+        refuse(f"has an empty or blank phrase: nothing to {'avoid' if name == 'avoid' else 'require'}")
+    if len(phrases) > MAX_PHRASES:
+        refuse(f"has {len(phrases)} phrases, more than the {MAX_PHRASES} a text may have")
+    both = next((phrase for phrase in phrases if phrase.strip() in {other.strip() for other in required}), None)
+    if both is not None:
+        refuse(f"{both!r}: also required ({option('constraints')}); a phrase is required or avoided, not both")
+    return phrases
 
 
 ENGINES = ("torch", "ctranslate2")
@@ -180,11 +215,19 @@ class Strategy:
     n_best_in_beam: bool = False  # its n-best are finished beam hypotheses: at most beam_size of them
     ends_with_eos: bool = False  # every output ends in EOS, at the length limit too (else one cut there has none)
     traced: bool = False  # its steps can be watched (translation/trace.py, translate.py --explain)
+    beam_steps: bool = False  # traced, its steps are beam steps (candidates, finished hypotheses), else one token each
+    exports_beam: bool = False  # an export runs it with its beam settings (Hugging Face num_beams, length penalty)
     seeded: bool = False  # it draws random numbers from sampling.seed
+    described: str = ""  # its name in messages, where `name` alone would not say it
 
 
 # In order: the first row whose `chosen` holds is the method. To add one, see docs/decoding.md.
 STRATEGIES: dict[str, Strategy] = {strategy.name: strategy for strategy in (
+    # Before sampling, whose options refuse phrases, and before greedy: beam 1 with phrases is this search.
+    Strategy("constrained", lambda options: options.constrained,
+             reads=("beam_size", "length_penalty", "n_best", "constraints", "avoid"), engines=("torch",),
+             chosen_by="constraints", n_best_in_beam=True, ends_with_eos=True,
+             described="constrained beam search (required or avoided phrases)"),
     Strategy("sampling", lambda options: options.sampling is not None,
              reads=("n_best", "top_k", "top_p", "temperature", "seed"), engines=ENGINES, chosen_by="sampling",
              excludes=("beam_size", "length_penalty"), unlike="draws each token at random instead of searching",
@@ -192,7 +235,7 @@ STRATEGIES: dict[str, Strategy] = {strategy.name: strategy for strategy in (
     Strategy("greedy", lambda options: options.beam_size == 1, reads=(), engines=ENGINES, n_best_in_beam=True,
              traced=True),
     Strategy("beam", lambda options: True, reads=("beam_size", "length_penalty", "n_best"), engines=ENGINES,
-             n_best_in_beam=True, ends_with_eos=True, traced=True),
+             n_best_in_beam=True, ends_with_eos=True, traced=True, beam_steps=True, exports_beam=True),
 )}
 
 
@@ -211,6 +254,7 @@ def traced_strategy(options: DecodeOptions) -> Strategy:
     return strategy
 
 
-__all__ = ["MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Range", "RANGES",
+__all__ = ["MAX_PHRASES", "check_phrases",
+           "MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Range", "RANGES",
            "check_option", "Sampling", "DecodeSettings", "SETTINGS", "DecodeOptions", "ENGINES", "Strategy",
            "STRATEGIES", "strategy_of", "traced_strategy"]

@@ -53,6 +53,9 @@ class EngineRequest:
     decode: dict[str, Any] = field(default_factory=dict)  # settings over the run's decode config (None: not given)
     scoring: bool = False  # scores given translations: no search, so no n-best and no note on searching
     explain: bool = False  # the search is traced step by step and the model's stages read (torch engine)
+    constraints: tuple[str, ...] = ()  # target phrases every output must contain (decoding.DecodeOptions)
+    avoid: tuple[str, ...] = ()  # target phrases no output may contain
+    per_text_constraints: bool = False  # each text brings its own required phrases too
     device_key: str = option("device")  # the device setting's name in errors
 
     def __post_init__(self) -> None:
@@ -71,7 +74,8 @@ class EngineRequest:
         """The decode options this request asks for: its run's decode settings with the request's own
         (decoding.DecodeOptions.over), read before any model loads or export is written; refused where
         the method they choose cannot do what the request asks."""
-        options = DecodeOptions.over(self.run_settings(), self.sampling, _n_best(self), **self.decode)
+        options = DecodeOptions.over(self.run_settings(), self.sampling, _n_best(self), self.constraints, self.avoid,
+                                     self.per_text_constraints, **self.decode)
         if self.explain:
             traced_strategy(options)
         return options
@@ -88,7 +92,7 @@ class EngineRequest:
         """Why this request, by the decoding method `strategy` when known, needs the torch engine (what
         CTranslate2 does not do), or None."""
         if strategy is not None and "ctranslate2" not in strategy.engines:
-            return f"{strategy.name}: runs on the torch engine only"
+            return f"{option(strategy.chosen_by)}: {strategy.described or strategy.name} runs on the torch engine only"
         if self.ensemble:
             return f"{option('ensemble')}: an ensemble runs on the torch engine only"
         if self.attention:
@@ -134,7 +138,7 @@ def choose_engine(request: EngineRequest, strategy: Strategy | None = None) -> t
     return "ctranslate2", None
 
 
-def _load_ctranslate2(request: EngineRequest, auto: bool) -> tuple[Any, list[str]]:
+def _load_ctranslate2(request: EngineRequest, auto: bool, options: DecodeOptions) -> tuple[Any, list[str]]:
     """The CTranslate2 translator of `request`, or (None, a note) when `auto` and the run's export cannot be
     written or written again (e.g. a run directory this user may only read) or CTranslate2 cannot run on
     the GPU it found: the torch engine can translate without it."""
@@ -149,8 +153,7 @@ def _load_ctranslate2(request: EngineRequest, auto: bool) -> tuple[Any, list[str
         return None, [f"engine: torch ({error})"]
     try:
         return load_ct2_translator(model_dir, checkpoint, device=request.device, int8=request.int8,
-                                   threads=request.threads, device_key=request.device_key,
-                                   sampling=request.sampling, n_best=_n_best(request), **request.decode), []
+                                   threads=request.threads, device_key=request.device_key, options=options), []
     except EngineUnavailableError as error:
         if auto:
             return None, [f"engine: torch ({error})"]
@@ -158,7 +161,7 @@ def _load_ctranslate2(request: EngineRequest, auto: bool) -> tuple[Any, list[str
             from None
 
 
-def _load_torch(request: EngineRequest) -> Any:
+def _load_torch(request: EngineRequest, options: DecodeOptions) -> Any:
     from transformer.runtime import select_device, set_threads
     from transformer.translation.torch_engine import load_translator
 
@@ -167,8 +170,7 @@ def _load_torch(request: EngineRequest) -> Any:
         raise UserError(f"{option('int8')} with the torch engine runs on the CPU only; add {request.device_key} cpu")
     set_threads(request.threads)
     return load_translator(request.run, request.checkpoint, device, int8=request.int8, bf16=request.bf16,
-                           sampling=request.sampling, ensemble=list(request.ensemble), n_best=_n_best(request),
-                           **request.decode)
+                           ensemble=list(request.ensemble), options=options)
 
 
 def _n_best(request: EngineRequest) -> int:
@@ -181,16 +183,19 @@ def _refuse_run_directory(request: EngineRequest) -> None:
                         f"{request.checkpoint}")
 
 
-def load_engine(request: EngineRequest, engine: str, auto: bool) -> tuple[Any, list[str]]:
+def load_engine(request: EngineRequest, engine: str, auto: bool, options: DecodeOptions | None = None
+                ) -> tuple[Any, list[str]]:
     """The translator of `engine` (as choose_engine chose it) for `request`, and the notes to show. `auto`:
     engine auto chose it, and CTranslate2 then falls back to torch, with a note, when the run's export
-    cannot be written."""
+    cannot be written. `options`: the request's decode options when already built (request.options());
+    they reach the engine as they are."""
+    options = request.options() if options is None else options
     notes: list[str] = []
     if engine == "ctranslate2":
-        translator, notes = _load_ctranslate2(request, auto)
+        translator, notes = _load_ctranslate2(request, auto, options)
         if translator is not None:
             return translator, notes
-    return _load_torch(request), notes
+    return _load_torch(request, options), notes
 
 
 def open_engine(request: EngineRequest, notify: Callable[[str], None]) -> Any:
@@ -203,7 +208,7 @@ def open_engine(request: EngineRequest, notify: Callable[[str], None]) -> Any:
     engine, why_torch = choose_engine(request, options.strategy)
     if why_torch:
         notify(f"engine: torch ({why_torch})")
-    translator, notes = load_engine(request, engine, request.engine == "auto")
+    translator, notes = load_engine(request, engine, request.engine == "auto", options)
     if not request.scoring and request.engine == "ctranslate2":  # worth saying to whoever chose it, not to all
         from transformer.translation.ct2_engine import differences_from_torch
 
@@ -217,14 +222,15 @@ def open_server_engines(request: EngineRequest) -> tuple[Any, Any, list[str]]:
     """serve.py's engines: the torch Translator, which alignment and sampling requests need, and the
     engine of plain requests, CTranslate2 where the policy chooses it (else that same Translator); and
     the notes to show."""
-    translator = _load_torch(dataclasses.replace(request, engine="torch"))
+    options = request.options()
+    translator = _load_torch(dataclasses.replace(request, engine="torch"), options)
     if request.engine == "torch":
         return translator, translator, []
     plain_request = dataclasses.replace(request, run=None, checkpoint=translator.checkpoint)
     engine, why_torch = choose_engine(plain_request)
     if engine == "torch":
         return translator, translator, [f"engine: torch ({why_torch})"] if why_torch else []
-    plain, notes = _load_ctranslate2(plain_request, request.engine == "auto")
+    plain, notes = _load_ctranslate2(plain_request, request.engine == "auto", options)
     if plain is None:
         return translator, translator, notes
     return translator, plain, ["engine: CTranslate2 for plain requests, torch for alignment and sampling requests"]

@@ -157,7 +157,7 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
 def _generation_config(decode: DecodeConfig, max_len: int) -> Any:
     transformers = import_transformers()
     # The run's method as decoding.STRATEGIES chooses it (a run's settings search, never sample).
-    beam = DecodeOptions.over(decode).strategy.name == "beam"
+    beam = DecodeOptions.over(decode).strategy.exports_beam
     return transformers.GenerationConfig(
         decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
         forced_eos_token_id=None,

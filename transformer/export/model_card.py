@@ -88,7 +88,7 @@ def scores_on_test_split(found: Path, model: Transformer, tokenizers: Tokenizers
     line = (f"Test split of the run ({len(sources)} sentences never trained on, all their references; "
             f"sacreBLEU defaults): greedy BLEU {greedy.bleu:.2f}, chrF {greedy.chrf:.2f} (what "
             "`generate(num_beams=1)` gives)")
-    if DecodeOptions.over(decode).strategy.name == "beam":  # the run's method (decoding.STRATEGIES), when not greedy
+    if DecodeOptions.over(decode).strategy.exports_beam:  # the run's method (decoding.STRATEGIES), when not greedy
         beam = score(translate(sources, model, tokenizers, decode, device), references)
         line += (f"; beam {decode.beam_size} (translate.py's search) BLEU {beam.bleu:.2f}, "
                  f"chrF {beam.chrf:.2f}")

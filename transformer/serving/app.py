@@ -62,6 +62,7 @@ PAGE = Path(__file__).parent / "static" / "index.html"
 Text = Annotated[str, StringConstraints(max_length=MAX_CHARS)]
 # The package's names of the decode options, as the request calls them.
 FIELDS = {"beam_size": "beam", "n_best": "n_best", "sampling": "sampling", "top_k": "sampling.top_k",
+          "constraints": "constraints", "avoid": "avoid",
           "top_p": "sampling.top_p", "temperature": "sampling.temperature", "seed": "sampling.seed"}
 
 
@@ -109,6 +110,9 @@ class TranslateRequest(BaseModel):
     sampling: SamplingRequest | None = Field(default=None, description="draw each token at random instead "
                                                                        "of searching")
     alignment: bool = Field(default=False, description="the best translation's cross-attention")
+    constraints: list[Text] = Field(default=[], description="target phrases every translation contains "
+                                                            "(constrained beam search, torch engine)")
+    avoid: list[Text] = Field(default=[], description="target phrases no translation contains")
 
     @model_validator(mode="after")
     def _one_prefix_per_text(self) -> "TranslateRequest":
@@ -187,7 +191,7 @@ class Translations:
 
     def _engine_for(self, work: TranslateWork) -> Any:
         seeded = work.options.strategy.seeded
-        on_torch = work.alignment or seeded
+        on_torch = work.alignment or seeded or "ctranslate2" not in work.options.strategy.engines
         engine = self.torch_engine if on_torch else self.engine
         if seeded:  # a new Translator: a new generator, seeded with the request's seed
             return dataclasses.replace(engine, decode=work.options)
@@ -411,12 +415,19 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
     @app.post("/translate", response_model=TranslateResponse)
     async def translate(request: TranslateRequest, http: Request) -> TranslateResponse:
         sampling = None if request.sampling is None else Sampling(**request.sampling.model_dump())
-        options = DecodeOptions.over(engine.decode, sampling, request.n_best, beam_size=request.beam)
+        options = DecodeOptions.over(engine.decode, sampling, request.n_best, tuple(request.constraints),
+                                     tuple(request.avoid), beam_size=request.beam)
         caps.check(beam_size=request.beam, n_best=request.n_best)
         seeded = options.strategy.seeded
         if (request.alignment or seeded) and torch_engine is None:
             raise UserError("this server translates without the torch engine, which alone gives the "
                             "cross-attention and seeded samples: ask without alignment and sampling")
+        if options.constrained and request.alignment:
+            raise DecodeOptionError("constraints", "are held by constrained beam search, which reads no attention: "
+                                                   "ask without alignment")
+        if "ctranslate2" not in options.strategy.engines and torch_engine is None:  # the method's own row
+            raise UserError(f"this server translates without the torch engine, which alone runs "
+                            f"{options.strategy.described or options.strategy.name}")
         work = TranslateWork(options, request.alignment, alone=next(requests) if seeded else 0)
         prefixes = request.prefixes or [""] * len(request.texts)
         future = http.app.state.batcher.submit(work, list(zip(request.texts, prefixes)))

@@ -60,6 +60,7 @@ class TraceFinished(BaseModel):
 class ExplainResponse(BaseModel):
     source: str
     method: str  # "greedy" or "beam"
+    beam_steps: bool  # its steps are beam steps (decoding.Strategy.beam_steps), else one token each
     beam_size: int
     alpha: float  # lp(n) = ((5 + n) / 6) ** alpha, n the subwords with EOS
     n_best: int

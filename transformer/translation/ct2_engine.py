@@ -224,15 +224,16 @@ _DIFFERENCES = {"greedy": lambda options, patience: [], "beam": _beam_difference
 
 def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device: str = "auto", int8: bool = False,
                         threads: int = 0, patience: float = BEAM_PATIENCE, device_key: str = "device",
-                        sampling: Sampling | None = None, n_best: int = 1, **decode_overrides: Any
-                        ) -> CTranslate2Translator:
+                        sampling: Sampling | None = None, n_best: int = 1, options: DecodeOptions | None = None,
+                        **decode_overrides: Any) -> CTranslate2Translator:
     """A CTranslate2 translator of the export in `model_dir`.
 
     `checkpoint`: the checkpoint it was exported from, whose run's decode config then applies (else the
     one the export recorded). `int8` runs CTranslate2's int8 weights (compute_type int8); `threads` > 0
     sets its intra-op threads; `patience` is beam search's (see BEAM_PATIENCE); `device_key` names the
     device setting in errors. The decode options are that decode config with `decode_overrides`,
-    `sampling` and `n_best` (decoding.DecodeOptions.over); a sampling seed is set with
+    `sampling` and `n_best` (decoding.DecodeOptions.over), unless `options` gives them already built (the
+    engine policy builds a request's options once, engines.EngineRequest.options); a sampling seed is set with
     ctranslate2.set_random_seed (one seed for the whole process, which is CTranslate2's only kind).
     """
     ctranslate2 = import_ctranslate2()
@@ -241,8 +242,10 @@ def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device:
     info = read_export_info(model_dir)
     if info is None:
         raise CheckpointError(f"{model_dir}: holds no complete CTranslate2 export of this project")
-    decode = load_decode_config(run_dir_of(checkpoint)) if checkpoint is not None else DecodeConfig(**info["decode"])
-    decode = DecodeOptions.over(decode, sampling, n_best, **decode_overrides)
+    if options is None:
+        settings = load_decode_config(run_dir_of(checkpoint)) if checkpoint is not None else DecodeConfig(**info["decode"])
+        options = DecodeOptions.over(settings, sampling, n_best, **decode_overrides)
+    decode = options
     try:
         translator = ctranslate2.Translator(str(model_dir), device=device_kind, device_index=device_index,
                                             compute_type="int8" if int8 else "default", intra_threads=threads)
@@ -251,8 +254,8 @@ def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device:
     if device_kind == "cuda" or (device_kind == "auto" and ctranslate2.get_cuda_device_count()):
         _check_it_runs(translator)
     tokenizers = load_tokenizers(model_dir / EXPORT_TOKENIZER_DIR)
-    if sampling is not None:
-        ctranslate2.set_random_seed(sampling.seed)
+    if decode.sampling is not None:
+        ctranslate2.set_random_seed(decode.sampling.seed)
     log.info("translating with CTranslate2 from %s (step %s%s)", model_dir, info["checkpoint"].get("step"),
              ", int8" if int8 else "")
     return CTranslate2Translator(translator, tokenizers, decode, int(info["max_len"]), model_dir, checkpoint,

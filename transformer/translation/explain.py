@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID
+from transformer.decoding import STRATEGIES
 from transformer.model import Transformer
 from transformer.translation.torch_engine import Translator
 from transformer.translation.texts import gnmt_length_penalty
@@ -350,7 +351,7 @@ def _render_beam(trace: SearchTrace) -> list[str]:
 
 def _render_verdict(trace: SearchTrace) -> list[str]:
     out = ["4. Why this translation"]
-    if trace.method == "beam" and trace.finished:
+    if STRATEGIES[trace.method].beam_steps and trace.finished:
         rows = [["rank", "score", "= log-prob", "/ lp", "subwords", "finished hypothesis"]]
         ranked = sorted(trace.finished, key=lambda f: -f.score)
         for rank, finished in enumerate(ranked, start=1):
@@ -373,7 +374,7 @@ def render(explanation: Explanation) -> str:
     out += _subword_rows(f"translation, as the search wrote it ({len(trace.output_ids)} subwords + {EOS}): "
                          f"{trace.output_text}", [*trace.output_pieces, EOS], [*trace.output_ids, EOS_ID])
     out += ["", *_render_stages(explanation), ""]
-    out += _render_greedy(trace) if trace.method == "greedy" else _render_beam(trace)
+    out += _render_beam(trace) if STRATEGIES[trace.method].beam_steps else _render_greedy(trace)
     out += ["", *_render_verdict(trace)]
     return "\n".join(out)
 

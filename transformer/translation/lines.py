@@ -24,7 +24,10 @@ from transformer.data.text import iter_lines, read_lines
 from transformer.errors import UserError, option
 from transformer.files import atomic_writer
 from transformer.translation.metrics import score
-from transformer.translation.texts import Engine, score_texts, translate_scored, translate_texts
+from transformer.decoding import check_phrases
+from transformer.translation.glossary import Glossary
+from transformer.translation.texts import (Engine, PhraseError, met_phrases, score_texts, translate_scored,
+                                           translate_texts)
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
 # small enough that a long file streams and memory stays flat.
@@ -106,15 +109,19 @@ def _json_line(record: dict) -> str:
     return json.dumps(record, ensure_ascii=False)
 
 
-def _records(sources: list[str], prefixes: list[str] | None, translations: list[list[tuple]]) -> list[str]:
+def _records(sources: list[str], prefixes: list[str] | None, translations: list[list[tuple]],
+             met: list[list[tuple[str, bool]]] | None = None) -> list[str]:
     """One JSON object per source: its translation and score, its n-best list (text, score, and the
-    alignment when one was made) and, when one was given, its prefix."""
+    alignment when one was made) and, when one was given, its prefix; with `met`, each required phrase
+    and whether the translation contains it."""
     lines = []
     for i, (source, candidates) in enumerate(zip(sources, translations)):
         n_best = [dict(text=c[0], score=c[1], **({"alignment": c[2]} if len(c) > 2 else {})) for c in candidates]
         record = {"source": source, "translation": n_best[0]["text"], "score": n_best[0]["score"]}
         if prefixes is not None:
             record["prefix"] = prefixes[i]
+        if met is not None:
+            record["constraints"] = [{"phrase": phrase, "met": was_met} for phrase, was_met in met[i]]
         if "alignment" in n_best[0]:
             record["alignment"] = n_best[0]["alignment"]
         lines.append(_json_line({**record, "n_best": n_best}))
@@ -154,34 +161,87 @@ def _inspect_chunk(translator, chunk: list[str], n_best: int, first: int, attent
     return lines, best
 
 
+def constraint_columns(lines: Iterable[str]) -> Iterator[tuple[str, list[str]]]:
+    """Each line as (source, its phrases): `source<TAB>phrase[<TAB>phrase…]`; a line without a tab has
+    none, and a blank line is ("", [])."""
+    for line in lines:
+        source, *phrases = line.split("\t")
+        yield source, phrases
+
+
+def _checked_phrases(engine: Engine, number: int, phrases: list[str]) -> list[str]:
+    """A line's own required phrases, checked as the options' are (decoding.check_phrases) with them."""
+    decode = engine.decode
+    where = f"line {number}: "
+    check_phrases([*decode.constraints, *phrases], "line_constraints", where=where)
+    check_phrases(decode.avoid, "avoid", required=(*decode.constraints, *phrases), where=where)
+    return phrases
+
+
+def _search_chunk(translator: Engine, chunk: list[str], n_best: int, prefixes: list[str] | None,
+                  constraints: list[list[str]] | None, jsonl: bool, first: int) -> tuple[list[str], list[str]]:
+    """(output lines, best translations) of a chunk whose first line is input line `first`, searched
+    with the chunk's prefixes and phrases; a phrase no output can hold to is refused naming its line."""
+    try:
+        if jsonl and translator.decode.constrained:
+            from transformer.translation.texts import search_texts_held, decode_outputs, output_log_probs
+
+            sources, results, phrases = search_texts_held(translator, chunk, n_best, True, prefixes, constraints)
+            texts = decode_outputs(translator.tokenizers, results)
+            scored = [list(zip(c, p)) for c, p in zip(texts, output_log_probs(translator, sources, results))]
+            names = [[*translator.decode.constraints, *(constraints[i] if constraints else [])]
+                     for i in range(len(chunk))]
+            met = [list(zip(names[i], met_phrases(translator, results[i][0], phrases[i]) if sources[i] else
+                            [False] * len(names[i]))) for i in range(len(chunk))]
+            return _records(chunk, prefixes, scored, met), [c[0][0] for c in scored]
+        if jsonl:
+            scored = translate_scored(translator, chunk, n_best, prefixes)
+            return _records(chunk, prefixes, scored), [c[0][0] for c in scored]
+        held = {} if constraints is None else {"constraints": constraints}
+        candidates = translate_texts(translator, chunk, n_best, prefixes=prefixes, **held)
+        return ["\t".join(c) for c in candidates], [c[0] for c in candidates]
+    except PhraseError as error:
+        if error.index is None:
+            raise
+        raise UserError(f"line {first + error.index}: {Exception.__str__(error)}") from None  # its options marked
+
+
 def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_best: int, chunk_size: int,
                      progress=None, attention_dir: Path | None = None, alignment_layer: int | None = None,
-                     prefix: str | None = None, prefix_column: bool = False, jsonl: bool = False) -> list[str]:
+                     prefix: str | None = None, prefix_column: bool = False, jsonl: bool = False,
+                     constraints_column: bool = False, glossary: Glossary | None = None) -> list[str]:
     """Translate lines chunk by chunk, writing each chunk's output as soon as it is ready; returns
     the best translations. `attention_dir`: write DIR/N.png for input line N (1-based, blank lines
     counted); `alignment_layer` (0-based): follow each translation with a tab and its alignment.
     Both need the torch engine (attention.translate_with_attention). `prefix`: every translation
     starts with it; `prefix_column`: each line is source<TAB>prefix instead. `jsonl`: one JSON object
-    per line (`_records`) instead of tab-separated text."""
+    per line (`_records`) instead of tab-separated text. `constraints_column`: each line is
+    source<TAB>phrase[<TAB>phrase…], phrases its translations must contain; `glossary`: the target terms
+    of the source terms a line contains are such phrases (both need decode.per_text_constraints)."""
     inspect = attention_dir is not None or alignment_layer is not None
     if inspect:
         chunk_size = min(chunk_size, ATTENTION_CHUNK)
     with_prefixes = prefix_column or prefix is not None
-    items = split_columns(lines, "target prefix") if prefix_column else ((line, prefix) for line in lines)
+    if constraints_column:
+        items: Iterable[tuple[str, object]] = constraint_columns(lines)
+    else:
+        items = split_columns(lines, "target prefix") if prefix_column else ((line, prefix) for line in lines)
+    with_phrases = constraints_column or glossary is not None
     written: list[str] = []
     first = 1
     for pairs in chunks(items, chunk_size):
         chunk = [source for source, _ in pairs]
         prefixes = [prefix_text for _, prefix_text in pairs] if with_prefixes else None
+        constraints = None
+        if with_phrases:
+            constraints = [_checked_phrases(translator, number, [*(own if constraints_column else []),
+                                                                 *(glossary.targets_of(source) if glossary else [])])
+                           for number, (source, own) in enumerate(pairs, start=first)]
         if inspect:
             output, best = _inspect_chunk(translator, chunk, n_best, first, attention_dir, alignment_layer,
                                           prefixes, jsonl)
-        elif jsonl:
-            scored = translate_scored(translator, chunk, n_best, prefixes)
-            output, best = _records(chunk, prefixes, scored), [c[0][0] for c in scored]
         else:
-            candidates = translate_texts(translator, chunk, n_best, prefixes=prefixes)
-            output, best = ["\t".join(c) for c in candidates], [c[0] for c in candidates]
+            output, best = _search_chunk(translator, chunk, n_best, prefixes, constraints, jsonl, first)
         out.write("".join(line + "\n" for line in output))
         written.extend(best)
         first += len(chunk)

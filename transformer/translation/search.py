@@ -365,32 +365,47 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
 class Search(Protocol):
     """How the torch engine runs one decoding method: per sentence, its options.n_best outputs best first
     (id lists without BOS/EOS). `generator`: the seeded method's random numbers; `observer`: a traced
-    method's watcher (decoding.Strategy)."""
+    method's watcher (decoding.Strategy); `phrases`: each sentence's constrained.Phrases (the constrained method)."""
 
     def __call__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
                  options: DecodeOptions, prefixes: Sequence[Sequence[int]] | None = None,
-                 generator: torch.Generator | None = None, observer: SearchObserver | None = None
-                 ) -> list[list[list[int]]]: ...
+                 generator: torch.Generator | None = None, observer: SearchObserver | None = None,
+                 phrases: Sequence | None = None) -> list[list[list[int]]]: ...
 
 
-def _greedy(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None):
+def _greedy(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
+            phrases=None):
     return [[tokens] for tokens in greedy_search(models, src, src_pad_mask, max_lengths, prefixes, observer)]
 
 
-def _beam(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None):
+def _beam(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
+          phrases=None):
     hypotheses = beam_search(models, src, src_pad_mask, options.beam_size, options.length_penalty, max_lengths,
                              options.n_best, prefixes, observer)
     return [[h.tokens for h in sentence] for sentence in hypotheses]
 
 
-def _sampling(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None):
+def _sampling(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
+              phrases=None):
     s = options.sampling
     return sample_search(models, src, src_pad_mask, max_lengths, generator, options.n_best, s.top_k, s.top_p,
                          s.temperature, prefixes)
 
 
+def _constrained(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
+                 phrases=None):
+    # Imported here: constrained.py builds on this module's BeamSearch.
+    from transformer.translation.constrained import constrained_beam_search
+
+    if phrases is None:  # the options' phrases would be ignored: the text path tokenizes them (texts.text_phrases)
+        raise ValueError("constrained search needs each sentence's phrases")
+    hypotheses = constrained_beam_search(models, src, src_pad_mask, options.beam_size, options.length_penalty,
+                                         max_lengths, options.n_best, phrases, prefixes)
+    return [[h.tokens for h in sentence] for sentence in hypotheses]
+
+
 # decoding.STRATEGIES' methods as the torch engine runs them, by name.
-SEARCHES: dict[str, Search] = {"greedy": _greedy, "beam": _beam, "sampling": _sampling}
+SEARCHES: dict[str, Search] = {"greedy": _greedy, "beam": _beam, "sampling": _sampling, "constrained": _constrained}
 
 
 __all__ = ["Hypothesis", "Models", "SearchObserver", "BeamCandidates", "max_output_lengths", "forced_tokens",

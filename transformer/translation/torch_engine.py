@@ -60,10 +60,10 @@ class Translator:
     def max_len(self) -> int:
         return min(model.config.max_len for model in self.models)
 
-    def translate(self, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None
-                  ) -> list[list[str]]:
+    def translate(self, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None,
+                  constraints: list[list[str]] | None = None) -> list[list[str]]:
         """For each text, its `n_best` translations, best first (texts.translate_texts)."""
-        return translate_texts(self, texts, n_best, prefixes=prefixes)
+        return translate_texts(self, texts, n_best, prefixes=prefixes, constraints=constraints)
 
     @contextlib.contextmanager
     def eval_mode(self):
@@ -85,11 +85,11 @@ class Translator:
             self._generator = torch.Generator(device=self.device).manual_seed(self.decode.sampling.seed)
         return self._generator
 
-    def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None
-               ) -> list[list[list[int]]]:
+    def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None,
+               phrases: list | None = None) -> list[list[list[int]]]:
         """Source id lists (no EOS) -> for each, its `n_best` output id lists best first, by the method
         the decode options choose (decoding.STRATEGIES, run by search.SEARCHES); each output starts with
-        its prefix when `prefixes` are given."""
+        its prefix when `prefixes` are given, and holds to its constrained.Phrases when `phrases` are."""
         options = self.decode if n_best == self.decode.n_best else dataclasses.replace(self.decode, n_best=n_best)
         strategy = options.strategy
         with self.eval_mode():
@@ -98,7 +98,8 @@ class Translator:
             max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), options.max_length_a,
                                              options.max_length_b, self.max_len - 1)
             generator = self.generator() if strategy.seeded else None
-            return SEARCHES[strategy.name](self.models, src, src_pad_mask, max_lengths, options, prefixes, generator)
+            return SEARCHES[strategy.name](self.models, src, src_pad_mask, max_lengths, options, prefixes, generator,
+                                           phrases=phrases)
 
     def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         """Teacher-forced log-probabilities of each target's tokens and its EOS, over the whole vocabulary
@@ -126,7 +127,7 @@ def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, conf
 def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None, device: torch.device | str = "cpu",
                     runs_root: Path = Path("runs"), int8: bool = False, bf16: bool = False,
                     sampling: Sampling | None = None, ensemble: list[Path] | tuple[Path, ...] = (),
-                    n_best: int = 1, **decode_overrides) -> Translator:
+                    n_best: int = 1, options: DecodeOptions | None = None, **decode_overrides) -> Translator:
     """The best checkpoint of `run` (default: the newest run under `runs_root`), or `checkpoint_dir`.
 
     `int8` quantizes the linear layers for faster CPU translation (see quantize.py). `bf16` casts the
@@ -136,7 +137,8 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     `ensemble`: more runs whose best checkpoints search together with the first (step_decoder.StepDecoder
     says how); they must share its tokenizer files, and the first run's decode config applies.
     The decode options are the run's decode config with `decode_overrides` (beam_size, batch_size, ...),
-    `sampling` (sample instead of searching) and `n_best` (decoding.DecodeOptions.over).
+    `sampling` (sample instead of searching) and `n_best` (decoding.DecodeOptions.over), unless `options`
+    gives them already built (the engine policy builds a request's options once, engines.EngineRequest.options).
     """
     if int8 and bf16:
         raise UserError("choose one of int8 and bf16")
@@ -146,7 +148,8 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     # Pinned while read: a run still training may prune its checkpoints meanwhile (pins.py).
     with contextlib.ExitStack() as pins:
         found = pins.enter_context(pinned_checkpoint(run, checkpoint_dir, runs_root))
-        decode = DecodeOptions.over(load_decode_config(run_dir_of(found)), sampling, n_best, **decode_overrides)
+        decode = options if options is not None else DecodeOptions.over(load_decode_config(run_dir_of(found)),
+                                                                        sampling, n_best, **decode_overrides)
         model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
         others = [_ensemble_member(found, tokenizers, pins.enter_context(pinned_checkpoint(member, None, runs_root)),
                                    device) for member in ensemble]

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import EOS_ID, Tokenizers
-from transformer.decoding import traced_strategy
+from transformer.decoding import STRATEGIES, traced_strategy
 from transformer.errors import UserError
 from transformer.translation.search import SEARCHES, BeamCandidates
 from transformer.translation.step_decoder import max_output_lengths
@@ -110,7 +110,7 @@ class SearchTrace:
 
     def verdict(self) -> str:
         """Why the output won, in one or two sentences with the numbers."""
-        if self.method == "greedy":
+        if not STRATEGIES[self.method].beam_steps:
             log_prob = sum(c.token_log_prob for step in self.steps for c in step.candidates if c.fate == CHOSEN)
             return (f"Greedy search took the most probable subword at every step: {self.output_text!r}, "
                     f"log-probability {log_prob:.3f}. It never compares whole sentences.")
@@ -136,7 +136,8 @@ class SearchTrace:
         indices in `finished` of the winner and of the most probable hypothesis (None for greedy)."""
         index = {id(f): i for i, f in enumerate(self.finished)}
         return _finite(dataclasses.asdict(self)) | {
-            "verdict": self.verdict(), "winner": index.get(id(self.winner)),
+            "verdict": self.verdict(), "beam_steps": STRATEGIES[self.method].beam_steps,
+            "winner": index.get(id(self.winner)),
             "most_probable": index.get(id(self.most_probable))}
 
 

@@ -1,0 +1,232 @@
+"""Constrained beam search (translation/constrained.py) and its faces: every output contains every required
+phrase and no banned one, with n-best, a length penalty, an ensemble and a prefix, cached as recomputed,
+scored with the model's own log-probs; translate.py's --constraint, --avoid, --constraints-column and
+--glossary, --format jsonl's report, the engine policy's note and refusal; and each bad input as one
+line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import train_tiny_run
+from test_cli import stdin_of, translate, user_error
+from test_decode import random_sources, recomputed, sequence_log_prob, tiny_model
+from transformer.config import Config
+from transformer.data.batching import source_tensor
+from transformer.decoding import MAX_PHRASES, DecodeOptions, Sampling
+from transformer.errors import DecodeOptionError
+from transformer.translation.constrained import Phrases, constrained_beam_search
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
+from transformer.translation.glossary import read_glossary
+from transformer.translation.texts import PhraseError, phrase_ids
+
+
+def contains(tokens: list[int], phrase: tuple[int, ...]) -> bool:
+    return any(tuple(tokens[i: i + len(phrase)]) == phrase for i in range(len(tokens) - len(phrase) + 1))
+
+
+def search(models, sources, limits, phrases, beam_size=4, alpha=1.0, n_best=1, prefixes=None):
+    src, src_pad_mask = source_tensor(sources)
+    return constrained_beam_search(models, src, src_pad_mask, beam_size, alpha, torch.tensor(limits), n_best,
+                                   phrases, prefixes)
+
+
+PHRASES = [Phrases(((17, 18, 19),)), Phrases(((30,), (12, 5))), Phrases(), Phrases(((7, 7),), ((8,),)),
+           Phrases((), ((9,), (10, 11)))]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_every_hypothesis_holds_to_its_phrases_and_is_scored_by_the_model(alpha):
+    model, sources = tiny_model(3), random_sources(5, len(PHRASES))
+    found = search(model, sources, [12] * len(PHRASES), PHRASES, beam_size=4, alpha=alpha, n_best=3)
+    for hypotheses, phrases, source in zip(found, PHRASES, sources):
+        assert 1 <= len(hypotheses) <= 3
+        assert [h.score for h in hypotheses] == sorted((h.score for h in hypotheses), reverse=True)
+        for h in hypotheses:
+            assert len(h.tokens) <= 12
+            assert all(contains(h.tokens, phrase) for phrase in phrases.required)
+            assert not any(contains(h.tokens, phrase) for phrase in phrases.banned)
+            with torch.no_grad():
+                assert abs(h.log_prob - sequence_log_prob(model, source, h.tokens)) < 1e-4
+
+
+def test_cached_equals_recomputed_and_batching_changes_nothing():
+    model, sources = tiny_model(1), random_sources(2, len(PHRASES))
+    together = search(model, sources, [10] * len(PHRASES), PHRASES)
+    with recomputed():
+        uncached = search(model, sources, [10] * len(PHRASES), PHRASES)
+    assert [[h.tokens for h in hs] for hs in uncached] == [[h.tokens for h in hs] for hs in together]
+    alone = [search(model, [s], [10], [p])[0] for s, p in zip(sources, PHRASES)]
+    assert [[h.tokens for h in hs] for hs in alone] == [[h.tokens for h in hs] for hs in together]
+
+
+def test_a_phrase_that_fills_the_length_limit_is_the_whole_output():
+    model, sources = tiny_model(2), random_sources(3, 2)
+    found = search(model, sources, [3, 4], [Phrases(((20, 21, 22),)), Phrases(((20, 21), (23, 24)))])
+    assert found[0][0].tokens == [20, 21, 22]
+    assert sorted([found[1][0].tokens[:2], found[1][0].tokens[2:]]) == [[20, 21], [23, 24]]
+
+
+def test_prefix_and_ensemble():
+    models, sources = [tiny_model(4), tiny_model(5)], random_sources(6, 3)
+    phrases = [Phrases(((25, 26),)), Phrases(((6,),), ((7,),)), Phrases(((9, 9, 9),))]
+    prefixes = [[11, 12], [], [13]]
+    for found in (search(models, sources, [9] * 3, phrases, prefixes=prefixes),
+                  search(models[0], sources, [9] * 3, phrases, beam_size=1, prefixes=prefixes)):
+        for hypotheses, p, prefix in zip(found, phrases, prefixes):
+            tokens = hypotheses[0].tokens
+            assert tokens[:len(prefix)] == prefix and all(contains(tokens, r) for r in p.required)
+            assert not any(contains(tokens, b) for b in p.banned)
+
+
+# --------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(constraints=("  ",)), "constraints has an empty or blank phrase: nothing to require"),
+    (dict(avoid=("",)), "avoid has an empty or blank phrase: nothing to avoid"),
+    (dict(constraints=tuple(f"w{i}" for i in range(MAX_PHRASES + 1))),
+     f"constraints has {MAX_PHRASES + 1} phrases, more than the {MAX_PHRASES} a text may have"),
+    (dict(constraints=("gare",), avoid=("gare ",)),
+     "avoid 'gare ': also required (constraints); a phrase is required or avoided, not both"),
+    (dict(avoid=("x",), sampling=Sampling()), "sampling draws each token at random and cannot be held to "
+                                              "phrases: leave out avoid"),
+])
+def test_options_refuse_bad_phrases(given, message):
+    with pytest.raises(DecodeOptionError) as caught:
+        DecodeOptions(**given)
+    assert str(caught.value) == message
+
+
+def test_phrases_choose_the_constrained_method_which_runs_on_torch_only():
+    strategy = DecodeOptions(beam_size=1, avoid=("x",)).strategy
+    assert strategy.name == "constrained" and strategy.engines == ("torch",)
+    assert DecodeOptions().strategy.name == "beam"
+
+
+# --------------------------------------------------------------------------- glossary
+
+
+def test_glossary_terms_match_whole_words_in_any_case(tmp_path: Path):
+    path = tmp_path / "terms.tsv"
+    path.write_text("station\tgare\nTom\tTom\n\nC++\tC++\n", encoding="utf-8")
+    glossary = read_glossary(path)
+    assert glossary.targets_of("Where is the STATION?") == ["gare"]
+    assert glossary.targets_of("Stations and tomatoes.") == []
+    assert glossary.targets_of("Tom\u00a0writes C++.") == ["Tom", "C++"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"station gare\n", "line 1: no tab: expected a source term, a tab, then the target term"),
+    (b"ok\tbien\n\t gare\n", "line 2: the source term is empty"),
+    (b"station\t \n", "line 1: the target term is empty"),
+    (b"station\tgare\nfa\xe7ade\tfacade\n", "not UTF-8 text at line 2"),
+])
+def test_a_bad_glossary_line_is_named(tmp_path: Path, content: bytes, message: str):
+    path = tmp_path / "terms.tsv"
+    path.write_bytes(content)
+    with pytest.raises(Exception) as caught:
+        read_glossary(path)
+    assert str(path) in str(caught.value) and message in str(caught.value)
+
+
+# --------------------------------------------------------------------------- translate.py
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
+    return train_tiny_run(tmp_path_factory.mktemp("constrained") / "run", tiny_config, datasets_cache)
+
+
+SENTENCES = ["I'm cold.", "Where is the station?"]
+
+
+def test_cli_constraint_and_avoid(trained_run: Path, capsys):
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--beam", "3", *SENTENCES) == 0
+    plain = capsys.readouterr().out.splitlines()
+    word = plain[0].split()[0]
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--beam", "3", "--n-best", "2",
+                     "--constraint", "gare", "--avoid", word, *SENTENCES) == 0
+    for line in capsys.readouterr().out.splitlines():
+        for candidate in line.split("\t"):
+            assert "gare" in candidate.split() and word not in candidate.split()
+
+
+def test_cli_engine_auto_notes_and_ctranslate2_refuses(trained_run: Path, capsys):
+    assert translate(trained_run, "--constraint", "gare", *SENTENCES) == 0
+    err = capsys.readouterr().err
+    assert ("note: engine: torch (--constraint: constrained beam search (required or avoided phrases) runs on "
+            "the torch engine only)") in err
+    assert translate(trained_run, "--engine", "ctranslate2", "--avoid", "le", *SENTENCES) == 2
+    assert user_error(capsys) == ("--avoid: constrained beam search (required or avoided phrases) runs on the "
+                                  "torch engine only: leave out --engine ctranslate2")
+
+
+def test_cli_constraints_column_glossary_and_jsonl_report(trained_run: Path, capsys, monkeypatch, tmp_path: Path):
+    stdin_of(monkeypatch, "I'm cold.\tfroid\tJe\n\nWhere is the station?\n".encode())
+    assert translate(trained_run, "--quiet", "--constraints-column", "--format", "jsonl") == 0
+    records = [json.loads(line) if line else None for line in capsys.readouterr().out.splitlines()]
+    assert records[0]["constraints"] == [{"phrase": "froid", "met": True}, {"phrase": "Je", "met": True}]
+    assert records[1] is None or records[1]["translation"] == ""
+    assert records[2]["constraints"] == []
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("station\tgare\ncold\tfroid\n", encoding="utf-8")
+    assert translate(trained_run, "--quiet", "--glossary", str(glossary), *SENTENCES) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert "froid" in first.split() and "gare" in second.split()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--constraint", " "], "--constraint has an empty or blank phrase: nothing to require"),
+    (["--avoid", ""], "--avoid has an empty or blank phrase: nothing to avoid"),
+    (["--constraint", "\u200b"], "--constraint '\\u200b' has no subwords: nothing of it is left after the input "
+                                 "cleaning"),
+    ([arg for i in range(MAX_PHRASES + 1) for arg in ("--constraint", f"w{i}")],
+     f"--constraint has {MAX_PHRASES + 1} phrases, more than the {MAX_PHRASES} a text may have"),
+    (["--constraint", "gare", "--avoid", "gare"], "--avoid 'gare': also required (--constraint); a phrase is "
+                                                  "required or avoided, not both"),
+    (["--constraint", "la gare de la ville est grande", "--max-length-a", "0", "--max-length-b", "2"],
+     "--constraint need"),
+    (["--constraint", "gare", "--sample"], "--sample draws each token at random and cannot be held to phrases: "
+                                           "leave out --constraint"),
+])
+def test_cli_bad_phrases_are_one_line(trained_run: Path, capsys, args, message):
+    assert translate(trained_run, "--quiet", *args, "I'm cold.") == 2
+    assert user_error(capsys).startswith(message)
+
+
+def test_a_phrase_spelled_like_a_special_token_is_text(tiny_tokenizers):
+    for special in SPECIAL_TOKENS:
+        try:
+            ids = phrase_ids(tiny_tokenizers, special, "constraints")
+        except PhraseError as error:  # its characters, read as text, may be missing from a tiny vocabulary
+            assert "holds characters the target vocabulary lacks" in str(error)
+        else:
+            assert not set(ids) & {PAD_ID, UNK_ID, BOS_ID, EOS_ID}
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"station gare\n", "line 1: no tab"),
+    (b"station\t\n", "line 1: the target term is empty"),
+    (b"\xff\tgare\n", "not UTF-8 text at line 1"),
+    (b"ok\tbien\nstation\t\xe2\x80\x8b\n", "line 2: the target term is empty"),
+])
+def test_cli_bad_glossary_is_one_line(trained_run: Path, capsys, tmp_path: Path, content: bytes, message: str):
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_bytes(content)
+    assert translate(trained_run, "--quiet", "--glossary", str(glossary), "I'm cold.") == 2
+    error = user_error(capsys)
+    assert str(glossary) in error and message in error
+
+
+def test_cli_bad_column_phrases_name_their_line(trained_run: Path, capsys, monkeypatch):
+    stdin_of(monkeypatch, "I'm cold.\tfroid\nGo.\t \n".encode())
+    assert translate(trained_run, "--quiet", "--constraints-column") == 2
+    assert user_error(capsys) == "line 2: the constraints column has an empty or blank phrase: nothing to require"
+    stdin_of(monkeypatch, "I'm cold.\tfroid\nGo.\t\u200b\n".encode())
+    assert translate(trained_run, "--quiet", "--constraints-column") == 2
+    assert user_error(capsys).startswith("line 2: the constraints column '\\u200b' has no subwords")

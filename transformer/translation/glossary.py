@@ -1,0 +1,76 @@
+"""A glossary: a TSV file of `source term<TAB>target term` lines, read once and checked line by line,
+and the target terms a text calls for (its source terms found as whole words, case-insensitively, in
+the text as the input cleaning leaves it), which constrained search then requires. No torch here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformer.data.text import clean_text, read_lines
+from transformer.errors import UserError
+
+
+@dataclass(frozen=True)
+class Entry:
+    source: str  # as cleaned
+    target: str  # as written in the file (the text path cleans and tokenizes it)
+    line: int  # 1-based, for messages
+
+
+@dataclass(frozen=True)
+class Glossary:
+    path: Path
+    entries: tuple[Entry, ...]
+
+    def targets_of(self, text: str) -> list[str]:
+        """The target terms whose source term `text` contains as whole words, case-insensitively after
+        the input cleaning, in file order, each once."""
+        cleaned = clean_text(text).casefold()
+        found = [entry.target for entry in self.entries if _whole_words(entry.source).search(cleaned)]
+        return list(dict.fromkeys(found))
+
+
+def _whole_words(term: str) -> re.Pattern:
+    # \b is not enough: a term may start or end with a non-word character ("C++", "U.S.").
+    return re.compile(r"(?<!\w)" + re.escape(term.casefold()) + r"(?!\w)")
+
+
+def read_glossary(path: Path) -> Glossary:
+    """The glossary in `path` (UTF-8; blank lines skipped). A line without a tab, or with a blank side,
+    is a UserError naming the file and line; so is a file that is not UTF-8."""
+    entries = []
+    for number, line in enumerate(read_lines(path, "glossary"), start=1):
+        if not line.strip():
+            continue
+        source, tab, target = line.partition("\t")
+        if not tab:
+            raise UserError(f"{path}, line {number}: no tab: expected a source term, a tab, then the target term")
+        for side, term in (("source", source), ("target", target)):
+            if not clean_text(term):
+                raise UserError(f"{path}, line {number}: the {side} term is empty")
+        if "\t" in target:
+            raise UserError(f"{path}, line {number}: more than one tab: expected a source term, a tab, then the "
+                            "target term")
+        entries.append(Entry(clean_text(source), target, number))
+    return Glossary(path, tuple(entries))
+
+
+def check_terms(glossary: Glossary, engine) -> None:
+    """Refuse, naming its line, a target term that no output can contain (texts.phrase_ids) or that the
+    engine's options avoid; before any translating, so that a bad line stops the run before its work."""
+    from transformer.translation.texts import PhraseError, phrase_ids
+
+    avoided = {phrase.strip() for phrase in engine.decode.avoid}
+    for entry in glossary.entries:
+        try:
+            phrase_ids(engine.tokenizers, entry.target, "glossary_term")
+        except PhraseError as error:
+            raise UserError(f"{glossary.path}, line {entry.line}: {error}") from None
+        if entry.target.strip() in avoided:
+            raise UserError(f"{glossary.path}, line {entry.line}: the target term {entry.target!r} is also avoided")
+
+
+__all__ = ["Entry", "Glossary", "read_glossary", "check_terms"]

@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     terms.add_argument("--constraints-column", action="store_true",
                        help="input lines are source<TAB>phrase[<TAB>phrase...]: each translation contains its "
                             "line's phrases")
-    terms.add_argument("--glossary", type=Path, metavar="FILE",
+    terms.add_argument("--glossary", type=path_argument, metavar="FILE",
                        help="a TSV of source term<TAB>target term: a line whose source holds a source term (whole "
                             "words, any case) gets its target term as a constraint")
     add("--score", action="store_true", help="score given translations instead of translating: input lines "
@@ -170,11 +170,12 @@ def check_arguments(args: argparse.Namespace) -> None:
     held_flag = next((flag for flag, given in held.items() if given), None)
     if held_flag:  # what constrained search does not do (yet)
         clashes = {"--attention": args.attention is not None, "--alignment": args.alignment,
-                   "--prefix-column": args.prefix_column and args.constraints_column}
+                   "--prefix-column": args.prefix_column and args.constraints_column,
+                   "--prefix": args.prefix is not None and args.constraints_column}
         clash = next((flag for flag, given in clashes.items() if given), None)
         if clash:
-            raise UserError(f"{held_flag} is constrained beam search, which reads no attention and no second "
-                            f"column of prefixes: leave out {clash}")
+            raise UserError(f"{held_flag} is constrained beam search, which reads no attention and, with "
+                            f"--constraints-column, no prefix: leave out {clash}")
     if args.targets is not None and args.input is None:
         raise UserError("--targets needs --input, the source of each target line")
     for flag, path in [("--input", args.input), ("--targets", args.targets)] + [("--reference", path) for path in

@@ -193,6 +193,10 @@ def test_cli_constraints_column_glossary_and_jsonl_report(trained_run: Path, cap
      "--constraint need"),
     (["--constraint", "gare", "--sample"], "--sample draws each token at random and cannot be held to phrases: "
                                            "leave out --constraint"),
+    # Once a traceback: the column's phrases were read as the prefixes.
+    (["--constraints-column", "--prefix", "Il"], "--constraints-column is constrained beam search, which reads no "
+                                                 "attention and, with --constraints-column, no prefix: leave out "
+                                                 "--prefix"),
 ])
 def test_cli_bad_phrases_are_one_line(trained_run: Path, capsys, args, message):
     assert translate(trained_run, "--quiet", *args, "I'm cold.") == 2

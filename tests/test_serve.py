@@ -35,7 +35,8 @@ from transformer.config import Config  # noqa: E402
 from transformer.engines import EngineRequest, open_server_engines  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
 from transformer.serving.batcher import BatchRecord  # noqa: E402
-from transformer.serving.app import MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, create_app  # noqa: E402
+from transformer.serving.app import (MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, TranslateWork, Translations,  # noqa: E402
+                                    create_app)
 from transformer.serving.server import ServerLimits, build_server, listen  # noqa: E402
 from transformer.translation.attention import translate_with_attention  # noqa: E402
 from transformer.decoding import Sampling  # noqa: E402
@@ -817,3 +818,12 @@ def test_a_full_server_gives_a_new_client_the_place_of_the_one_stalled_longest(t
         finally:
             for sock in stalled:
                 sock.close()
+
+
+def test_constrained_requests_leave_no_engine_behind(translator: Translator):
+    """The phrases are the client's: an engine kept per set of them would grow with every request."""
+    work = Translations(translator, translator)
+    for phrase in ("gare", "ville", "maison"):
+        options = dataclasses.replace(translator.decode, beam_size=2, constraints=(phrase,))
+        work(TranslateWork(options, alignment=False), [(SENTENCE, "")])
+    assert work._engines == {}

@@ -193,7 +193,9 @@ class Translations:
         seeded = work.options.strategy.seeded
         on_torch = work.alignment or seeded or "ctranslate2" not in work.options.strategy.engines
         engine = self.torch_engine if on_torch else self.engine
-        if seeded:  # a new Translator: a new generator, seeded with the request's seed
+        # Seeded: a new Translator, with a new generator seeded by the request. Constrained: the phrases
+        # are the client's, any number of sets of them, so a cache keyed by them would grow without end.
+        if seeded or work.options.constrained:
             return dataclasses.replace(engine, decode=work.options)
         # n-best is given with each call: engines differ by the rest (at most one per beam).
         options = dataclasses.replace(work.options, n_best=1)

@@ -19,10 +19,11 @@ from transformer.config import Config
 from transformer.data.batching import source_tensor
 from transformer.decoding import MAX_PHRASES, DecodeOptions, Sampling
 from transformer.errors import DecodeOptionError
-from transformer.translation.constrained import Phrases, constrained_beam_search
+from transformer.translation.constrained import constrained_beam_search
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from transformer.translation.glossary import read_glossary
-from transformer.translation.texts import PhraseError, phrase_ids
+from transformer.translation.phrases import PhraseError, Phrases, phrase_ids, required_once, sentence_phrases
+from transformer.translation.search import beam_search
 
 
 def contains(tokens: list[int], phrase: tuple[int, ...]) -> bool:
@@ -190,9 +191,18 @@ def test_cli_constraints_column_glossary_and_jsonl_report(trained_run: Path, cap
     (["--constraint", "gare", "--avoid", "gare"], "--avoid 'gare': also required (--constraint); a phrase is "
                                                   "required or avoided, not both"),
     (["--constraint", "la gare de la ville est grande", "--max-length-a", "0", "--max-length-b", "2"],
-     "--constraint need"),
+     "line 1: --constraint need 17 subwords, more than the 2"),  # the sentence it does not fit is named
     (["--constraint", "gare", "--sample"], "--sample draws each token at random and cannot be held to phrases: "
                                            "leave out --constraint"),
+    (["--avoid", "gare", "--constraint", "la gare du Nord"], "--constraint 'la gare du Nord' holds an avoided phrase "
+                                                            "(--avoid 'gare')"),
+    # Compared as subwords, after the cleaning that makes both apostrophes one (once a blank line, exit 0).
+    (["--constraint", "l'ami", "--avoid", "l’ami"], "--constraint \"l'ami\" is also avoided (--avoid "
+                                                             "'l’ami')"),
+    (["--avoid", "la gare", "--prefix", "Où est la gare ?"], "line 1: --avoid 'la gare' is in the target prefix"),
+    # The prefix's subwords count: the phrase alone fits, not after the prefix (once a blank line, exit 0).
+    (["--constraint", "la gare", "--prefix", "Il fait très froid", "--max-length-a", "0", "--max-length-b", "13"],
+     "line 1: --constraint need"),
     # Once a traceback: the column's phrases were read as the prefixes.
     (["--constraints-column", "--prefix", "Il"], "--constraints-column is constrained beam search, which reads no "
                                                  "attention and, with --constraints-column, no prefix: leave out "
@@ -234,3 +244,98 @@ def test_cli_bad_column_phrases_name_their_line(trained_run: Path, capsys, monke
     stdin_of(monkeypatch, "I'm cold.\tfroid\nGo.\t\u200b\n".encode())
     assert translate(trained_run, "--quiet", "--constraints-column") == 2
     assert user_error(capsys).startswith("line 2: the constraints column '\\u200b' has no subwords")
+
+
+# --------------------------------------------------------------------------- phrases at their edges
+
+
+def test_a_sentence_without_phrases_is_searched_as_plain_beam_search():
+    model, sources = tiny_model(7), random_sources(8, 4)
+    limits = torch.tensor([10] * 4)
+    src, src_pad_mask = source_tensor(sources)
+    plain = beam_search(model, src, src_pad_mask, 4, 1.0, limits, 2)
+    free = search(model, sources, [10] * 4, [Phrases()] * 4, n_best=2)
+    assert [[(h.tokens, h.score) for h in hs] for hs in free] == [[(h.tokens, h.score) for h in hs] for hs in plain]
+    mixed = search(model, sources, [10] * 4, [Phrases(), Phrases(((17,),)), Phrases(), Phrases((), ((9,),))], n_best=2)
+    for i in (0, 2):
+        assert [(h.tokens, h.score) for h in mixed[i]] == [(h.tokens, h.score) for h in plain[i]]
+
+
+def test_required_phrases_are_written_once_when_repeated_or_inside_another():
+    assert required_once([(5,), (7, 5, 9), (5,), (8,), (7, 5)]) == ((7, 5, 9), (8,))
+    model, sources = tiny_model(9), random_sources(10, 3)
+    for phrases in ([(17,), (17,)], [(17,), (16, 17, 18)]):
+        held = Phrases(required_once([tuple(p) for p in phrases]))
+        for hypotheses in search(model, sources, [10] * 3, [held] * 3):
+            assert hypotheses[0].tokens.count(17) == 1
+
+
+def test_a_banned_phrase_is_banned_as_whole_words():
+    """After a banned phrase only a subword continuing its last word may follow (not EOS, not a new word)."""
+    model, sources = tiny_model(11), random_sources(12, 6)
+    glued = frozenset({18, 19})
+    phrases = [Phrases((), ((17,), (20, 21)), glued)] * 6
+    for hypotheses in search(model, sources, [12] * 6, phrases, n_best=3):
+        for h in hypotheses:
+            for banned in ((17,), (20, 21)):
+                for i in range(len(h.tokens) - len(banned) + 1):
+                    if tuple(h.tokens[i: i + len(banned)]) == banned:
+                        assert i + len(banned) < len(h.tokens) and h.tokens[i + len(banned)] in glued
+
+
+def test_a_prefix_is_forced_whole_even_where_it_glues_onto_a_required_phrase():
+    """The prefix's subwords are the user's: once, a glued subword right after a required phrase inside the
+    prefix was ruled out, the forced token with it, and the sentence came out blank."""
+    model, sources = tiny_model(13), random_sources(14, 1)
+    found = search(model, sources, [10], [Phrases(((17,), (23,)), (), frozenset({18}))], prefixes=[[17, 18]])
+    tokens = found[0][0].tokens
+    assert tokens[:2] == [17, 18] and 23 in tokens
+
+
+def test_phrases_refuse_what_no_output_can_hold_to(tiny_tokenizers):
+    def phrases(required=(), avoid=(), prefix_text="", limit=30):
+        prefix = tiny_tokenizers.encode_target([prefix_text])[0] if prefix_text else []
+        return sentence_phrases(tiny_tokenizers, DecodeOptions(constraints=tuple(required), avoid=tuple(avoid)),
+                                1, [limit], None, [prefix], [prefix_text])
+
+    with pytest.raises(PhraseError, match="holds an avoided phrase"):
+        phrases(["la gare du Nord"], ["gare"])
+    with pytest.raises(PhraseError, match="is also avoided"):
+        phrases(["l'ami"], ["l\u2019ami"])
+    with pytest.raises(PhraseError, match="is in the target prefix") as caught:
+        phrases(avoid=["gare"], prefix_text="la gare est")
+    assert caught.value.index == 0
+    gare = phrase_ids(tiny_tokenizers, "gare", "constraints")
+    prefix = tiny_tokenizers.encode_target(["la gare"])[0]
+    assert phrases(["gare"], prefix_text="la gare", limit=len(prefix))[0].required == (gare,)  # met by the prefix
+    with pytest.raises(PhraseError, match="after the"):
+        phrases(["froid"], prefix_text="la gare", limit=len(prefix))
+    # A banned phrase at the very end of a prefix may still become part of a longer word.
+    assert phrases(avoid=["gare"], prefix_text="la gare")[0].banned
+
+
+def test_cli_a_term_given_twice_is_written_once_and_reported_for_each(trained_run: Path, capsys, tmp_path: Path):
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("station\tgare\n", encoding="utf-8")
+    assert translate(trained_run, "--quiet", "--constraint", "gare", "--constraint", "la gare", "--glossary",
+                     str(glossary), "--format", "jsonl", "Where is the station?") == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["translation"].split().count("gare") == 1
+    assert record["constraints"] == [{"phrase": "gare", "met": True}, {"phrase": "la gare", "met": True},
+                                     {"phrase": "gare", "met": True}]
+
+
+def test_cli_sampling_with_a_glossary_names_the_glossary(trained_run: Path, capsys, tmp_path: Path):
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("station\tgare\n", encoding="utf-8")
+    assert translate(trained_run, "--glossary", str(glossary), "--sample", "I'm cold.") == 2
+    assert user_error(capsys) == ("--sample draws each token at random and cannot be held to phrases: leave out "
+                                  "--glossary")
+
+
+def test_cli_a_glossary_term_also_avoided_is_refused_by_its_line(trained_run: Path, capsys, tmp_path: Path):
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("cold\tfroid\nfriend\tl'ami\n", encoding="utf-8")
+    assert translate(trained_run, "--glossary", str(glossary), "--avoid", "l\u2019ami", "I'm cold.") == 2
+    assert user_error(capsys) == (f"{glossary}, line 2: the target term \"l'ami\" is also avoided (--avoid "
+                                  "'l\u2019ami'); a phrase is required or avoided, not both")

@@ -139,7 +139,7 @@ class DecodeOptions(DecodeSettings):
         object.__setattr__(self, "avoid", check_phrases(self.avoid, "avoid", self.constraints))
         if self.sampling is not None and self.constrained:
             raise DecodeOptionError("sampling", "draws each token at random and cannot be held to phrases: leave "
-                                                f"out {option('constraints' if self.constraints else 'avoid')}")
+                                                f"out {option(self._phrases_option())}")
         if self.strategy.n_best_in_beam and self.n_best > self.beam_size:
             raise DecodeOptionError("n_best", f"{self.n_best} needs a beam of at least {self.n_best} (beam is "
                                               f"{self.beam_size}; add {option('beam_size')} {self.n_best})")
@@ -147,6 +147,10 @@ class DecodeOptions(DecodeSettings):
     @property
     def strategy(self) -> "Strategy":
         return strategy_of(self)
+
+    def _phrases_option(self) -> str:
+        """The option that gave phrases, for a refusal to name."""
+        return "constraints" if self.constraints else "avoid" if self.avoid else "line_constraints"
 
     @property
     def constrained(self) -> bool:

@@ -2,75 +2,20 @@
 (dynamic beam allocation, Post & Vilar, 2018) and never contain banned ones, over a batch of sentences
 at once, each with its own phrases. The model's side of a step and the stopping rule are search.py's
 BeamSearch; what differs is here: which candidates a step considers, and which of them become beams.
-No text here: phrases arrive as target ids (texts.py tokenizes them as they appear inside a sentence).
+No text here: phrases arrive as target ids (phrases.py reads them as they appear inside a sentence).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from transformer.data.tokenizer import EOS_ID, PAD_ID
-from transformer.translation.search import NEG_INF, BeamSearch, Hypothesis, Models, SearchObserver
+from transformer.translation.phrases import Phrases, Progress
+from transformer.translation.search import NEG_INF, BeamSearch, Hypothesis, Models, SearchObserver, beam_search
 from transformer.translation.texts import gnmt_length_penalty
-
-
-@dataclass(frozen=True)
-class Phrases:
-    """The phrases of one sentence, as target ids: each output must contain every `required` one and
-    none of the `banned` ones."""
-
-    required: tuple[tuple[int, ...], ...] = ()
-    banned: tuple[tuple[int, ...], ...] = ()
-    # Subwords that would glue onto the word before them (no word start, a letter or digit first): never
-    # right after a required phrase, which would else end inside a longer word ("voulais" + "ais").
-    glued: frozenset[int] = frozenset()
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(phrase) for phrase in self.required)
-
-
-@dataclass(frozen=True)
-class _State:
-    """How far one hypothesis is through its sentence's required phrases: a bit per phrase met, and the
-    phrase it is in the middle of (-1: none) with the tokens of it written so far."""
-
-    met: int = 0
-    current: int = -1
-    position: int = 0
-    completed: bool = False  # the last token ended a required phrase
-
-    def advance(self, token: int, required: tuple[tuple[int, ...], ...]) -> "_State":
-        """The state after writing `token`. A phrase begun and then left loses its progress (Post &
-        Vilar, Section 3): it must be written whole, in one piece."""
-        if self.current >= 0:
-            phrase = required[self.current]
-            if phrase[self.position] == token:
-                if self.position + 1 == len(phrase):
-                    return _State(self.met | 1 << self.current, completed=True)
-                return _State(self.met, self.current, self.position + 1)
-        for j, phrase in enumerate(required):
-            if not self.met >> j & 1 and phrase[0] == token:
-                return _State(self.met | 1 << j, completed=True) if len(phrase) == 1 else _State(self.met, j, 1)
-        return _State(self.met) if self.current >= 0 or self.completed else self
-
-    def met_tokens(self, required: tuple[tuple[int, ...], ...]) -> int:
-        """The bank: tokens of required phrases written (whole phrases met, and the one under way)."""
-        return sum(len(p) for j, p in enumerate(required) if self.met >> j & 1) + self.position
-
-    def all_met(self, required: tuple[tuple[int, ...], ...]) -> bool:
-        return self.met == (1 << len(required)) - 1
-
-    def next_tokens(self, required: tuple[tuple[int, ...], ...]) -> list[int]:
-        """The tokens that advance a required phrase: the next of the one under way, or the first of each
-        phrase not yet met."""
-        if self.current >= 0:
-            return [required[self.current][self.position]]
-        return list(dict.fromkeys(p[0] for j, p in enumerate(required) if not self.met >> j & 1))
 
 
 class ConstrainedBeamSearch(BeamSearch):
@@ -85,11 +30,13 @@ class ConstrainedBeamSearch(BeamSearch):
     bank cannot fill go to the best candidates left. So hypotheses that have met more phrases are not
     crowded out by likelier ones that have met fewer.
 
-    A phrase is written as whole words: it starts with a word start (texts.phrase_ids), and the subword
+    A phrase is written as whole words: it starts with a word start (phrases.phrase_ids), and the subword
     after it may not glue onto its last word. A beam whose remaining length just fits its unwritten
     required tokens may only write them, so that every live beam can still finish; one that cannot fit
-    them is dropped. A banned phrase's last token is ruled out after its other tokens (a one-token phrase
-    everywhere). Log-probs are the model's, never renormalised, so scores and the stopping bound (exact:
+    them is dropped. A banned phrase is banned as whole words: once a beam has written it, the next subword
+    must glue onto its last word (making it part of a longer one), so EOS, a space or punctuation cannot
+    follow it. While a sentence's prefix is forced nothing else is ruled out (phrases.py refuses a prefix
+    holding a banned phrase); the prefix's tokens count towards the required phrases. Log-probs are the model's, never renormalised, so scores and the stopping bound (exact:
     an open beam, met or not, can only lose log-probability) are those of BeamSearch.
     """
 
@@ -100,8 +47,8 @@ class ConstrainedBeamSearch(BeamSearch):
         if len(phrases) != src.shape[0]:
             raise ValueError(f"{src.shape[0]} sentences but {len(phrases)} sets of phrases")
         self.phrases = list(phrases)
-        self.states: list[_State] = [_State()] * (src.shape[0] * beam_size)  # one per row
-        self.any_long_ban = any(len(b) > 1 for p in phrases for b in p.banned)
+        self.states: list[Progress] = [Progress()] * (src.shape[0] * beam_size)  # one per row
+        self.any_ban = any(p.banned for p in phrases)
         glued = sorted(set().union(*(p.glued for p in phrases))) if phrases else []
         self.glued = torch.tensor(glued, dtype=torch.long, device=src.device)
 
@@ -123,7 +70,7 @@ class ConstrainedBeamSearch(BeamSearch):
         extra_scores, extra = extra_scores.view(n, -1).tolist(), extra.view(n, -1).tolist()
         penalty = gnmt_length_penalty(float(step + 1), self.alpha)
         new_scores, origin, next_tokens = [], [], []
-        states: list[_State] = []
+        states: list[Progress] = []
         for i in range(n):
             sentence = int(self.sentences[i])
             phrases = self.phrases[sentence]
@@ -139,9 +86,12 @@ class ConstrainedBeamSearch(BeamSearch):
                 else:
                     state = self.states[row].advance(token, phrases.required)
                     growing.append((score, row, token, state, state.met_tokens(phrases.required)))
-            self._keep_finished(i, sentence, finished, penalty)
+            if finished:  # every EOS candidate finishes: each met all its phrases, rare enough to keep them all
+                histories = self.prefix[[row for _, row in finished], 1:].tolist()
+                self._keep_finished({i: [Hypothesis(history, score / penalty, score)
+                                         for (score, _), history in zip(finished, histories)]})
             chosen = self._allocate(growing, phrases.tokens)
-            chosen += [(NEG_INF, i * k, EOS_ID, _State())] * (k - len(chosen))  # an unfilled slot: no beam
+            chosen += [(NEG_INF, i * k, EOS_ID, Progress())] * (k - len(chosen))  # an unfilled slot: no beam
             for score, row, token, state in chosen:
                 new_scores.append(score)
                 origin.append(row)
@@ -159,21 +109,7 @@ class ConstrainedBeamSearch(BeamSearch):
                       torch.tensor(next_tokens, device=device).view(n, k))
         return False
 
-    def _keep_finished(self, i: int, sentence: int, finished: list[tuple[float, int]], penalty: float) -> None:
-        """Every EOS candidate finishes (each met all its phrases, which is rare enough to keep them all);
-        the sentence keeps its n_best best."""
-        if not finished:
-            return
-        kept = self.finished[sentence]
-        histories = self.prefix[[row for _, row in finished], 1:].tolist()
-        for (score, _), history in zip(finished, histories):
-            kept.append(Hypothesis(history, score / penalty, score))
-        kept.sort(key=lambda h: -h.score)  # stable: equal scores keep their order
-        del kept[self.n_best:]
-        if len(kept) == self.n_best:
-            self.worst_kept[i] = kept[-1].score
-
-    def _allocate(self, growing: list[tuple], total: int) -> list[tuple[float, int, int, _State]]:
+    def _allocate(self, growing: list[tuple], total: int) -> list[tuple[float, int, int, Progress]]:
         """The k next beams of one sentence from its growing candidates (best first), shared out among the
         banks 0..total (tokens of required phrases written), best first."""
         k = self.k
@@ -196,48 +132,41 @@ class ConstrainedBeamSearch(BeamSearch):
     def _masked_logits(self, step: int) -> tuple[Tensor, Tensor]:
         """(n*k, V) the model's next-token logits with what this step rules out at -inf, and (n*k, 1) their
         log-normaliser from before (log-probs are never renormalised, as in BeamSearch): other tokens while
-        a prefix lasts, a banned phrase's last token, a subword gluing onto a phrase just ended, EOS before
+        a prefix lasts, all but a glued subword after a banned phrase, a subword gluing onto a phrase just ended, EOS before
         every phrase is met, all but the required tokens where only they still fit, all but EOS at the max
         length. Only live beams are looked at: a row at -inf has no candidates anyway."""
         k = self.k
-        logits = self.decoder.logits(self.prefix).float()  # (n*k, V)
-        log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)
-        if self.forced is not None and step < self.forced[0].shape[1]:
-            forced_ids, forced_lengths = self.forced
-            token = forced_ids[self.sentences, step].repeat_interleave(k)[:, None]  # (n*k, 1)
-            only_forced = torch.full_like(logits, NEG_INF).scatter(1, token, logits.gather(1, token))
-            in_prefix = (step < forced_lengths[self.sentences]).repeat_interleave(k)[:, None]
-            logits = torch.where(in_prefix, only_forced, logits)
+        logits, log_norm = self._logits(step)
         in_prefix_rows = (self._prefix_left(step) > 0).tolist() if self.forced is not None else None
-        history = self.prefix[:, 1:].tolist() if self.any_long_ban else None
+        history = self.prefix[:, 1:].tolist() if self.any_ban else None
         row_max, sentences = self.row_max.tolist(), self.sentences.tolist()
         live = (self.scores.reshape(-1) > NEG_INF).tolist()
-        banned_rows, banned_tokens, only_rows, only_tokens = [], [], [], []
+        after_ban_rows, only_rows, only_tokens = [], [], []
         eos_rows, completed_rows = [], []
         for row, state in enumerate(self.states):
             if not live[row]:
                 continue
             i = row // k
+            if in_prefix_rows is not None and in_prefix_rows[i]:
+                continue  # the prefix decides these steps; its tokens count towards the phrases
             phrases = self.phrases[sentences[i]]
             if state.completed:
                 completed_rows.append(row)
-            for banned in phrases.banned:
-                if len(banned) == 1 or (history is not None and len(history[row]) >= len(banned) - 1
-                                        and tuple(history[row][len(history[row]) - len(banned) + 1:]) == banned[:-1]):
-                    banned_rows.append(row)
-                    banned_tokens.append(banned[-1])
+            if history is not None and any(_ends_with(history[row], banned) for banned in phrases.banned):
+                after_ban_rows.append(row)
             if not phrases.required or state.all_met(phrases.required):
                 continue
             eos_rows.append(row)
-            if in_prefix_rows is not None and in_prefix_rows[i]:
-                continue  # the prefix decides these steps; its tokens count towards the phrases
             room = row_max[i] - step  # tokens this row may still write, this one included
             unwritten = phrases.tokens - state.met_tokens(phrases.required)
             if unwritten >= room:  # only the required tokens fit (or nothing does: the row dies)
                 only_rows.append(row)
                 only_tokens.append(state.next_tokens(phrases.required) if unwritten == room else [])
-        if banned_rows:
-            logits[banned_rows, banned_tokens] = NEG_INF
+        if after_ban_rows:  # only a subword that makes the banned phrase part of a longer word
+            kept = logits[after_ban_rows]
+            allowed = torch.full_like(kept, NEG_INF)
+            allowed[:, self.glued] = kept[:, self.glued]
+            logits[after_ban_rows] = allowed
         if completed_rows and self.glued.numel():
             rows = torch.tensor(completed_rows, device=logits.device)
             logits[rows[:, None], self.glued[None, :]] = NEG_INF
@@ -269,15 +198,42 @@ class ConstrainedBeamSearch(BeamSearch):
                             device=self.prefix.device)
 
 
+def _ends_with(tokens: list[int], phrase: tuple[int, ...]) -> bool:
+    return len(tokens) >= len(phrase) and tuple(tokens[len(tokens) - len(phrase):]) == phrase
+
+
 @torch.inference_mode()
 def constrained_beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
                             max_lengths: Tensor, n_best: int, phrases: Sequence[Phrases],
                             prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
     """`ConstrainedBeamSearch` of B sentences, arguments as search.beam_search's and each sentence's
     `phrases`. Returns, per sentence, its `n_best` hypotheses best first: each contains every required
-    phrase and no banned one (as ids); a sentence whose search finished none gets none."""
-    if src.shape[0] == 0:
-        return []
+    phrase and no banned one (as ids); a sentence whose search finished none gets none. A sentence without
+    phrases (a glossary that found no term in it) is searched by BeamSearch itself, as plain beam search
+    searches it."""
+    held = [i for i, p in enumerate(phrases) if not p.empty]
+    free = [i for i, p in enumerate(phrases) if p.empty]
+    results: list[list[Hypothesis]] = [[] for _ in phrases]
+    for rows, search in ((free, _plain), (held, _held)):
+        if not rows:
+            continue
+        if len(rows) == len(phrases):
+            found = search(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes)
+        else:
+            index = torch.tensor(rows, device=src.device)
+            found = search(model, src.index_select(0, index), src_pad_mask.index_select(0, index), beam_size,
+                           length_penalty, max_lengths.index_select(0, index.to(max_lengths.device)), n_best,
+                           [phrases[i] for i in rows], None if prefixes is None else [prefixes[i] for i in rows])
+        for i, hypotheses in zip(rows, found):
+            results[i] = hypotheses
+    return results
+
+
+def _plain(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes):
+    return beam_search(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, prefixes)
+
+
+def _held(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes):
     return ConstrainedBeamSearch(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases,
                                  prefixes).run()
 

@@ -6,7 +6,7 @@ the text as the input cleaning leaves it), which constrained search then require
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer.data.text import clean_text, read_lines
@@ -18,6 +18,7 @@ class Entry:
     source: str  # as cleaned
     target: str  # as written in the file (the text path cleans and tokenizes it)
     line: int  # 1-based, for messages
+    pattern: re.Pattern = field(repr=False, compare=False)  # the source term as whole words, case-folded
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Glossary:
         """The target terms whose source term `text` contains as whole words, case-insensitively after
         the input cleaning, in file order, each once."""
         cleaned = clean_text(text).casefold()
-        found = [entry.target for entry in self.entries if _whole_words(entry.source).search(cleaned)]
+        found = [entry.target for entry in self.entries if entry.pattern.search(cleaned)]
         return list(dict.fromkeys(found))
 
 
@@ -54,23 +55,22 @@ def read_glossary(path: Path) -> Glossary:
         if "\t" in target:
             raise UserError(f"{path}, line {number}: more than one tab: expected a source term, a tab, then the "
                             "target term")
-        entries.append(Entry(clean_text(source), target, number))
+        source = clean_text(source)
+        entries.append(Entry(source, target, number, _whole_words(source)))
     return Glossary(path, tuple(entries))
 
 
 def check_terms(glossary: Glossary, engine) -> None:
-    """Refuse, naming its line, a target term that no output can contain (texts.phrase_ids) or that the
-    engine's options avoid; before any translating, so that a bad line stops the run before its work."""
-    from transformer.translation.texts import PhraseError, phrase_ids
+    """Refuse, naming its line, a target term that no output can contain (phrases.phrase_ids) or that the
+    engine's options avoid (compared as subwords, so after the input cleaning); before any translating,
+    so that a bad line stops the run before its work."""
+    from transformer.translation.phrases import PhraseError, sentence_phrases
 
-    avoided = {phrase.strip() for phrase in engine.decode.avoid}
     for entry in glossary.entries:
         try:
-            phrase_ids(engine.tokenizers, entry.target, "glossary_term")
+            sentence_phrases(engine.tokenizers, engine.decode, 1, [None], [[entry.target]], None)
         except PhraseError as error:
-            raise UserError(f"{glossary.path}, line {entry.line}: {error}") from None
-        if entry.target.strip() in avoided:
-            raise UserError(f"{glossary.path}, line {entry.line}: the target term {entry.target!r} is also avoided")
+            raise UserError(f"{glossary.path}, line {entry.line}: the target term {error.reason}") from None
 
 
 __all__ = ["Entry", "Glossary", "read_glossary", "check_terms"]

@@ -26,8 +26,8 @@ from transformer.files import atomic_writer
 from transformer.translation.metrics import score
 from transformer.decoding import check_phrases
 from transformer.translation.glossary import Glossary
-from transformer.translation.texts import (Engine, PhraseError, met_phrases, score_texts, translate_scored,
-                                           translate_texts)
+from transformer.translation.phrases import PhraseError, met_phrases
+from transformer.translation.texts import Engine, score_texts, translate_scored, translate_texts
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
 # small enough that a long file streams and memory stays flat.
@@ -191,7 +191,7 @@ def _search_chunk(translator: Engine, chunk: list[str], n_best: int, prefixes: l
             scored = [list(zip(c, p)) for c, p in zip(texts, output_log_probs(translator, sources, results))]
             names = [[*translator.decode.constraints, *(constraints[i] if constraints else [])]
                      for i in range(len(chunk))]
-            met = [list(zip(names[i], met_phrases(translator, results[i][0], phrases[i]) if sources[i] else
+            met = [list(zip(names[i], met_phrases(translator.tokenizers, results[i][0], names[i]) if sources[i] else
                             [False] * len(names[i]))) for i in range(len(chunk))]
             return _records(chunk, prefixes, scored, met), [c[0][0] for c in scored]
         if jsonl:
@@ -199,7 +199,8 @@ def _search_chunk(translator: Engine, chunk: list[str], n_best: int, prefixes: l
             return _records(chunk, prefixes, scored), [c[0][0] for c in scored]
         held = {} if constraints is None else {"constraints": constraints}
         candidates = translate_texts(translator, chunk, n_best, prefixes=prefixes, **held)
-        return ["\t".join(c) for c in candidates], [c[0] for c in candidates]
+        # A search may finish fewer than n_best (constraints, a tiny vocabulary): empty columns keep each line's count.
+        return ["\t".join(c + [""] * (n_best - len(c))) for c in candidates], [c[0] for c in candidates]
     except PhraseError as error:
         if error.index is None:
             raise

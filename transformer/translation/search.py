@@ -263,15 +263,8 @@ class BeamSearch:
         only those are normalised and ranked, not all n*k*V. A row in its prefix has only the prefix
         token; a row at its max length only EOS, in its first slot."""
         k = self.k
-        logits = self.decoder.logits(self.prefix).float()  # (n*k, V)
+        logits, log_norm = self._logits(step)
         width = min(2 * k, logits.shape[-1])
-        log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n*k, 1)
-        if self.forced is not None and step < self.forced[0].shape[1]:
-            forced_ids, forced_lengths = self.forced
-            token = forced_ids[self.sentences, step].repeat_interleave(k)[:, None]  # (n*k, 1)
-            only_forced = torch.full_like(logits, NEG_INF).scatter(1, token, logits.gather(1, token))
-            in_prefix = (step < forced_lengths[self.sentences]).repeat_interleave(k)[:, None]  # (n*k, 1)
-            logits = torch.where(in_prefix, only_forced, logits)
         top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
         row_log_probs = top_logits - log_norm
         at_max = (self.row_max <= step).repeat_interleave(k)  # (n*k,) rows that already hold max tokens
@@ -281,6 +274,32 @@ class BeamSearch:
             row_log_probs = torch.where(at_max[:, None], only_eos, row_log_probs)
             top_tokens = torch.where(at_max[:, None], torch.full_like(top_tokens, EOS_ID), top_tokens)
         return row_log_probs, top_tokens
+
+    def _logits(self, step: int) -> tuple[Tensor, Tensor]:
+        """(n*k, V) every row's next-token logits, only the prefix token left (at its own logit) where a
+        prefix lasts, and (n*k, 1) their log-normaliser over the whole vocabulary, taken before: a forced
+        token keeps the model's log-probability."""
+        k = self.k
+        logits = self.decoder.logits(self.prefix).float()  # (n*k, V)
+        log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n*k, 1)
+        if self.forced is not None and step < self.forced[0].shape[1]:
+            forced_ids, forced_lengths = self.forced
+            token = forced_ids[self.sentences, step].repeat_interleave(k)[:, None]  # (n*k, 1)
+            only_forced = torch.full_like(logits, NEG_INF).scatter(1, token, logits.gather(1, token))
+            in_prefix = (step < forced_lengths[self.sentences]).repeat_interleave(k)[:, None]  # (n*k, 1)
+            logits = torch.where(in_prefix, only_forced, logits)
+        return logits, log_norm
+
+    def _keep_finished(self, finished: dict[int, list[Hypothesis]]) -> None:
+        """Add each working sentence's newly finished hypotheses to its kept ones, which stay its n_best best
+        (a stable sort: equal scores keep their order), and note the n_best-th score once there are n_best."""
+        for i, new in finished.items():
+            kept = self.finished[int(self.sentences[i])]
+            kept.extend(new)
+            kept.sort(key=lambda h: -h.score)
+            del kept[self.n_best:]
+            if len(kept) == self.n_best:
+                self.worst_kept[i] = kept[-1].score
 
     def _candidates(self, row_log_probs: Tensor, row_tokens: Tensor) -> _Candidates:
         """The 2k best (beam, token) candidates of each sentence by summed log-prob (fairseq's BeamSearch.step)."""
@@ -304,16 +323,10 @@ class BeamSearch:
             which, _ = finishing.nonzero().unbind(1)  # (f,) the working sentence of each finishing candidate
             histories = self.prefix[found.origin[finishing], 1:].tolist()
             log_prob_list = found.log_probs[finishing].tolist()
-            updated = {}
+            new: dict[int, list[Hypothesis]] = {}
             for i, history, log_prob in zip(which.tolist(), histories, log_prob_list):
-                kept = self.finished[int(self.sentences[i])]
-                kept.append(Hypothesis(history, log_prob / penalty, log_prob))
-                updated[i] = kept
-            for i, kept in updated.items():
-                kept.sort(key=lambda h: -h.score)  # stable: equal scores keep their order
-                del kept[self.n_best:]
-                if len(kept) == self.n_best:
-                    self.worst_kept[i] = kept[-1].score
+                new.setdefault(i, []).append(Hypothesis(history, log_prob / penalty, log_prob))
+            self._keep_finished(new)
         return finishing, penalty
 
     def _next_beams(self, found: _Candidates) -> tuple[Tensor, Tensor, Tensor]:
@@ -365,7 +378,7 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
 class Search(Protocol):
     """How the torch engine runs one decoding method: per sentence, its options.n_best outputs best first
     (id lists without BOS/EOS). `generator`: the seeded method's random numbers; `observer`: a traced
-    method's watcher (decoding.Strategy); `phrases`: each sentence's constrained.Phrases (the constrained method)."""
+    method's watcher (decoding.Strategy); `phrases`: each sentence's phrases.Phrases (the constrained method)."""
 
     def __call__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
                  options: DecodeOptions, prefixes: Sequence[Sequence[int]] | None = None,

@@ -19,7 +19,8 @@ from typing import Protocol, TypeVar
 from transformer.data.text import clean_text
 from transformer.data.tokenizer import UNK, UNK_ID, Tokenizers
 from transformer.decoding import DecodeOptions
-from transformer.errors import DecodeOptionError, UserError, option
+from transformer.errors import UserError
+from transformer.translation.phrases import sentence_phrases
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class Engine(Protocol):
         """Source id lists (no EOS) -> for each, up to `n_best` output id lists best first (no BOS/EOS),
         each starting with its target prefix (ids) when `prefixes` are given. An engine whose decoding
         method holds to phrases (decoding.Strategy "constrained") also takes `phrases`: one
-        constrained.Phrases per source."""
+        phrases.Phrases per source."""
         ...
 
     def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
@@ -158,74 +159,6 @@ def target_prefix_ids(prefixes: list[str], sources: list[list[int]], engine: Eng
     return ids
 
 
-class PhraseError(DecodeOptionError):
-    """A required or banned phrase (option `option_name`) no output can hold to; `index`: the text it
-    belongs to (None: the options' phrases, shared by every text), for a face to name its line."""
-
-    def __init__(self, option_name: str, reason: str, index: int | None) -> None:
-        super().__init__(option_name, reason)
-        self.index = index
-
-
-def phrase_ids(tokenizers: Tokenizers, phrase: str, name: str, index: int | None = None) -> tuple[int, ...]:
-    """The target ids of `phrase` (option `name`: constraints or avoid) as it is written inside a
-    sentence. The tokenizer's Metaspace marks every word start, the first one's too, and BPE never merges
-    across words, so a phrase alone reads as it does after a space mid-sentence ("gare" is "▁gare" in
-    both); it is cleaned as every text is. Special tokens are text here, as everywhere. Refused (a
-    PhraseError) when nothing of it is left, or when it holds characters the target vocabulary lacks."""
-    text = clean_text(phrase)
-    ids = tokenizers.encode_target([text])[0] if text else []
-    if not ids:
-        raise PhraseError(name, f"{phrase!r} has no subwords: nothing of it is left after the input cleaning",
-                          index)
-    if UNK_ID in ids:
-        raise PhraseError(name, f"{phrase!r} holds characters the target vocabulary lacks: no output can "
-                                f"{'hold' if name == 'avoid' else 'contain'} it", index)
-    return tuple(ids)
-
-
-def glued_subwords(tokenizers: Tokenizers) -> frozenset[int]:
-    """The target subwords that continue the word before them: no word-start mark, a letter or digit first
-    (punctuation, which Metaspace also leaves unmarked, ends a word rather than continuing it)."""
-    vocab = getattr(getattr(tokenizers, "target", None), "get_vocab", None)
-    if vocab is None:  # a stand-in without a subword vocabulary (the tests' word-level tokenizers)
-        return frozenset()
-    return frozenset(i for token, i in vocab().items() if token and not token.startswith("\u2581")
-                     and token[0].isalnum())
-
-
-def text_phrases(engine: Engine, sources: list[list[int]], required: list[list[str]] | None) -> list:
-    """For each source, its constrained.Phrases: the options' required and banned phrases with the text's
-    own `required` ones (None: none), as target ids; a text's phrases must fit its output's length
-    (max_output_length), else a PhraseError naming the text's index."""
-    from transformer.translation.constrained import Phrases  # torch: only the torch engine holds to phrases
-
-    decode = engine.decode
-    shared = [phrase_ids(engine.tokenizers, phrase, "constraints") for phrase in decode.constraints]
-    banned = tuple(phrase_ids(engine.tokenizers, phrase, "avoid") for phrase in decode.avoid)
-    glued = glued_subwords(engine.tokenizers)
-    result = []
-    for i, source in enumerate(sources):
-        own = [] if required is None else [phrase_ids(engine.tokenizers, phrase, "line_constraints", i)
-                                           for phrase in required[i]]
-        phrases = Phrases(tuple(shared + own), banned, glued)
-        if source and phrases.required:
-            limit = max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
-            if phrases.tokens > limit:
-                raise PhraseError("constraints" if not own else "line_constraints",
-                                  f"need {phrases.tokens} subwords, more than the {limit} an output of this source "
-                                  f"may have ({option('max_length_b')} raises it)", None if not own else i)
-        result.append(phrases)
-    return result
-
-
-def met_phrases(engine: Engine, output: list[int], phrases) -> list[bool]:
-    """Whether each required phrase (constrained.Phrases) appears in `output` ids, in order."""
-    def contains(ids: tuple[int, ...]) -> bool:
-        return any(tuple(output[i: i + len(ids)]) == ids for i in range(len(output) - len(ids) + 1))
-    return [contains(ids) for ids in phrases.required]
-
-
 def candidates_per_text(engine: Engine, n_best: int | None) -> int:
     """`n_best`, checked with the engine's other options (decoding.DecodeOptions: at most the beam when
     searching); None: the engine's own decode.n_best."""
@@ -243,7 +176,7 @@ def search_texts(engine: Engine, texts: list[str], n_best: int | None = None, wa
 def search_texts_held(engine: Engine, texts: list[str], n_best: int | None = None, warn_unknown: bool = True,
                       prefixes: list[str] | None = None, constraints: list[list[str]] | None = None
                       ) -> tuple[list[list[int]], list[list[list[int]]], list | None]:
-    """`search_texts`, and each text's constrained.Phrases (None: the search holds to none)."""
+    """`search_texts`, and each text's phrases.Phrases (None: the search holds to none)."""
     n_best = candidates_per_text(engine, n_best)
     if prefixes is not None and len(prefixes) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(prefixes)} prefixes")
@@ -253,7 +186,12 @@ def search_texts_held(engine: Engine, texts: list[str], n_best: int | None = Non
         raise ValueError("texts bring their own constraints, but the decode options say they do not")  # a caller's bug
     sources = source_ids(texts, engine.tokenizers, engine.max_len - 1, warn_unknown)
     prefix_ids = None if prefixes is None else target_prefix_ids(prefixes, sources, engine)
-    phrases = text_phrases(engine, sources, constraints) if engine.decode.constrained else None
+    phrases = None
+    if engine.decode.constrained:
+        decode = engine.decode
+        limits = [max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
+                  if source else None for source in sources]
+        phrases = sentence_phrases(engine.tokenizers, decode, len(texts), limits, constraints, prefix_ids, prefixes)
     return sources, search_in_batches(engine, sources, n_best, prefix_ids, phrases), phrases
 
 
@@ -342,7 +280,7 @@ def output_log_probs(engine: Engine, sources: list[list[int]], results: list[lis
     return [[next(scores).log_prob if sources[i] else None for _ in outputs] for i, outputs in enumerate(results)]
 
 
-__all__ = ["PhraseError", "phrase_ids", "glued_subwords", "text_phrases", "met_phrases", "search_texts_held",
+__all__ = ["search_texts_held",
            "Engine", "PairScore", "gnmt_length_penalty", "max_output_length", "truncate_sources",
            "warn_unknown_characters", "source_ids", "length_sorted_batches", "search_in_batches", "target_prefix_ids",
            "candidates_per_text", "search_texts", "decode_outputs", "translate_texts", "score_ids", "score_texts",

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from transformer.data.tokenizer import EOS_ID, PAD_ID
-from transformer.translation.search import NEG_INF, BeamSearch, Hypothesis, Models, SearchObserver
+from transformer.translation.search import NEG_INF, BeamCandidates, BeamSearch, Hypothesis, Models, SearchObserver
 from transformer.translation.texts import gnmt_length_penalty
 
 
@@ -149,7 +149,10 @@ class ConstrainedBeamSearch(BeamSearch):
                 states.append(state)
         device = self.scores.device
         self.scores = torch.tensor(new_scores, device=device).view(n, k)
-        _, done = self._stopped()
+        bound, done = self._stopped()
+        if self.observer is not None:  # one sentence: the loop's last is the only one
+            self.observer.beam_step(step, self.prefix, row_scores[:k, 0], self._observed(
+                finished, growing, chosen, phrases, penalty, float(bound[0]), bool(done[0])))
         if bool(done.all()):
             return True
         keep = (~done).nonzero().squeeze(1).tolist()
@@ -158,6 +161,28 @@ class ConstrainedBeamSearch(BeamSearch):
         self._advance(done, torch.tensor(origin, device=device).view(n, k),
                       torch.tensor(next_tokens, device=device).view(n, k))
         return False
+
+    def _observed(self, finished: list[tuple[float, int]], growing: list[tuple], chosen: list[tuple],
+                  phrases: Phrases, penalty: float, bound: float, stopped: bool) -> BeamCandidates:
+        """The step of the observed sentence as `step` decided it: every candidate it considered, best
+        first (the EOS ones, which all finish, and the `growing` ones, of which those `_allocate` has
+        `chosen` are the next beams), each with the phrases it has written whole and its bank."""
+        required = phrases.required
+        considered = [(score, row, EOS_ID, self.states[row]) for score, row in finished]
+        considered += [(score, row, token, state) for score, row, token, state, _ in growing]
+        considered.sort(key=lambda c: -c[0])  # stable: the pool's order among equal scores
+        kept = {(row, token) for score, row, token, _ in chosen if score > NEG_INF}
+        device = self.scores.device
+        return BeamCandidates(
+            torch.tensor([c[0] for c in considered], device=device),
+            torch.tensor([c[2] for c in considered], dtype=torch.long, device=device),
+            torch.tensor([c[1] for c in considered], dtype=torch.long, device=device),
+            torch.tensor([c[2] == EOS_ID for c in considered], dtype=torch.bool, device=device),
+            torch.tensor([i for i, c in enumerate(considered) if (c[1], c[2]) in kept], dtype=torch.long,
+                         device=device),
+            penalty, bound, float(self.worst_kept[0]), stopped,
+            met=[[j for j in range(len(required)) if c[3].met >> j & 1] for c in considered],
+            banks=[c[3].met_tokens(required) for c in considered])
 
     def _keep_finished(self, i: int, sentence: int, finished: list[tuple[float, int]], penalty: float) -> None:
         """Every EOS candidate finishes (each met all its phrases, which is rare enough to keep them all);
@@ -272,14 +297,16 @@ class ConstrainedBeamSearch(BeamSearch):
 @torch.inference_mode()
 def constrained_beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
                             max_lengths: Tensor, n_best: int, phrases: Sequence[Phrases],
-                            prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+                            prefixes: Sequence[Sequence[int]] | None = None,
+                            observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
     """`ConstrainedBeamSearch` of B sentences, arguments as search.beam_search's and each sentence's
     `phrases`. Returns, per sentence, its `n_best` hypotheses best first: each contains every required
-    phrase and no banned one (as ids); a sentence whose search finished none gets none."""
+    phrase and no banned one (as ids); a sentence whose search finished none gets none. `observer`
+    watches every step of a search of one sentence, each candidate with its phrases met and its bank."""
     if src.shape[0] == 0:
         return []
     return ConstrainedBeamSearch(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases,
-                                 prefixes).run()
+                                 prefixes, observer).run()
 
 
 __all__ = ["Phrases", "ConstrainedBeamSearch", "constrained_beam_search"]

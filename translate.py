@@ -126,8 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--format", choices=["text", "jsonl"], default="text",
         help="text (default), or jsonl: one JSON object per input line, for programs")
     add("--explain", action="store_true", help="for learners: instead of the translations, show how each sentence "
-        "is translated: its subwords and ids, the tensor shape after every stage of the model, the greedy or beam "
-        "search step by step, and why the translation won (torch engine)")
+        "is translated: its subwords and ids, the tensor shape after every stage of the model, the greedy, beam or "
+        "constrained (--constraint, --avoid) search step by step, and why the translation won (torch engine)")
     add("--interactive", action="store_true", help="translate each line as it is typed")
     add("--quiet", action="store_true", help="no log lines or progress bar")
     return parser.parse_args(argv)
@@ -165,6 +165,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         clash = next((flag for flag, given in clashes.items() if given), None)
         if clash:
             raise UserError(f"--explain writes a report of its own: leave out {clash}")
+        per_line = "--constraints-column" if args.constraints_column else "--glossary" if args.glossary else None
+        if per_line:
+            raise UserError(f"--explain holds the search to --constraint and --avoid, not to each line's own "
+                            f"phrases: leave out {per_line}")
     held = {"--constraint": bool(args.constraint), "--avoid": bool(args.avoid),
             "--constraints-column": args.constraints_column, "--glossary": args.glossary is not None}
     held_flag = next((flag for flag, given in held.items() if given), None)

@@ -3,7 +3,9 @@ tensors, the search shown is the search that translated, and what makes no sense
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ from transformer.data.tokenizer import BOS_ID, EOS_ID
 from transformer.translation.explain import dimension_sizes, explain, stage_shapes
 from transformer.translation.search import beam_search
 from transformer.translation.torch_engine import load_translator
-from transformer.translation.trace import CHOSEN, FINISHED
+from transformer.translation.trace import CHOSEN, FINISHED, PRUNED, trace_search
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -195,12 +197,45 @@ def test_explain_with_a_prefix_starts_with_it(trained_run: Path, capsys):
     (["--prefix-column"], "--prefix-column"),
     (["--engine", "ctranslate2"], "--engine ctranslate2"),
     (["--greedy", "--n-best", "2"], "--n-best"),
-], ids=["sample", "score", "attention", "alignment", "jsonl", "prefix-column", "ctranslate2", "n-best-greedy"])
+    (["--constraints-column"], "--constraints-column"),
+    (["--glossary", "terms.tsv"], "--glossary"),
+    (["--constraint", "gare", "--engine", "ctranslate2"], "--engine ctranslate2"),
+], ids=["sample", "score", "attention", "alignment", "jsonl", "prefix-column", "ctranslate2", "n-best-greedy",
+        "constraints-column", "glossary", "constrained-ctranslate2"])
 def test_what_makes_no_sense_with_explain_is_one_line(trained_run: Path, tmp_path: Path, capsys, args, flag):
     code, out, err = translate(capsys, trained_run, "--explain", *args, SENTENCE)
     assert code == 2 and out == ""
     (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
     assert flag in line and err.rstrip().endswith(line) and "Traceback" not in err
+
+
+def test_constrained_explanation_shows_each_candidate_s_phrases_met_and_bank(trained_run: Path, capsys):
+    sentence = "Where is the station?"
+    code, translation, _ = translate(capsys, trained_run, "--engine", "torch", "--quiet", "--constraint", "gare",
+                                     sentence)
+    assert code == 0 and "gare" in translation.split()
+    code, out, err = translate(capsys, trained_run, "--explain", "--constraint", "gare", sentence)
+    assert code == 0, err
+    wrote = next(line for line in section(out, 1) if line.startswith("  translation, as the search wrote it"))
+    assert wrote.endswith(f"+ </s>): {translation.strip()}")
+    search = section(out, 3)
+    assert search[0].startswith("3. The search, step by step: constrained beam search, beam k = 2")
+    headers = [line.split() for line in search if line.split()[:1] == ["fate"]]
+    assert headers and all(header[-2:] == ["met", "bank"] for header in headers)
+    # Each candidate shown, with the phrases it has met and its bank as the search recorded them.
+    # Read from the right: a hypothesis's text may hold two spaces in a row (a lone word-start subword).
+    rows = [(line.split()[0], *re.search(r"  (\d+/1(?: gare)?) +(\d+)(?:  score .*)?$", line).groups())
+            for line in search if line.split()[:1] in (["live"], ["finished"])]
+    translator = load_translator(trained_run, device="cpu")
+    held = dataclasses.replace(translator, decode=dataclasses.replace(translator.decode, constraints=("gare",)))
+    trace = trace_search(held, sentence)
+    total = sum(len(pieces) for pieces in trace.constraint_pieces)
+    recorded = [(c.fate, f"{len(c.met)}/1" + " gare" * len(c.met), str(c.bank))
+                for step in trace.steps for c in step.candidates if c.fate != PRUNED]
+    assert rows == recorded
+    assert {bank for fate, *_, bank in recorded if fate == FINISHED} == {str(total)}
+    assert "A hypothesis could finish only once it held every required phrase ('gare')." in " ".join(
+        line.strip() for line in section(out, 4))
 
 
 def test_explain_refuses_an_ensemble(trained_run: Path, capsys):

@@ -1,9 +1,11 @@
 """POST /explain (transformer/serving/explain.py, app.py) and the page's step-by-step view of the search:
 the trace it returns is the search /translate runs (its output is /translate's translation, and every
-n-best candidate /translate gives finished in it with the same log-probability), its options are
-/translate's with the package's checks, every bad request is a 4xx JSON message, it runs on the worker
-thread that owns the torch engine, and a real browser (Debian's chromium through Playwright) shows the
-steps, the winner and the verdict for a typed sentence."""
+n-best candidate /translate gives finished in it with the same log-probability), constrained search
+too, each candidate with the phrases it has met and its bank; its answer is the trace's own dataclasses,
+its options are /translate's with the package's checks, every bad request is a 4xx JSON message, it runs
+on the worker thread that owns the torch engine, and a real browser (Debian's chromium through
+Playwright) shows the steps, the winner and the verdict for a typed sentence, and the phrases met and
+banks of constrained search."""
 
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ from conftest import train_tiny_run  # noqa: E402
 from test_serve import local_client, running  # noqa: E402
 from transformer.config import Config  # noqa: E402
 from transformer.serving.app import MAX_CHARS, ServerCaps, create_app  # noqa: E402
+from transformer.serving.explain import ExplainResponse  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
+from transformer.translation.trace import (Beam, Candidate, Finished, SearchStep, SearchTrace,  # noqa: E402
+                                           TraceSummary, trace_search)
 
 TEXTS = ["I'm cold.", "Where is the station?", "The heart has its reasons."]
 
@@ -117,6 +122,42 @@ def test_the_length_penalty_can_be_asked_for(client: TestClient, translator: Tra
     assert default["alpha"] == translator.decode.length_penalty and default["beam_size"] == translator.decode.beam_size
 
 
+@pytest.mark.parametrize("beam, n_best", [(2, 1), (3, 2)])
+def test_a_constrained_trace_is_the_search_translate_runs(client: TestClient, beam: int, n_best: int):
+    text, held = TEXTS[1], {"constraints": ["gare"], "avoid": ["la"]}
+    served = translate(client, text, beam=beam, n_best=n_best, **held)
+    trace = explain(client, text=text, beam=beam, n_best=n_best, **held)
+    assert trace["method"] == "constrained" and trace["beam_steps"]
+    assert trace["output_text"] == served["translation"] and "gare" in served["translation"].split()
+    assert (trace["constraints"], trace["avoid"]) == (["gare"], ["la"])
+    total = sum(len(pieces) for pieces in trace["constraint_pieces"])
+    for step in trace["steps"]:
+        assert sum(c["fate"] == "live" for c in step["candidates"]) <= beam
+        for c in step["candidates"]:
+            assert c["met"] in ([], [0]) and 0 <= c["bank"] <= total
+            if c["fate"] == "finished":
+                assert c["met"] == [0] and c["bank"] == total
+    assert [f["text"] for f in sorted(trace["finished"], key=lambda f: -f["score"])][:n_best] == \
+        [candidate["text"] for candidate in served["n_best"]]
+    plain = explain(client, text=text, beam=beam)
+    assert plain["constraints"] == [] and {(c["met"], c["bank"]) for step in plain["steps"]
+                                           for c in step["candidates"]} == {(None, None)}
+
+
+def test_the_answer_is_the_trace_itself(client: TestClient, translator: Translator):
+    """One schema: the answer's fields are the trace's dataclasses' (no second declaration to drift), and its
+    values are the trace's own, as translate.py --explain reads them."""
+    assert set(ExplainResponse.model_fields) == {"source"} | {f.name for f in dataclasses.fields(SearchTrace)} | \
+        {f.name for f in dataclasses.fields(TraceSummary)}
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for record in (Candidate, Beam, SearchStep, Finished):
+        assert set(schemas[record.__name__]["properties"]) == {f.name for f in dataclasses.fields(record)}
+    held = dataclasses.replace(translator, decode=dataclasses.replace(translator.decode, constraints=("gare",)))
+    for engine, body in [(translator, {}), (held, {"constraints": ["gare"]})]:
+        trace = trace_search(engine, TEXTS[1])
+        assert explain(client, text=TEXTS[1], **body) == {"source": TEXTS[1], **trace.to_dict()}
+
+
 def test_a_trace_runs_on_the_worker_that_owns_the_torch_engine(client: TestClient):
     """The torch engine is used from one thread: a trace is one more call of the batcher's worker."""
     calls = client.get("/health").json()["batches"]["calls"]
@@ -142,6 +183,10 @@ BAD_REQUESTS = {
                                         headers={"content-type": "application/json"}), 422, "length_penalty"),
     "a prefix too long for its source": (dict(json={"text": "Hi.", "prefix": "Bonjour " * 40}), 400, "prefix"),
     "an unknown option": (dict(json={"text": "Hi.", "alignment": True}), 422, "alignment"),
+    "a blank constraint": (dict(json={"text": "Hi.", "constraints": [" "]}), 422, "constraints"),
+    "a constraint not a list": (dict(json={"text": "Hi.", "constraints": "gare"}), 422, "constraints"),
+    "a phrase required and avoided": (dict(json={"text": "Hi.", "constraints": ["gare"], "avoid": ["gare"]}), 422,
+                                      "avoid"),
 }
 
 
@@ -212,6 +257,44 @@ def test_the_page_shows_the_search_step_by_step_in_a_browser(translator: Transla
                 assert body.locator("tr.pruned").count() == (pruned > 0)
                 if pruned:
                     assert body.locator("tr.pruned td").last.inner_text().startswith(f"{pruned} pruned: ")
+            assert page.locator("#error").inner_text() == "" and page.locator("#search-error").inner_text() == ""
+        finally:
+            browser.close()
+
+
+@pytest.mark.slow
+def test_the_page_shows_each_candidate_s_phrases_met_and_bank_in_constrained_search(translator: Translator,
+                                                                                   client: TestClient):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium)")
+    text = TEXTS[1]
+    expected = explain(client, text=text, n_best=2, constraints=["gare"])  # the page asks for min(3, beam)
+    with running(create_app(translator, torch_engine=translator)) as port, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.locator("#constraints").fill("gare")
+            page.locator("#source").press_sequentially(text, delay=20)
+            page.wait_for_function("(text) => document.querySelector('#verdict').textContent.includes(text)",
+                                   arg=repr(expected["output_text"]), timeout=30_000)
+            assert page.locator("#translation").inner_text() == expected["output_text"]
+            assert page.locator("#verdict").inner_text() == expected["verdict"]
+            assert page.locator("#held-note").is_visible() and page.locator("#heatmap-held").is_visible()
+            assert page.locator("#heatmap tr").count() == 0  # constrained search reads no attention
+            head = page.locator("#steps thead th").all_inner_texts()
+            assert head[3:5] == ["met", "bank"]
+            shown = [c for step in expected["steps"] for c in step["candidates"] if c["fate"] != "pruned"]
+            assert page.locator("#steps td.met").all_inner_texts() == [f"{len(c['met'])}/1" for c in shown]
+            assert page.locator("#steps td.bank").all_inner_texts() == [str(c["bank"]) for c in shown]
+            assert page.locator("#steps tr.finished td.met").first.get_attribute("title") == "gare"
+            # Without phrases again: the plain beam search, without the two columns.
+            page.locator("#constraints").fill("")
+            page.wait_for_function("() => document.querySelector('#steps thead th:nth-child(4)')?.textContent === ''",
+                                   timeout=30_000)
+            assert page.locator("#steps td.met").count() == 0 and not page.locator("#held-note").is_visible()
             assert page.locator("#error").inner_text() == "" and page.locator("#search-error").inner_text() == ""
         finally:
             browser.close()

@@ -1,7 +1,8 @@
 """The search step by step (transformer/translation/trace.py): the record is of the search that ran.
 Its output is the translation, the winner finished at the last step, every kept hypothesis appears
-among the finished with its score, the live candidates of a step are the next step's beams, and
-greedy search's chosen subwords are its output."""
+among the finished with its score, the live candidates of a step are the next step's beams, greedy
+search's chosen subwords are its output, and each candidate of constrained search carries the phrases it
+has met and its bank."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from transformer.errors import UserError
 from transformer.model import Transformer
 from transformer.decoding import Sampling
 from transformer.translation.search import beam_search, greedy_search, max_output_lengths
-from transformer.translation.texts import source_ids
+from transformer.translation.constrained import Phrases, constrained_beam_search
+from transformer.translation.phrases import phrase_ids
+from transformer.translation.texts import source_ids, text_phrases
 from transformer.translation.torch_engine import Translator
 from transformer.translation.trace import CHOSEN, FINISHED, LIVE, trace_search
 
@@ -80,6 +83,63 @@ def test_a_beam_trace_records_the_search_that_ran(tiny_tokenizers: Tokenizers, s
     json.dumps(trace.to_dict(), allow_nan=False)
 
 
+def held(engine: Translator, constraints: tuple[str, ...], avoid: tuple[str, ...] = ()) -> Translator:
+    return dataclasses.replace(engine, decode=dataclasses.replace(engine.decode, constraints=constraints, avoid=avoid))
+
+
+def contains(tokens: list[int], phrase: list[int]) -> bool:
+    return any(tokens[i: i + len(phrase)] == phrase for i in range(len(tokens) - len(phrase) + 1))
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("constraints, avoid", [(("gare",), ()), (("gare", "la"), ("est",))])
+def test_a_constrained_trace_records_what_the_search_decided(tiny_tokenizers: Tokenizers, seed: int,
+                                                             constraints: tuple[str, ...], avoid: tuple[str, ...]):
+    engine = held(translator(tiny_tokenizers, seed, beam=3, eos_boost=seed), constraints, avoid)
+    text = SENTENCES[1]
+    trace = trace_search(engine, text, n_best=2)
+    assert trace.method == "constrained" and trace.output_text == engine.translate([text], n_best=2)[0][0]
+    assert (trace.constraints, trace.avoid) == (list(constraints), list(avoid))
+    required = [list(phrase_ids(tiny_tokenizers, phrase, "constraints")) for phrase in constraints]
+    assert trace.constraint_pieces == [[tiny_tokenizers.target.id_to_token(i) for i in ids] for ids in required]
+    total = sum(map(len, required))
+    # The finished hypotheses are the search's own n-best, which hold every phrase.
+    sources = source_ids([text], engine.tokenizers, engine.max_len - 1)
+    src, mask = source_tensor(sources)
+    phrases = text_phrases(engine, sources, None)
+    kept = constrained_beam_search(engine.model, src, mask, 3, engine.decode.length_penalty,
+                                   torch.tensor([trace.max_length]), 2, phrases)[0]
+    best = sorted(trace.finished, key=lambda f: -f.score)[:2]
+    assert [(f.tokens, f.log_prob, f.score) for f in best] == [(h.tokens, h.log_prob, h.score) for h in kept]
+    assert trace.winner.tokens == trace.output_ids and all(contains(trace.output_ids, ids) for ids in required)
+    considered_more = False
+    for step, following in zip(trace.steps, [*trace.steps[1:], None]):
+        ranked = [c.log_prob for c in step.candidates]
+        assert ranked == sorted(ranked, reverse=True)
+        considered_more |= len(step.candidates) > 2 * trace.beam_size  # beyond beam search's 2k
+        for c in step.candidates:
+            tokens = step.beams[c.beam].tokens + [c.token]
+            assert c.log_prob == pytest.approx(step.beams[c.beam].log_prob + c.token_log_prob, abs=1e-5)
+            # Met: written whole (so in its tokens); the bank counts those and the subwords of one under way.
+            assert all(contains(tokens, required[j]) for j in c.met) and c.met == sorted(set(c.met))
+            assert 0 <= c.bank - sum(len(required[j]) for j in c.met) < max(map(len, required))
+            if c.fate == FINISHED:
+                assert c.met == list(range(len(required))) and c.bank == total
+            if c.fate == LIVE and following is not None:  # what it grows into keeps the phrases it met
+                index = [beam.tokens for beam in following.beams].index(tokens)
+                assert all(set(c.met) <= set(d.met) for d in following.candidates if d.beam == index)
+        # The live candidates are the next step's beams; those finished are the trace's finished.
+        if following is not None:
+            live = [(step.beams[c.beam].tokens + [c.token], c.log_prob) for c in step.candidates if c.fate == LIVE]
+            assert live == [(beam.tokens, beam.log_prob) for beam in following.beams]
+        finished = [c for c in step.candidates if c.fate == FINISHED]
+        assert len(finished) == sum(f.step == step.step for f in trace.finished)
+    assert considered_more  # the phrases' own subwords were candidates too, however improbable
+    json.dumps(trace.to_dict(), allow_nan=False)
+    unconstrained = trace_search(translator(tiny_tokenizers, seed, beam=3), text)
+    assert {(c.met, c.bank) for step in unconstrained.steps for c in step.candidates} == {(None, None)}
+
+
 def test_the_verdict_names_the_length_penalty_when_it_decided(tiny_tokenizers: Tokenizers):
     # Search until a sentence where a longer hypothesis won against a more probable one.
     for seed in range(40):
@@ -120,7 +180,7 @@ def test_a_prefix_is_forced_and_shown(tiny_tokenizers: Tokenizers):
     assert [c.token for c in trace.steps[0].candidates if c.fate == CHOSEN] == prefix_ids[:1]
 
 
-def test_only_greedy_and_beam_search_are_traced_one_sentence_at_a_time(tiny_tokenizers: Tokenizers):
+def test_only_greedy_beam_and_constrained_search_are_traced_one_sentence_at_a_time(tiny_tokenizers: Tokenizers):
     engine = translator(tiny_tokenizers, 0, beam=2)
     with pytest.raises(UserError, match="not sampling"):
         trace_search(dataclasses.replace(engine, decode=dataclasses.replace(engine.decode, sampling=Sampling())),
@@ -130,4 +190,7 @@ def test_only_greedy_and_beam_search_are_traced_one_sentence_at_a_time(tiny_toke
     src, mask = source_tensor([[5, 6], [7]])
     with pytest.raises(ValueError, match="one sentence at a time"):
         greedy_search(engine.model, src, mask, torch.tensor([3, 3]), observer=object())
+    with pytest.raises(ValueError, match="one sentence at a time"):
+        constrained_beam_search(engine.model, src, mask, 2, 1.0, torch.tensor([3, 3]), 1, [Phrases(((5,),))] * 2,
+                                observer=object())
     assert math.isfinite(trace_search(engine, SENTENCES[0]).finished[0].score)

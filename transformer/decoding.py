@@ -230,7 +230,7 @@ STRATEGIES: dict[str, Strategy] = {strategy.name: strategy for strategy in (
     # Before sampling, whose options refuse phrases, and before greedy: beam 1 with phrases is this search.
     Strategy("constrained", lambda options: options.constrained,
              reads=("beam_size", "length_penalty", "n_best", "constraints", "avoid"), engines=("torch",),
-             chosen_by="constraints", n_best_in_beam=True, ends_with_eos=True,
+             chosen_by="constraints", n_best_in_beam=True, ends_with_eos=True, traced=True, beam_steps=True,
              described="constrained beam search (required or avoided phrases)"),
     Strategy("sampling", lambda options: options.sampling is not None,
              reads=("n_best", "top_k", "top_p", "temperature", "seed"), engines=ENGINES, chosen_by="sampling",

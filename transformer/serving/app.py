@@ -96,11 +96,20 @@ class SamplingRequest(BaseModel):
     seed: int = Field(default=0, description="the same request with the same seed draws the same samples")
 
 
-class TranslateRequest(BaseModel):
-    """What to translate and how. Types are checked here, the server's own limits on texts and characters
-    too; the decode values are the package's to check (decoding.DecodeOptions), then ServerCaps'."""
+class PhrasesRequest(BaseModel):
+    """The phrases a search holds to (constrained beam search, torch engine), as /translate and /explain
+    take them; the package checks them (decoding.check_phrases, phrases.phrase_ids)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # strict: "2" is not a beam, "yes" not a bool
+
+    constraints: list[Text] = Field(default=[], description="target phrases every translation contains "
+                                                            "(constrained beam search, torch engine)")
+    avoid: list[Text] = Field(default=[], description="target phrases no translation contains")
+
+
+class TranslateRequest(PhrasesRequest):
+    """What to translate and how. Types are checked here, the server's own limits on texts and characters
+    too; the decode values are the package's to check (decoding.DecodeOptions), then ServerCaps'."""
 
     texts: list[Text] = Field(min_length=1, max_length=MAX_TEXTS)
     beam: int | None = Field(default=None, description="beam size (default: the run's)")
@@ -110,9 +119,6 @@ class TranslateRequest(BaseModel):
     sampling: SamplingRequest | None = Field(default=None, description="draw each token at random instead "
                                                                        "of searching")
     alignment: bool = Field(default=False, description="the best translation's cross-attention")
-    constraints: list[Text] = Field(default=[], description="target phrases every translation contains "
-                                                            "(constrained beam search, torch engine)")
-    avoid: list[Text] = Field(default=[], description="target phrases no translation contains")
 
     @model_validator(mode="after")
     def _one_prefix_per_text(self) -> "TranslateRequest":
@@ -121,10 +127,8 @@ class TranslateRequest(BaseModel):
         return self
 
 
-class ExplainRequest(BaseModel):
+class ExplainRequest(PhrasesRequest):
     """One text whose search is shown step by step, with /translate's options of a search (checked alike)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     text: Text
     beam: int | None = Field(default=None, description="beam size (default: the run's; 1: greedy)")
@@ -134,7 +138,9 @@ class ExplainRequest(BaseModel):
     prefix: Text = Field(default="", description="the translation starts with it")
 
 
-class Candidate(BaseModel):
+class NBestCandidate(BaseModel):
+    """One of a translation's n-best: its text and log-probability (not Candidate: /explain's schema has one)."""
+
     text: str
     score: float | None  # log-probability of the subwords and EOS; None for a blank text
 
@@ -149,7 +155,7 @@ class Alignment(BaseModel):
 class Translation(BaseModel):
     source: str
     translation: str
-    n_best: list[Candidate]
+    n_best: list[NBestCandidate]
     alignment: Alignment | None = None
 
 
@@ -222,7 +228,7 @@ class Translations:
             candidates = translate_scored(engine, texts, n_best, prefixes)
             alignments = [None] * len(texts)
         return [Translation(source=text, translation=row[0][0], alignment=alignment,
-                            n_best=[Candidate(text=t, score=s) for t, s in row])
+                            n_best=[NBestCandidate(text=t, score=s) for t, s in row])
                 for text, row, alignment in zip(texts, candidates, alignments)]
 
 
@@ -441,7 +447,8 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
         if torch_engine is None:
             raise UserError("this server translates without the torch engine, which alone shows its search "
                             "step by step")
-        options = DecodeOptions.over(torch_engine.decode, None, request.n_best, beam_size=request.beam,
+        options = DecodeOptions.over(torch_engine.decode, None, request.n_best, tuple(request.constraints),
+                                     tuple(request.avoid), beam_size=request.beam,
                                      length_penalty=request.length_penalty)
         caps.check(beam_size=request.beam, n_best=request.n_best)
         future = http.app.state.batcher.submit(ExplainWork(options), [(request.text, request.prefix)])

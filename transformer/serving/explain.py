@@ -1,80 +1,34 @@
-"""`POST /explain`'s answer: one text's search step by step (translation/trace.py, the record translate.py
---explain prints) as typed JSON for the web page, and the work that traces it on the torch engine (run on
-the batcher's worker thread like every translation). The request and the routing are app.py's.
+"""`POST /explain`'s answer: one text's search step by step as JSON for the web page, and the work that
+traces it on the torch engine (run on the batcher's worker thread like every translation). The answer's
+fields are those of translation/trace.py's dataclasses, the record translate.py --explain prints, read
+from them here rather than declared again; the request and the routing are app.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, create_model
 
 from transformer.decoding import DecodeOptions
 from transformer.translation.torch_engine import Translator
-from transformer.translation.trace import trace_search
+from transformer.translation.trace import SearchTrace, TraceSummary, trace_search
 
 
-class TraceBeam(BaseModel):
-    """A live hypothesis at the start of a step."""
-
-    tokens: list[int]
-    pieces: list[str]  # its subwords
-    log_prob: float | None  # summed (None: -inf, as JSON has no infinity)
+def _fields(record: type) -> dict[str, Any]:
+    """The fields of dataclass `record` as create_model takes them: each required, of its own type."""
+    types = typing.get_type_hints(record)
+    return {item.name: (types[item.name], ...) for item in dataclasses.fields(record)}
 
 
-class TraceCandidate(BaseModel):
-    """A hypothesis grown by one token: `beams[beam]` of its step, then `piece`."""
-
-    beam: int
-    token: int
-    piece: str
-    token_log_prob: float | None  # None: -inf (a token the model rules out, shown by greedy search)
-    log_prob: float | None  # summed, with this token
-    fate: str  # live, finished, pruned (beam search); chosen, other (greedy search)
-    length_penalty: float | None = None  # finished: what the score divides by
-    score: float | None = None  # finished: log_prob / length_penalty
-
-
-class TraceStep(BaseModel):
-    step: int  # 0-based: the output position this step fills
-    beams: list[TraceBeam]
-    candidates: list[TraceCandidate]  # best first by summed log-probability
-    bound: float | None = None  # beam search: the best score an open hypothesis could still reach (None: none)
-    nth_finished: float | None = None  # beam search: the n_best-th finished score so far (None: fewer)
-    stopped: bool
-
-
-class TraceFinished(BaseModel):
-    """A hypothesis that ended during beam search."""
-
-    step: int
-    tokens: list[int]  # without EOS
-    pieces: list[str]
-    text: str
-    log_prob: float  # of its tokens and the EOS
-    length_penalty: float
-    score: float
-
-
-class ExplainResponse(BaseModel):
-    source: str
-    method: str  # "greedy" or "beam"
-    beam_steps: bool  # its steps are beam steps (decoding.Strategy.beam_steps), else one token each
-    beam_size: int
-    alpha: float  # lp(n) = ((5 + n) / 6) ** alpha, n the subwords with EOS
-    n_best: int
-    max_length: int  # the most output subwords (EOS not counted)
-    source_ids: list[int]
-    source_pieces: list[str]
-    output_ids: list[int]
-    output_pieces: list[str]
-    output_text: str  # the translation
-    steps: list[TraceStep]
-    finished: list[TraceFinished]  # in the order they finished
-    winner: int | None  # index in `finished` of the output (None: greedy search)
-    most_probable: int | None  # index in `finished` of the highest log-probability
-    verdict: str  # why the output won, with its numbers
+# The source text, the trace (its nested dataclasses become the schema's objects as they are) and its
+# summary. JSON has no infinity: a -inf log-probability (no beam; a token the model rules out) is sent as
+# null, which the page reads as -inf.
+ExplainResponse = create_model("ExplainResponse", __config__=ConfigDict(ser_json_inf_nan="null"),
+                               source=(str, ...), **_fields(SearchTrace), **_fields(TraceSummary))
 
 
 @dataclass(frozen=True)
@@ -85,12 +39,17 @@ class ExplainWork:
     options: DecodeOptions
 
 
-def explain_texts(torch_engine: Translator, work: ExplainWork, items: list[tuple[str, str]]
-                  ) -> list[ExplainResponse]:
+def explain_response(text: str, trace: SearchTrace) -> BaseModel:
+    """The ExplainResponse of `trace`, the search of `text`."""
+    values = {item.name: getattr(trace, item.name) for item in dataclasses.fields(trace)}
+    return ExplainResponse(source=text, **values, **dataclasses.asdict(trace.summary()))
+
+
+def explain_texts(torch_engine: Translator, work: ExplainWork, items: list[tuple[str, str]]) -> list[BaseModel]:
     """Each (text, prefix)'s search traced alone with `work`'s options: a step-by-step record is one
     sentence's. On the thread that owns `torch_engine` only."""
     engine = dataclasses.replace(torch_engine, decode=work.options)
-    return [ExplainResponse(source=text, **trace_search(engine, text, prefix).to_dict()) for text, prefix in items]
+    return [explain_response(text, trace_search(engine, text, prefix)) for text, prefix in items]
 
 
-__all__ = ["ExplainResponse", "ExplainWork", "explain_texts"]
+__all__ = ["ExplainResponse", "ExplainWork", "explain_response", "explain_texts"]

@@ -14,7 +14,8 @@ from torch import Tensor
 
 from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.translation.phrases import Phrases, Progress
-from transformer.translation.search import NEG_INF, BeamSearch, Hypothesis, Models, SearchObserver, beam_search
+from transformer.translation.search import (NEG_INF, BeamCandidates, BeamSearch, Hypothesis, Models, SearchObserver,
+                                            beam_search)
 from transformer.translation.texts import gnmt_length_penalty
 
 
@@ -99,7 +100,10 @@ class ConstrainedBeamSearch(BeamSearch):
                 states.append(state)
         device = self.scores.device
         self.scores = torch.tensor(new_scores, device=device).view(n, k)
-        _, done = self._stopped()
+        bound, done = self._stopped()
+        if self.observer is not None:  # one sentence: the loop's last is the only one
+            self.observer.beam_step(step, self.prefix, row_scores[:k, 0], self._observed(
+                finished, growing, chosen, phrases, penalty, float(bound[0]), bool(done[0])))
         if bool(done.all()):
             return True
         keep = (~done).nonzero().squeeze(1).tolist()
@@ -108,6 +112,28 @@ class ConstrainedBeamSearch(BeamSearch):
         self._advance(done, torch.tensor(origin, device=device).view(n, k),
                       torch.tensor(next_tokens, device=device).view(n, k))
         return False
+
+    def _observed(self, finished: list[tuple[float, int]], growing: list[tuple], chosen: list[tuple],
+                  phrases: Phrases, penalty: float, bound: float, stopped: bool) -> BeamCandidates:
+        """The step of the observed sentence as `step` decided it: every candidate it considered, best
+        first (the EOS ones, which all finish, and the `growing` ones, of which those `_allocate` has
+        `chosen` are the next beams), each with the phrases it has written whole and its bank."""
+        required = phrases.required
+        considered = [(score, row, EOS_ID, self.states[row]) for score, row in finished]
+        considered += [(score, row, token, state) for score, row, token, state, _ in growing]
+        considered.sort(key=lambda c: -c[0])  # stable: the pool's order among equal scores
+        kept = {(row, token) for score, row, token, _ in chosen if score > NEG_INF}
+        device = self.scores.device
+        return BeamCandidates(
+            torch.tensor([c[0] for c in considered], device=device),
+            torch.tensor([c[2] for c in considered], dtype=torch.long, device=device),
+            torch.tensor([c[1] for c in considered], dtype=torch.long, device=device),
+            torch.tensor([c[2] == EOS_ID for c in considered], dtype=torch.bool, device=device),
+            torch.tensor([i for i, c in enumerate(considered) if (c[1], c[2]) in kept], dtype=torch.long,
+                         device=device),
+            penalty, bound, float(self.worst_kept[0]), stopped,
+            met=[[j for j in range(len(required)) if c[3].met >> j & 1] for c in considered],
+            banks=[c[3].met_tokens(required) for c in considered])
 
     def _allocate(self, growing: list[tuple], total: int) -> list[tuple[float, int, int, Progress]]:
         """The k next beams of one sentence from its growing candidates (best first), shared out among the
@@ -205,12 +231,14 @@ def _ends_with(tokens: list[int], phrase: tuple[int, ...]) -> bool:
 @torch.inference_mode()
 def constrained_beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
                             max_lengths: Tensor, n_best: int, phrases: Sequence[Phrases],
-                            prefixes: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+                            prefixes: Sequence[Sequence[int]] | None = None,
+                            observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
     """`ConstrainedBeamSearch` of B sentences, arguments as search.beam_search's and each sentence's
     `phrases`. Returns, per sentence, its `n_best` hypotheses best first: each contains every required
     phrase and no banned one (as ids); a sentence whose search finished none gets none. A sentence without
     phrases (a glossary that found no term in it) is searched by BeamSearch itself, as plain beam search
-    searches it."""
+    searches it. `observer` watches every step of a search of one sentence, each candidate with its
+    phrases met and its bank."""
     held = [i for i, p in enumerate(phrases) if not p.empty]
     free = [i for i, p in enumerate(phrases) if p.empty]
     results: list[list[Hypothesis]] = [[] for _ in phrases]
@@ -218,24 +246,25 @@ def constrained_beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, be
         if not rows:
             continue
         if len(rows) == len(phrases):
-            found = search(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes)
+            found = search(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes,
+                           observer)
         else:
             index = torch.tensor(rows, device=src.device)
             found = search(model, src.index_select(0, index), src_pad_mask.index_select(0, index), beam_size,
                            length_penalty, max_lengths.index_select(0, index.to(max_lengths.device)), n_best,
-                           [phrases[i] for i in rows], None if prefixes is None else [prefixes[i] for i in rows])
+                           [phrases[i] for i in rows], None if prefixes is None else [prefixes[i] for i in rows], observer)
         for i, hypotheses in zip(rows, found):
             results[i] = hypotheses
     return results
 
 
-def _plain(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes):
-    return beam_search(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, prefixes)
+def _plain(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes, observer):
+    return beam_search(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, prefixes, observer)
 
 
-def _held(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes):
+def _held(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes, observer):
     return ConstrainedBeamSearch(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases,
-                                 prefixes).run()
+                                 prefixes, observer).run()
 
 
 __all__ = ["Phrases", "ConstrainedBeamSearch", "constrained_beam_search"]

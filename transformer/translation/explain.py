@@ -21,7 +21,8 @@ from transformer.decoding import STRATEGIES
 from transformer.model import Transformer
 from transformer.translation.torch_engine import Translator
 from transformer.translation.texts import gnmt_length_penalty
-from transformer.translation.trace import CHOSEN, FINISHED, LIVE, PRUNED, SearchStep, SearchTrace, trace_search
+from transformer.translation.trace import (CHOSEN, FINISHED, LIVE, PRUNED, Candidate, SearchStep, SearchTrace,
+                                          trace_search)
 
 
 class Stage(NamedTuple):
@@ -295,11 +296,20 @@ def _render_greedy(trace: SearchTrace) -> list[str]:
     return out + _table(rows, right={0, 2, 3})
 
 
+def _met(candidate: Candidate, trace: SearchTrace) -> str:
+    """How many required phrases a candidate of constrained search has written whole, and which."""
+    count = f"{len(candidate.met)}/{len(trace.constraints)}"
+    return " ".join([count, *(trace.constraints[j] for j in candidate.met)])
+
+
 def _render_beam_step(step: SearchStep, trace: SearchTrace, pruned_shown: int = 2) -> list[str]:
     live = len(step.beams)
+    held = bool(trace.constraints)  # constrained search: each candidate's phrases met and bank
+    considered = "continuations it considered" if trace.method == "constrained" else "best continuations"
     out = [f"  Step {step.step + 1}: {live} live hypothes{'is' if live == 1 else 'es'}; "
-           f"the {len(step.candidates)} best continuations:"]
-    rows = [["", "fate", "log-prob", "= hypothesis's", "+ log p(subword)", "hypothesis + subword", ""]]
+           f"the {len(step.candidates)} {considered}:"]
+    rows = [["", "fate", "log-prob", "= hypothesis's", "+ log p(subword)", "hypothesis + subword",
+             *(["met", "bank"] if held else []), ""]]
     pruned = [c for c in step.candidates if c.fate == PRUNED]
     for candidate in step.candidates:
         if candidate.fate == PRUNED:
@@ -309,11 +319,12 @@ def _render_beam_step(step: SearchStep, trace: SearchTrace, pruned_shown: int = 
         if candidate.fate == FINISHED:
             extra = f"score {candidate.score:.3f} = {candidate.log_prob:.3f} / lp {candidate.length_penalty:.3f}"
         rows.append(["", candidate.fate, f"{candidate.log_prob:.3f}", f"{beam.log_prob:.3f}",
-                     f"{candidate.token_log_prob:.3f}", f"{_text(beam.pieces) or BOS} + {candidate.piece}", extra])
-    out += _table(rows, right={2, 3, 4}, indent="  ")
+                     f"{candidate.token_log_prob:.3f}", f"{_text(beam.pieces) or BOS} + {candidate.piece}",
+                     *([_met(candidate, trace), str(candidate.bank)] if held else []), extra])
+    out += _table(rows, right={2, 3, 4, 7} if held else {2, 3, 4}, indent="  ")
     if pruned:
-        shown = ", ".join(f"{_text(step.beams[c.beam].pieces) or BOS} + {c.piece} ({c.log_prob:.3f})"
-                          for c in pruned[:pruned_shown])
+        shown = ", ".join(f"{_text(step.beams[c.beam].pieces) or BOS} + {c.piece} ({c.log_prob:.3f}"
+                          + (f", bank {c.bank})" if held else ")") for c in pruned[:pruned_shown])
         more = f", and {len(pruned) - pruned_shown} more" if len(pruned) > pruned_shown else ""
         out.append(f"      pruned: {shown}{more}")
     if step.bound is not None:
@@ -334,19 +345,42 @@ def _render_beam_step(step: SearchStep, trace: SearchTrace, pruned_shown: int = 
 
 def _render_beam(trace: SearchTrace) -> list[str]:
     k = trace.beam_size
-    out = _prose(f"3. The search, step by step: beam search, beam k = {k}, length penalty alpha = {trace.alpha:g}, "
-                 f"at most {trace.max_length} output subwords",
-                 "Each step extends every live hypothesis by one subword; a hypothesis's log-prob is the sum of "
-                 f"log p(subword) over its subwords. Of all (hypothesis, subword) pairs, the {2 * k} (2k) with the "
-                 f"highest log-prob are the candidates: those ending in {EOS} among the first {k} are finished, the "
-                 f"{k} best of the others live on, the rest are pruned. A finished hypothesis is ranked by its score "
-                 f"= log-prob / lp, where the length penalty lp = ((5 + its subwords with {EOS}) / 6) ** alpha (GNMT) "
-                 "spares longer ones. The search stops once the best finished score is at least the most an open "
-                 "hypothesis could still score: the best open log-prob (adding a subword can only lower it) divided "
-                 "by the lp of the longest output allowed.")
+    out = _render_constrained(trace) if trace.method == "constrained" else _prose(
+        f"3. The search, step by step: beam search, beam k = {k}, length penalty alpha = {trace.alpha:g}, "
+        f"at most {trace.max_length} output subwords",
+        "Each step extends every live hypothesis by one subword; a hypothesis's log-prob is the sum of "
+        f"log p(subword) over its subwords. Of all (hypothesis, subword) pairs, the {2 * k} (2k) with the "
+        f"highest log-prob are the candidates: those ending in {EOS} among the first {k} are finished, the "
+        f"{k} best of the others live on, the rest are pruned. A finished hypothesis is ranked by its score "
+        f"= log-prob / lp, where the length penalty lp = ((5 + its subwords with {EOS}) / 6) ** alpha (GNMT) "
+        "spares longer ones. The search stops once the best finished score is at least the most an open "
+        "hypothesis could still score: the best open log-prob (adding a subword can only lower it) divided "
+        "by the lp of the longest output allowed.")
     for step in trace.steps:
         out += _render_beam_step(step, trace)
     return out
+
+
+def _render_constrained(trace: SearchTrace) -> list[str]:
+    k, total = trace.beam_size, sum(len(pieces) for pieces in trace.constraint_pieces)
+    required = "; ".join(f"{phrase!r} ({' '.join(pieces)})" for phrase, pieces in
+                         zip(trace.constraints, trace.constraint_pieces)) or "none"
+    avoided = ", ".join(map(repr, trace.avoid)) or "none"
+    banks = (f"The others sit in banks by the subwords of required phrases they have written (bank 0 to {total}; "
+             "met: the phrases written whole), and the k next hypotheses are shared out among the banks, so that "
+             "one that has met more phrases is not crowded out by likelier ones that have met fewer; the rest are "
+             "pruned." if total else f"The {k} best of the others live on; the rest are pruned.")
+    return _prose(f"3. The search, step by step: constrained beam search, beam k = {k}, length penalty alpha = "
+                  f"{trace.alpha:g}, at most {trace.max_length} output subwords",
+                  f"Required phrases (their subwords): {required}. Avoided phrases: {avoided}.",
+                  "Beam search held to phrases (dynamic beam allocation, Post & Vilar, 2018). Each step extends "
+                  "every live hypothesis by one subword; the candidates are the "
+                  f"{2 * k} (2k) (hypothesis, subword) pairs with the highest log-prob, each hypothesis's own most "
+                  "probable subword, and every subword that advances a required phrase, however improbable. An "
+                  "avoided phrase's last subword is ruled out after the rest of it. A candidate ending in "
+                  f"{EOS} finishes, which a hypothesis may do only once it has met every required phrase. "
+                  f"{banks} Finished hypotheses are scored, and the search stops, as in beam search: score = "
+                  f"log-prob / lp, lp = ((5 + its subwords with {EOS}) / 6) ** alpha.")
 
 
 def _render_verdict(trace: SearchTrace) -> list[str]:

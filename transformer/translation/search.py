@@ -47,19 +47,22 @@ class SearchObserver(Protocol):
 
 @dataclass
 class BeamCandidates:
-    """One beam-search step of one sentence, as the search decided it: the 2k best (beam, token)
-    candidates best first, which of them finished and which became the next step's beams, and the
-    stopping rule's two sides after the step."""
+    """One beam-search step of one sentence, as the search decided it: the c candidates it considered
+    best first (beam search: the 2k best (beam, token) pairs), which of them finished and which became
+    the next step's beams, and the stopping rule's two sides after the step. Constrained search
+    (constrained.py) adds where each candidate stands with the sentence's required phrases."""
 
-    log_probs: Tensor  # (2k,) summed log-prob of each candidate (-inf: none)
-    tokens: Tensor  # (2k,)
-    beams: Tensor  # (2k,) index of the live beam each extends
-    finishing: Tensor  # (2k,) bool: ends in EOS among the k best, so finished here
+    log_probs: Tensor  # (c,) summed log-prob of each candidate (-inf: none)
+    tokens: Tensor  # (c,)
+    beams: Tensor  # (c,) index of the live beam each extends
+    finishing: Tensor  # (c,) bool: ends in EOS and finished here (beam search: among the k best)
     kept: Tensor  # (k,) indices of the candidates that are the next step's beams (-inf ones excepted)
     length_penalty: float  # lp(step + 1): what a hypothesis finishing at this step is divided by
     bound: float  # the best score an open beam could still reach
     nth_finished: float  # the n_best-th finished score so far (-inf: fewer finished)
     stopped: bool
+    met: list[list[int]] | None = None  # constrained search: per candidate, the required phrases it has written whole
+    banks: list[int] | None = None  # constrained search: per candidate, its bank (required tokens written)
 
 
 def _check_observed(observer: SearchObserver | None, src: Tensor) -> None:
@@ -217,6 +220,7 @@ class BeamSearch:
     def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
                  max_lengths: Tensor, n_best: int, prefixes: Sequence[Sequence[int]] | None = None,
                  observer: SearchObserver | None = None) -> None:
+        _check_observed(observer, src)
         batch, device, k = src.shape[0], src.device, beam_size
         self.k, self.alpha, self.n_best, self.observer = k, length_penalty, n_best, observer
         self.row_max = max_lengths.to(device)  # (n,) the most tokens of each working sentence's output
@@ -365,7 +369,6 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
     >= 1 the most tokens an output may have (EOS not counted), 1 <= n_best <= beam_size
     (decoding.DecodeOptions). Returns, per sentence, its `n_best` hypotheses best first. `prefixes`:
     as greedy_search's. `observer` watches every step of a search of one sentence."""
-    _check_observed(observer, src)
     if src.shape[0] == 0:
         return []
     return BeamSearch(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, prefixes,
@@ -413,7 +416,7 @@ def _constrained(models, src, src_pad_mask, max_lengths, options, prefixes=None,
     if phrases is None:  # the options' phrases would be ignored: the text path tokenizes them (texts.text_phrases)
         raise ValueError("constrained search needs each sentence's phrases")
     hypotheses = constrained_beam_search(models, src, src_pad_mask, options.beam_size, options.length_penalty,
-                                         max_lengths, options.n_best, phrases, prefixes)
+                                         max_lengths, options.n_best, phrases, prefixes, observer)
     return [[h.tokens for h in sentence] for sentence in hypotheses]
 
 

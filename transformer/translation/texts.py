@@ -159,6 +159,17 @@ def target_prefix_ids(prefixes: list[str], sources: list[list[int]], engine: Eng
     return ids
 
 
+def text_phrases(engine: Engine, sources: list[list[int]], required: list[list[str]] | None,
+                 prefix_ids: list[list[int]] | None = None, prefixes: list[str] | None = None) -> list:
+    """For each source, its phrases.Phrases under the engine's options, with the text's own `required`
+    phrases (None: none), checked against its output length and its prefix (`prefix_ids`, read from the
+    `prefixes` texts); a PhraseError names the text's index (phrases.sentence_phrases)."""
+    decode = engine.decode
+    limits = [max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
+              if source else None for source in sources]
+    return sentence_phrases(engine.tokenizers, decode, len(sources), limits, required, prefix_ids, prefixes)
+
+
 def candidates_per_text(engine: Engine, n_best: int | None) -> int:
     """`n_best`, checked with the engine's other options (decoding.DecodeOptions: at most the beam when
     searching); None: the engine's own decode.n_best."""
@@ -186,12 +197,7 @@ def search_texts_held(engine: Engine, texts: list[str], n_best: int | None = Non
         raise ValueError("texts bring their own constraints, but the decode options say they do not")  # a caller's bug
     sources = source_ids(texts, engine.tokenizers, engine.max_len - 1, warn_unknown)
     prefix_ids = None if prefixes is None else target_prefix_ids(prefixes, sources, engine)
-    phrases = None
-    if engine.decode.constrained:
-        decode = engine.decode
-        limits = [max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
-                  if source else None for source in sources]
-        phrases = sentence_phrases(engine.tokenizers, decode, len(texts), limits, constraints, prefix_ids, prefixes)
+    phrases = text_phrases(engine, sources, constraints, prefix_ids, prefixes) if engine.decode.constrained else None
     return sources, search_in_batches(engine, sources, n_best, prefix_ids, phrases), phrases
 
 
@@ -280,7 +286,7 @@ def output_log_probs(engine: Engine, sources: list[list[int]], results: list[lis
     return [[next(scores).log_prob if sources[i] else None for _ in outputs] for i, outputs in enumerate(results)]
 
 
-__all__ = ["search_texts_held",
+__all__ = ["search_texts_held", "text_phrases",
            "Engine", "PairScore", "gnmt_length_penalty", "max_output_length", "truncate_sources",
            "warn_unknown_characters", "source_ids", "length_sorted_batches", "search_in_batches", "target_prefix_ids",
            "candidates_per_text", "search_texts", "decode_outputs", "translate_texts", "score_ids", "score_texts",

@@ -1,10 +1,12 @@
 """The search step by step, for a learner: one sentence searched by the torch engine exactly as it
 translates, with every step recorded — for greedy search the most probable next subwords and the one
 taken, for beam search the live hypotheses, the candidates they grew into and what became of each
-(a beam of the next step, a finished hypothesis with its length penalty and score, or pruned) — and
-why the winner won. `translate.py --explain`, the web page of serve.py and the walkthrough notebook
-all show this record; the search itself is search.py's, watched through its `observer` (the methods
-whose decoding.Strategy is `traced`).
+(a beam of the next step, a finished hypothesis with its length penalty and score, or pruned), for
+constrained beam search also the required phrases each candidate has met and its bank — and why the
+winner won. `translate.py --explain`, the web page of serve.py and the walkthrough notebook all show
+this record, and these dataclasses are its one schema: the server's JSON is them (serving/explain.py).
+The search itself is search.py's, watched through its `observer` (the methods whose decoding.Strategy
+is `traced`). No pydantic here: translation runs without the serve extra.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from transformer.decoding import STRATEGIES, traced_strategy
 from transformer.errors import UserError
 from transformer.translation.search import SEARCHES, BeamCandidates
 from transformer.translation.step_decoder import max_output_lengths
-from transformer.translation.texts import source_ids, target_prefix_ids
+from transformer.translation.texts import source_ids, target_prefix_ids, text_phrases
 from transformer.translation.torch_engine import Translator
 
 # What became of a candidate. Greedy search takes one token a step: CHOSEN, and OTHER for the rest shown.
@@ -42,6 +44,11 @@ class Candidate:
     fate: str  # LIVE, FINISHED or PRUNED (beam search); CHOSEN or OTHER (greedy search)
     length_penalty: float | None = None  # FINISHED: lp(length with EOS), which the score divides by
     score: float | None = None  # FINISHED: log_prob / length_penalty, what finished hypotheses rank by
+    # Constrained search only (None otherwise): the required phrases written whole, as indices in
+    # SearchTrace.constraints, and the bank, the subwords of required phrases written (those of a phrase
+    # under way too), which decides the beam slots it competes for.
+    met: list[int] | None = None
+    bank: int | None = None
 
     @property
     def probability(self) -> float:
@@ -96,6 +103,9 @@ class SearchTrace:
     output_text: str
     steps: list[SearchStep] = field(default_factory=list)
     finished: list[Finished] = field(default_factory=list)  # beam search: all of them, in the order they finished
+    constraints: list[str] = field(default_factory=list)  # constrained search: the phrases every output contains
+    constraint_pieces: list[list[str]] = field(default_factory=list)  # their subwords, as the search writes them
+    avoid: list[str] = field(default_factory=list)  # constrained search: the phrases no output contains
 
     @property
     def winner(self) -> Finished | None:
@@ -115,8 +125,12 @@ class SearchTrace:
             return (f"Greedy search took the most probable subword at every step: {self.output_text!r}, "
                     f"log-probability {log_prob:.3f}. It never compares whole sentences.")
         winner, probable = self.winner, self.most_probable
+        held = ""
+        if self.constraints:
+            held = (" A hypothesis could finish only once it held every required phrase ("
+                    + ", ".join(map(repr, self.constraints)) + ").")
         if winner is None:
-            return "The search finished no hypothesis."
+            return "The search finished no hypothesis." + held
         said = (f"{winner.text!r} won with score {winner.score:.3f} = log-prob {winner.log_prob:.3f} / length "
                 f"penalty {winner.length_penalty:.3f} ({len(winner.tokens) + 1} subwords with EOS, alpha {self.alpha:g}).")
         if probable is not None and probable is not winner and probable.log_prob > winner.log_prob:
@@ -129,16 +143,28 @@ class SearchTrace:
                 said += (f" It was also the most probable of the {len(self.finished)} finished hypotheses; the "
                          f"runner-up, {others[0].text!r}, scored {others[0].score:.3f} = {others[0].log_prob:.3f} / "
                          f"{others[0].length_penalty:.3f}.")
-        return said
+        return said + held
+
+    def summary(self) -> "TraceSummary":
+        """The verdict, and which finished hypotheses won and were the most probable."""
+        index = {id(f): i for i, f in enumerate(self.finished)}
+        return TraceSummary(STRATEGIES[self.method].beam_steps, index.get(id(self.winner)),
+                            index.get(id(self.most_probable)), self.verdict())
 
     def to_dict(self) -> dict:
-        """The whole record as plain JSON values (non-finite floats as None), with the verdict and the
-        indices in `finished` of the winner and of the most probable hypothesis (None for greedy)."""
-        index = {id(f): i for i, f in enumerate(self.finished)}
-        return _finite(dataclasses.asdict(self)) | {
-            "verdict": self.verdict(), "beam_steps": STRATEGIES[self.method].beam_steps,
-            "winner": index.get(id(self.winner)),
-            "most_probable": index.get(id(self.most_probable))}
+        """The whole record and its summary as plain JSON values (non-finite floats as None): what the
+        server's POST /explain answers, less the source text."""
+        return _finite(dataclasses.asdict(self) | dataclasses.asdict(self.summary()))
+
+
+@dataclass
+class TraceSummary:
+    """What a reader of a trace is told beside its steps, read from them (SearchTrace.summary)."""
+
+    beam_steps: bool  # its steps are beam steps (decoding.Strategy.beam_steps), else one token each
+    winner: int | None  # index in SearchTrace.finished of the output (None: greedy search, or nothing finished)
+    most_probable: int | None  # index in SearchTrace.finished of the highest log-probability
+    verdict: str  # why the output won, with its numbers
 
 
 class _Recorder:
@@ -177,7 +203,9 @@ class _Recorder:
         for index, (log_prob, token, origin) in enumerate(zip(log_probs, tokens, origins)):
             if log_prob == -math.inf:
                 continue
-            candidate = Candidate(origin, token, self.piece(token), log_prob - live[origin], log_prob, PRUNED)
+            candidate = Candidate(origin, token, self.piece(token), log_prob - live[origin], log_prob, PRUNED,
+                                  met=None if found.met is None else found.met[index],
+                                  bank=None if found.banks is None else found.banks[index])
             if finishing[index]:
                 candidate.fate = FINISHED
                 candidate.length_penalty, candidate.score = found.length_penalty, log_prob / found.length_penalty
@@ -197,17 +225,22 @@ class _Recorder:
 
 def trace_search(translator: Translator, text: str, prefix: str = "", n_best: int | None = None) -> SearchTrace:
     """Search `text` with the translator's model and decode options (greedy when its beam size is 1,
-    else beam search with its length penalty), recording every step. `prefix`: a text the output must
-    start with; `n_best` (None: the translator's): the finished hypotheses beam search keeps before it
-    may stop, as in translation. The output is the translator's own best for this text."""
+    constrained beam search when they name phrases, else beam search with its length penalty), recording
+    every step. `prefix`: a text the output must start with; `n_best` (None: the translator's): the
+    finished hypotheses beam search keeps before it may stop, as in translation. The output is the
+    translator's own best for this text."""
     decode, tokenizers = translator.decode, translator.tokenizers
     if n_best is not None:
         decode = dataclasses.replace(decode, n_best=n_best)
     strategy = traced_strategy(decode)
+    if decode.per_text_constraints:  # a caller's bug: the options' phrases are the only ones a trace takes
+        raise ValueError("a trace holds to the decode options' phrases, not to phrases of each text")
     sources = source_ids([text], tokenizers, translator.max_len - 1)
     if not sources[0]:
         raise UserError("nothing to translate: the text is blank")
     prefixes = target_prefix_ids([prefix], sources, translator) if prefix else None
+    # The phrases as the translator's own text path reads them, checked alike (texts.text_phrases).
+    phrases = text_phrases(translator, sources, None, prefixes, [prefix])[0] if decode.constrained else None
     recorder = _Recorder(tokenizers)
     with translator.eval_mode():
         src, src_pad_mask = source_tensor(sources)
@@ -215,7 +248,7 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
         max_lengths = max_output_lengths(torch.tensor([len(sources[0])]), decode.max_length_a, decode.max_length_b,
                                          translator.max_len - 1)
         outputs = SEARCHES[strategy.name](translator.models, src, src_pad_mask, max_lengths, decode, prefixes,
-                                          observer=recorder)[0]
+                                          observer=recorder, phrases=None if phrases is None else [phrases])[0]
         # A beam search whose every hypothesis was ruled out finished nothing: its steps still show why.
         output = outputs[0] if outputs else []
     if recorder.steps:
@@ -224,9 +257,18 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
     for finished, finished_text in zip(recorder.finished, texts[1:]):
         finished.text = finished_text
     source_piece = tokenizers.source.id_to_token
+    # The phrases as the search held to them (Candidate.met indexes `required`), in words and in subwords.
+    required = [] if phrases is None else [list(ids) for ids in phrases.required]
+    banned = [] if phrases is None else [list(ids) for ids in phrases.banned]
     return SearchTrace(strategy.name, decode.beam_size, decode.length_penalty, decode.n_best,
                        int(max_lengths[0]), sources[0], [source_piece(i) or f"<{i}>" for i in sources[0]],
-                       output, recorder.pieces(output), texts[0], recorder.steps, recorder.finished)
+                       output, recorder.pieces(output), texts[0], recorder.steps, recorder.finished,
+                       _texts(tokenizers, required), [recorder.pieces(ids) for ids in required],
+                       _texts(tokenizers, banned))
+
+
+def _texts(tokenizers: Tokenizers, phrases: list[list[int]]) -> list[str]:
+    return tokenizers.decode_target(phrases) if phrases else []
 
 
 def _finite(value):
@@ -240,5 +282,5 @@ def _finite(value):
     return value
 
 
-__all__ = ["SearchTrace", "SearchStep", "Candidate", "Beam", "Finished", "trace_search",
+__all__ = ["SearchTrace", "TraceSummary", "SearchStep", "Candidate", "Beam", "Finished", "trace_search",
            "LIVE", "FINISHED", "PRUNED", "CHOSEN", "OTHER"]

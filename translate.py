@@ -49,7 +49,7 @@ FLAGS = {"n_best": "--n-best", "length_penalty": "--length-penalty", "max_length
          "checkpoint": "--checkpoint",
          "ensemble": "--run given more than once", "alignment_layer": "--alignment-layer", "input": "--input",
          "targets": "--targets", "explain": "--explain", "constraints": "--constraint", "avoid": "--avoid",
-         "line_constraints": "the constraints column", "glossary_term": "the target term"}
+         "line_constraints": "the constraints column"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -262,10 +262,12 @@ def test_a_sentence_without_phrases_is_searched_as_plain_beam_search():
 
 
 def test_required_phrases_are_written_once_when_repeated_or_inside_another():
-    assert required_once([(5,), (7, 5, 9), (5,), (8,), (7, 5)]) == ((7, 5, 9), (8,))
+    assert required_once([(5,), (7, 5, 9), (5,), (8,), (7, 5)], frozenset()) == ((7, 5, 9), (8,))
+    # Inside another only as whole words: 5 followed by a glued 9 is part of a longer word, so (7, 5) stays.
+    assert required_once([(5,), (7, 5, 9), (8,), (7, 5)], frozenset({9})) == ((7, 5, 9), (8,), (7, 5))
     model, sources = tiny_model(9), random_sources(10, 3)
     for phrases in ([(17,), (17,)], [(17,), (16, 17, 18)]):
-        held = Phrases(required_once([tuple(p) for p in phrases]))
+        held = Phrases(required_once([tuple(p) for p in phrases], frozenset()))
         for hypotheses in search(model, sources, [10] * 3, [held] * 3):
             assert hypotheses[0].tokens.count(17) == 1
 
@@ -285,11 +287,13 @@ def test_a_banned_phrase_is_banned_as_whole_words():
 
 def test_a_prefix_is_forced_whole_even_where_it_glues_onto_a_required_phrase():
     """The prefix's subwords are the user's: once, a glued subword right after a required phrase inside the
-    prefix was ruled out, the forced token with it, and the sentence came out blank."""
+    prefix was ruled out, the forced token with it, and the sentence came out blank. Glued on, the phrase is
+    not a whole word there, so the search writes it again after the prefix."""
     model, sources = tiny_model(13), random_sources(14, 1)
     found = search(model, sources, [10], [Phrases(((17,), (23,)), (), frozenset({18}))], prefixes=[[17, 18]])
     tokens = found[0][0].tokens
     assert tokens[:2] == [17, 18] and 23 in tokens
+    assert any(t == 17 and (i + 1 == len(tokens) or tokens[i + 1] != 18) for i, t in enumerate(tokens[2:], 2))
 
 
 def test_phrases_refuse_what_no_output_can_hold_to(tiny_tokenizers):
@@ -339,3 +343,7 @@ def test_cli_a_glossary_term_also_avoided_is_refused_by_its_line(trained_run: Pa
     assert translate(trained_run, "--glossary", str(glossary), "--avoid", "l\u2019ami", "I'm cold.") == 2
     assert user_error(capsys) == (f"{glossary}, line 2: the target term \"l'ami\" is also avoided (--avoid "
                                   "'l\u2019ami'); a phrase is required or avoided, not both")
+    # A clash of the flags' own phrases is theirs, not the glossary's first line's.
+    assert translate(trained_run, "--glossary", str(glossary), "--avoid", "gare", "--constraint", "la gare",
+                     "I'm cold.") == 2
+    assert user_error(capsys).startswith("--constraint 'la gare' holds an avoided phrase (--avoid 'gare')")

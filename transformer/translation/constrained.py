@@ -15,7 +15,7 @@ from torch import Tensor
 from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.translation.phrases import Phrases, Progress
 from transformer.translation.search import (NEG_INF, BeamCandidates, BeamSearch, Hypothesis, Models, SearchObserver,
-                                            beam_search)
+                                            _check_observed, beam_search)
 from transformer.translation.texts import gnmt_length_penalty
 
 
@@ -31,14 +31,14 @@ class ConstrainedBeamSearch(BeamSearch):
     bank cannot fill go to the best candidates left. So hypotheses that have met more phrases are not
     crowded out by likelier ones that have met fewer.
 
-    A phrase is written as whole words: it starts with a word start (phrases.phrase_ids), and the subword
-    after it may not glue onto its last word. A beam whose remaining length just fits its unwritten
-    required tokens may only write them, so that every live beam can still finish; one that cannot fit
-    them is dropped. A banned phrase is banned as whole words: once a beam has written it, the next subword
-    must glue onto its last word (making it part of a longer one), so EOS, a space or punctuation cannot
-    follow it. While a sentence's prefix is forced nothing else is ruled out (phrases.py refuses a prefix
-    holding a banned phrase); the prefix's tokens count towards the required phrases. Log-probs are the model's, never renormalised, so scores and the stopping bound (exact:
-    an open beam, met or not, can only lose log-probability) are those of BeamSearch.
+    A phrase is written as whole words: it starts with a word start (phrases.phrase_ids), and the subword after it
+    may not glue onto its last word. A beam whose remaining length just fits its unwritten required tokens may only
+    write them, so that every live beam can still finish; one that cannot fit them is dropped. A banned phrase is
+    banned as whole words: once a beam has written it, the next subword must glue onto its last word (making it part
+    of a longer one), so EOS, a space or punctuation cannot follow it. While a sentence's prefix is forced nothing
+    else is ruled out (phrases.py refuses a prefix holding a banned phrase); the prefix's tokens count towards the
+    required phrases. Log-probs are the model's, never renormalised, so scores and the stopping bound (exact: an
+    open beam, met or not, can only lose log-probability) are those of BeamSearch.
     """
 
     def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
@@ -85,7 +85,7 @@ class ConstrainedBeamSearch(BeamSearch):
                 if token == EOS_ID:  # the mask lets only beams that met every phrase end
                     finished.append((score, row))
                 else:
-                    state = self.states[row].advance(token, phrases.required)
+                    state = self.states[row].advance(token, phrases)
                     growing.append((score, row, token, state, state.met_tokens(phrases.required)))
             if finished:  # every EOS candidate finishes: each met all its phrases, rare enough to keep them all
                 histories = self.prefix[[row for _, row in finished], 1:].tolist()
@@ -157,10 +157,10 @@ class ConstrainedBeamSearch(BeamSearch):
 
     def _masked_logits(self, step: int) -> tuple[Tensor, Tensor]:
         """(n*k, V) the model's next-token logits with what this step rules out at -inf, and (n*k, 1) their
-        log-normaliser from before (log-probs are never renormalised, as in BeamSearch): other tokens while
-        a prefix lasts, all but a glued subword after a banned phrase, a subword gluing onto a phrase just ended, EOS before
-        every phrase is met, all but the required tokens where only they still fit, all but EOS at the max
-        length. Only live beams are looked at: a row at -inf has no candidates anyway."""
+        log-normaliser from before (log-probs are never renormalised, as in BeamSearch): other tokens while a prefix
+        lasts, all but a glued subword after a banned phrase, a subword gluing onto a phrase just ended, EOS before
+        every phrase is met, all but the required tokens where only they still fit, all but EOS at the max length.
+        Only live beams are looked at: a row at -inf has no candidates anyway."""
         k = self.k
         logits, log_norm = self._logits(step)
         in_prefix_rows = (self._prefix_left(step) > 0).tolist() if self.forced is not None else None
@@ -219,7 +219,7 @@ class ConstrainedBeamSearch(BeamSearch):
         """(n*k, E) per row, the tokens that advance one of its required phrases (PAD: none)."""
         k, sentences = self.k, self.sentences.tolist()
         rows = [state.next_tokens(self.phrases[sentences[row // k]].required) for row, state in enumerate(self.states)]
-        width = max(1, max(len(r) for r in rows))
+        width = max(1, max((len(r) for r in rows), default=0))
         return torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows], dtype=torch.long,
                             device=self.prefix.device)
 
@@ -239,10 +239,11 @@ def constrained_beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, be
     phrases (a glossary that found no term in it) is searched by BeamSearch itself, as plain beam search
     searches it. `observer` watches every step of a search of one sentence, each candidate with its
     phrases met and its bank."""
-    held = [i for i, p in enumerate(phrases) if not p.empty]
-    free = [i for i, p in enumerate(phrases) if p.empty]
+    _check_observed(observer, src)
+    with_phrases = [i for i, p in enumerate(phrases) if not p.empty]
+    without = [i for i, p in enumerate(phrases) if p.empty]
     results: list[list[Hypothesis]] = [[] for _ in phrases]
-    for rows, search in ((free, _plain), (held, _held)):
+    for rows, search in ((without, _plain_search), (with_phrases, _constrained_search)):
         if not rows:
             continue
         if len(rows) == len(phrases):
@@ -252,17 +253,23 @@ def constrained_beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, be
             index = torch.tensor(rows, device=src.device)
             found = search(model, src.index_select(0, index), src_pad_mask.index_select(0, index), beam_size,
                            length_penalty, max_lengths.index_select(0, index.to(max_lengths.device)), n_best,
-                           [phrases[i] for i in rows], None if prefixes is None else [prefixes[i] for i in rows], observer)
+                           [phrases[i] for i in rows], None if prefixes is None else [prefixes[i] for i in rows],
+                           observer)
         for i, hypotheses in zip(rows, found):
             results[i] = hypotheses
     return results
 
 
-def _plain(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes, observer):
+def _plain_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
+                  max_lengths: Tensor, n_best: int, phrases: Sequence[Phrases],
+                  prefixes: Sequence[Sequence[int]] | None, observer: SearchObserver | None) -> list[list[Hypothesis]]:
     return beam_search(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, prefixes, observer)
 
 
-def _held(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes, observer):
+def _constrained_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
+                        max_lengths: Tensor, n_best: int, phrases: Sequence[Phrases],
+                        prefixes: Sequence[Sequence[int]] | None, observer: SearchObserver | None
+                        ) -> list[list[Hypothesis]]:
     return ConstrainedBeamSearch(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases,
                                  prefixes, observer).run()
 

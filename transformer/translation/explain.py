@@ -18,7 +18,9 @@ from torch import Tensor, nn
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID
 from transformer.decoding import STRATEGIES
+from transformer.errors import UserError
 from transformer.model import Transformer
+from transformer.translation.phrases import PhraseError
 from transformer.translation.torch_engine import Translator
 from transformer.translation.texts import gnmt_length_penalty
 from transformer.translation.trace import (CHOSEN, FINISHED, LIVE, PRUNED, Candidate, SearchStep, SearchTrace,
@@ -185,9 +187,15 @@ def explain_lines(translator: Translator, lines: Iterable[str], out: TextIO, pre
     """Write the explanation (`render`) of every non-blank line to `out`, each as soon as it is made, a
     blank line between two."""
     first = True
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
         if line.strip():
-            out.write(("" if first else "\n") + render(explain(translator, line, prefix or "", n_best)) + "\n")
+            try:
+                explained = explain(translator, line, prefix or "", n_best)
+            except PhraseError as error:  # this line's phrases or prefix: name it, as translation does
+                if error.index is None:
+                    raise
+                raise UserError(f"line {number}: {Exception.__str__(error)}") from None
+            out.write(("" if first else "\n") + render(explained) + "\n")
             out.flush()
             first = False
 
@@ -376,8 +384,10 @@ def _render_constrained(trace: SearchTrace) -> list[str]:
                   "Beam search held to phrases (dynamic beam allocation, Post & Vilar, 2018). Each step extends "
                   "every live hypothesis by one subword; the candidates are the "
                   f"{2 * k} (2k) (hypothesis, subword) pairs with the highest log-prob, each hypothesis's own most "
-                  "probable subword, and every subword that advances a required phrase, however improbable. An "
-                  "avoided phrase's last subword is ruled out after the rest of it. A candidate ending in "
+                  "probable subword, and every subword that advances a required phrase, however improbable. Phrases "
+                  "are whole words: right after a required phrase no subword may continue its last word, and "
+                  "right after an avoided phrase only such a subword may follow (making it part of a longer word). "
+                  "A candidate ending in "
                   f"{EOS} finishes, which a hypothesis may do only once it has met every required phrase. "
                   f"{banks} Finished hypotheses are scored, and the search stops, as in beam search: score = "
                   f"log-prob / lp, lp = ((5 + its subwords with {EOS}) / 6) ** alpha.")

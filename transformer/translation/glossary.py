@@ -66,11 +66,14 @@ def check_terms(glossary: Glossary, engine) -> None:
     so that a bad line stops the run before its work."""
     from transformer.translation.phrases import PhraseError, sentence_phrases
 
-    for entry in glossary.entries:
-        try:
-            sentence_phrases(engine.tokenizers, engine.decode, 1, [None], [[entry.target]], None)
-        except PhraseError as error:
-            raise UserError(f"{glossary.path}, line {entry.line}: the target term {error.reason}") from None
+    entries = glossary.entries
+    try:  # each term as one text's own phrase, all at once: the vocabulary is read once
+        sentence_phrases(engine.tokenizers, engine.decode, len(entries), [None] * len(entries),
+                         [[entry.target] for entry in entries], None)
+    except PhraseError as error:
+        if error.index is None:  # the options' phrases (--constraint, --avoid), not the glossary's
+            raise
+        raise UserError(f"{glossary.path}, line {entries[error.index].line}: the target term {error.reason}") from None
 
 
 __all__ = ["Entry", "Glossary", "read_glossary", "check_terms"]

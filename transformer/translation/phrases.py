@@ -55,26 +55,38 @@ class Phrases:
 
 @dataclass(frozen=True)
 class Progress:
-    """How far one hypothesis is through its sentence's required phrases: a bit per phrase met, and the
-    phrase it is in the middle of (-1: none) with the tokens of it written so far."""
+    """How far one hypothesis is through its sentence's required phrases: a bit per phrase met, the phrase
+    it is in the middle of (-1: none) with the tokens of it written so far, and the phrase its last token
+    completed (-1: none)."""
 
     met: int = 0
     current: int = -1
     position: int = 0
-    completed: bool = False  # the last token ended a required phrase
+    just_met: int = -1
 
-    def advance(self, token: int, required: tuple[Ids, ...]) -> "Progress":
+    @property
+    def completed(self) -> bool:
+        """The last token ended a required phrase: a glued subword now would end it inside a longer word."""
+        return self.just_met >= 0
+
+    def advance(self, token: int, phrases: Phrases) -> "Progress":
         """The progress after writing `token`. A phrase begun and then left loses its progress (Post &
-        Vilar, Section 3): it must be written whole, in one piece."""
+        Vilar, Section 3): it must be written whole, in one piece. A glued subword right after a phrase
+        takes the phrase back (it was not a whole word): the search never writes one there, but a forced
+        prefix may."""
+        required = phrases.required
+        if self.completed and token in phrases.glued:
+            return Progress(self.met & ~(1 << self.just_met))
         if self.current >= 0:
             phrase = required[self.current]
             if phrase[self.position] == token:
                 if self.position + 1 == len(phrase):
-                    return Progress(self.met | 1 << self.current, completed=True)
+                    return Progress(self.met | 1 << self.current, just_met=self.current)
                 return Progress(self.met, self.current, self.position + 1)
         for j, phrase in enumerate(required):
             if not self.met >> j & 1 and phrase[0] == token:
-                return Progress(self.met | 1 << j, completed=True) if len(phrase) == 1 else Progress(self.met, j, 1)
+                return (Progress(self.met | 1 << j, just_met=j) if len(phrase) == 1 else
+                        Progress(self.met, j, 1))
         return Progress(self.met) if self.current >= 0 or self.completed else self
 
     def met_tokens(self, required: tuple[Ids, ...]) -> int:
@@ -135,16 +147,13 @@ def whole_word_at(ids: Sequence[int], phrase: Ids, glued: frozenset[int], open_e
     return None
 
 
-def _contains(ids: Ids, phrase: Ids) -> bool:
-    return any(ids[i: i + len(phrase)] == phrase for i in range(len(ids) - len(phrase) + 1))
-
-
-def required_once(required: Sequence[Ids]) -> tuple[Ids, ...]:
-    """The required phrases without repeats, and without a phrase whose ids lie inside another's (the
-    longer one meets it), in their first order. Without this, `gare` required twice (a flag and a glossary)
-    or beside `gare du Nord` would make the search write it twice."""
+def required_once(required: Sequence[Ids], glued: frozenset[int]) -> tuple[Ids, ...]:
+    """The required phrases without repeats, and without a phrase that stands as whole words inside another
+    (writing the longer one meets it; `gare` in `gares du Nord` does not), in their first order. Without
+    this, `gare` required twice (a flag and a glossary) or beside `la gare` made the search write it twice."""
     unique = list(dict.fromkeys(required))
-    return tuple(p for p in unique if not any(q != p and len(q) > len(p) and _contains(q, p) for q in unique))
+    return tuple(p for p in unique
+                 if not any(q != p and len(q) > len(p) and whole_word_at(q, p, glued) is not None for q in unique))
 
 
 @dataclass(frozen=True)
@@ -176,9 +185,9 @@ def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, 
                                                  "line_constraints", i) for p in required[i]]
         _refuse_avoided_inside_required(own, banned, glued)
         prefix = () if prefixes is None else tuple(prefixes[i])
-        if prefix:
+        if prefix and limits[i] is not None:  # a blank text is not searched: its prefix is never written
             _refuse_avoided_in_prefix(prefix, prefix_texts[i] if prefix_texts else "", banned, glued, i)
-        phrases = Phrases(required_once([n.ids for n in shared + own]), tuple(n.ids for n in banned), glued)
+        phrases = Phrases(required_once([n.ids for n in shared + own], glued), tuple(n.ids for n in banned), glued)
         if limits[i] is not None and phrases.required:
             _refuse_what_cannot_fit(phrases, prefix, limits[i], "line_constraints" if own else "constraints", i)
         result.append(phrases)
@@ -191,8 +200,8 @@ def _refuse_avoided_inside_required(required: list[Named], banned: list[Named], 
         for avoided in banned:
             if whole_word_at(phrase.ids, avoided.ids, glued) is not None:
                 avoid = f"{option('avoid')} {avoided.text!r}"
-                raise PhraseError(phrase.option_name, f"{phrase.text!r} is also avoided ({avoid}); a phrase is required "
-                                  "or avoided, not both" if phrase.ids == avoided.ids else
+                raise PhraseError(phrase.option_name, f"{phrase.text!r} is also avoided ({avoid}); a phrase is "
+                                  "required or avoided, not both" if phrase.ids == avoided.ids else
                                   f"{phrase.text!r} holds an avoided phrase ({avoid}); no output can contain one "
                                   "without the other", phrase.index)
 
@@ -209,7 +218,7 @@ def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, option_na
     must fit after it."""
     progress = Progress()
     for token in prefix:
-        progress = progress.advance(token, phrases.required)
+        progress = progress.advance(token, phrases)
     unwritten = phrases.tokens - progress.met_tokens(phrases.required)
     need = len(prefix) + unwritten
     if need > limit:
@@ -218,9 +227,12 @@ def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, option_na
                                        f"source may have ({option('max_length_b')} raises it)", i)
 
 
-def met_phrases(tokenizers: Tokenizers, output: Sequence[int], phrases: Sequence[str]) -> list[bool]:
-    """Whether each phrase (as given: repeats and phrases inside others included) appears in `output` ids."""
-    return [_contains(tuple(output), phrase_ids(tokenizers, phrase, "constraints")) for phrase in phrases]
+def met_phrases(tokenizers: Tokenizers, output: Sequence[int], phrases: Sequence[str],
+                glued: frozenset[int]) -> list[bool]:
+    """Whether each phrase (as given: repeats and phrases inside others included) stands as whole words in
+    `output` ids, the rule the search holds to; `glued`: glued_subwords(tokenizers), read once by the caller."""
+    return [whole_word_at(output, phrase_ids(tokenizers, phrase, "constraints"), glued) is not None
+            for phrase in phrases]
 
 
 __all__ = ["PhraseError", "Phrases", "Progress", "phrase_ids", "glued_subwords", "whole_word_at", "required_once",

@@ -89,7 +89,7 @@ class Translator:
                phrases: list | None = None) -> list[list[list[int]]]:
         """Source id lists (no EOS) -> for each, its `n_best` output id lists best first, by the method
         the decode options choose (decoding.STRATEGIES, run by search.SEARCHES); each output starts with
-        its prefix when `prefixes` are given, and holds to its constrained.Phrases when `phrases` are."""
+        its prefix when `prefixes` are given, and holds to its phrases.Phrases when `phrases` are."""
         options = self.decode if n_best == self.decode.n_best else dataclasses.replace(self.decode, n_best=n_best)
         strategy = options.strategy
         with self.eval_mode():

@@ -91,7 +91,7 @@ class Finished:
 class SearchTrace:
     """One sentence's search, step by step, and its result."""
 
-    method: str  # "greedy" or "beam"
+    method: str  # a decoding.STRATEGIES name: "greedy", "beam" or "constrained"
     beam_size: int
     alpha: float  # the length penalty's exponent: lp(n) = ((5 + n) / 6) ** alpha (n counts the EOS)
     n_best: int
@@ -103,7 +103,9 @@ class SearchTrace:
     output_text: str
     steps: list[SearchStep] = field(default_factory=list)
     finished: list[Finished] = field(default_factory=list)  # beam search: all of them, in the order they finished
-    constraints: list[str] = field(default_factory=list)  # constrained search: the phrases every output contains
+    # Constrained search: the phrases every output contains, as the search held to them (repeats, and phrases
+    # standing inside another, once: phrases.required_once); Candidate.met indexes this list.
+    constraints: list[str] = field(default_factory=list)
     constraint_pieces: list[list[str]] = field(default_factory=list)  # their subwords, as the search writes them
     avoid: list[str] = field(default_factory=list)  # constrained search: the phrases no output contains
 

@@ -7,6 +7,7 @@ line, exit 2."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 
 from conftest import train_tiny_run
 from test_cli import stdin_of, translate, user_error
-from test_decode import random_sources, recomputed, sequence_log_prob, tiny_model
+from test_decode import FIRST_WORD, VOCAB, random_sources, recomputed, sequence_log_prob, tiny_model
 from transformer.config import Config
 from transformer.data.batching import source_tensor
 from transformer.decoding import MAX_PHRASES, DecodeOptions, Sampling
@@ -22,7 +23,8 @@ from transformer.errors import DecodeOptionError
 from transformer.translation.constrained import constrained_beam_search
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from transformer.translation.glossary import read_glossary
-from transformer.translation.phrases import PhraseError, Phrases, phrase_ids, required_once, sentence_phrases
+from transformer.translation.phrases import (PhraseError, Phrases, Progress, met_phrases, phrase_ids, required_once,
+                                             sentence_phrases)
 from transformer.translation.search import beam_search
 
 
@@ -153,8 +155,9 @@ def test_cli_constraint_and_avoid(trained_run: Path, capsys):
     assert translate(trained_run, "--engine", "torch", "--quiet", "--beam", "3", "--n-best", "2",
                      "--constraint", "gare", "--avoid", word, *SENTENCES) == 0
     for line in capsys.readouterr().out.splitlines():
-        for candidate in line.split("\t"):
-            assert "gare" in candidate.split() and word not in candidate.split()
+        for candidate in line.split("\t"):  # as whole words, whatever punctuation follows
+            assert met_phrases(candidate, ["gare"]) == [True]
+            assert not re.search(rf"(?<!\w){re.escape(word)}(?!\w)", candidate, re.IGNORECASE)
 
 
 def test_cli_engine_auto_notes_and_ctranslate2_refuses(trained_run: Path, capsys):
@@ -347,3 +350,38 @@ def test_cli_a_glossary_term_also_avoided_is_refused_by_its_line(trained_run: Pa
     assert translate(trained_run, "--glossary", str(glossary), "--avoid", "gare", "--constraint", "la gare",
                      "I'm cold.") == 2
     assert user_error(capsys).startswith("--constraint 'la gare' holds an avoided phrase (--avoid 'gare')")
+
+
+def test_a_banned_phrase_is_kept_out_however_the_subwords_spell_it():
+    """BPE writes a word and its punctuation as one piece (`▁gare.`), and a model may spell a word in other
+    subwords than BPE would: the text of every hypothesis is checked, not only the phrase's own ids. Here
+    many subwords spell `ab` (` ab`, ` a` + `b`, ` a` + `b.`, …)."""
+    spellings = [" ab", " a", "b", "b.", ".", " ab.", " x", "a"]
+    pieces = tuple([""] * FIRST_WORD + [spellings[i % len(spellings)] for i in range(FIRST_WORD, VOCAB)])
+    model, sources = tiny_model(15), random_sources(16, 12)
+
+    def text(tokens: list[int]) -> str:
+        return "".join(pieces[t] for t in tokens) + " "
+
+    banned_ab = re.compile(r"(?<!\w)ab(?=\W)", re.IGNORECASE)
+    x = pieces.index(" x")  # required, so that both searches are constrained ones
+    plain = search(model, sources, [12] * 12, [Phrases(((x,),))] * 12, n_best=3)
+    assert any(banned_ab.search(text(h.tokens)) for hs in plain for h in hs)  # the model does write it
+    glued = frozenset(i for i, piece in enumerate(pieces) if piece[:1].isalnum())
+    phrases = Phrases(((x,),), ((pieces.index(" ab"),),), glued, banned_text=banned_ab, pieces=pieces)
+    held = search(model, sources, [12] * 12, [phrases] * 12, n_best=3)
+    assert all(hs for hs in held)
+    assert not any(banned_ab.search(text(h.tokens)) for hs in held for h in hs)
+
+
+def test_a_required_phrase_is_met_by_its_forms(tiny_tokenizers):
+    """`gare.` is one piece to BPE: an output writing it has met `gare`, and the search need not write
+    `gare` again (once, a glossary's `station → gare` gave "la gare de la gare.")."""
+    decode = DecodeOptions(constraints=("gare",))
+    phrases = sentence_phrases(tiny_tokenizers, decode, 1, [30], None, None)[0]
+    written = tiny_tokenizers.encode_target(["Où est la gare."])[0]
+    progress = Progress()
+    for at, token in enumerate(written):
+        progress = progress.advance(token, phrases, written[:at])
+    assert progress.all_met(phrases.required)
+    assert met_phrases("La gare.", ["gare", "gar", "la gare", "Gare"]) == [True, False, True, True]

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from transformer.data.tokenizer import EOS_ID, PAD_ID
-from transformer.translation.phrases import Phrases, Progress
+from transformer.translation.phrases import Forms, Phrases, Progress, ends_with
 from transformer.translation.search import (NEG_INF, BeamCandidates, BeamSearch, Hypothesis, Models, SearchObserver,
                                             _check_observed, beam_search)
 from transformer.translation.texts import gnmt_length_penalty
@@ -49,7 +49,8 @@ class ConstrainedBeamSearch(BeamSearch):
             raise ValueError(f"{src.shape[0]} sentences but {len(phrases)} sets of phrases")
         self.phrases = list(phrases)
         self.states: list[Progress] = [Progress()] * (src.shape[0] * beam_size)  # one per row
-        self.any_ban = any(p.banned for p in phrases)
+        self.history: list[list[int]] = []  # each row's tokens so far, read once a step (_masked_logits)
+        self.texts: list[str] = []  # and their text, where a sentence bans phrases
         glued = sorted(set().union(*(p.glued for p in phrases))) if phrases else []
         self.glued = torch.tensor(glued, dtype=torch.long, device=src.device)
 
@@ -82,10 +83,13 @@ class ConstrainedBeamSearch(BeamSearch):
                     pool.setdefault((i * k + column // per_row, extra[i][column]), score)
             finished, growing = [], []
             for (row, token), score in sorted(pool.items(), key=lambda item: -item[1]):
+                if phrases.banned_text is not None and phrases.writes_banned(
+                        self.texts[row] + (" " if token == EOS_ID else phrases.pieces[token] + "_")):
+                    continue  # a banned phrase spelled in other subwords than its forms
                 if token == EOS_ID:  # the mask lets only beams that met every phrase end
                     finished.append((score, row))
                 else:
-                    state = self.states[row].advance(token, phrases)
+                    state = self.states[row].advance(token, phrases, self.history[row])
                     growing.append((score, row, token, state, state.met_tokens(phrases.required)))
             if finished:  # every EOS candidate finishes: each met all its phrases, rare enough to keep them all
                 histories = self.prefix[[row for _, row in finished], 1:].tolist()
@@ -164,10 +168,13 @@ class ConstrainedBeamSearch(BeamSearch):
         k = self.k
         logits, log_norm = self._logits(step)
         in_prefix_rows = (self._prefix_left(step) > 0).tolist() if self.forced is not None else None
-        history = self.prefix[:, 1:].tolist() if self.any_ban else None
+        self.history = history = self.prefix[:, 1:].tolist()  # (n*k) lists: each row's tokens so far
+        pieces = next((p.pieces for p in self.phrases if p.pieces), None)
+        if pieces is not None:  # their text, for the last check of banned phrases
+            self.texts = ["".join(pieces[t] for t in tokens) for tokens in history]
         row_max, sentences = self.row_max.tolist(), self.sentences.tolist()
         live = (self.scores.reshape(-1) > NEG_INF).tolist()
-        after_ban_rows, only_rows, only_tokens = [], [], []
+        after_ban_rows, only_rows, only_tokens, banned_rows, banned_tokens = [], [], [], [], []
         eos_rows, completed_rows = [], []
         for row, state in enumerate(self.states):
             if not live[row]:
@@ -178,7 +185,10 @@ class ConstrainedBeamSearch(BeamSearch):
             phrases = self.phrases[sentences[i]]
             if state.completed:
                 completed_rows.append(row)
-            if history is not None and any(_ends_with(history[row], banned) for banned in phrases.banned):
+            for token in _banned_next(phrases, history[row]):
+                banned_rows.append(row)
+                banned_tokens.append(token)
+            if any(_ends_in_open_form(forms, history[row]) for forms in phrases.banned_forms):
                 after_ban_rows.append(row)
             if not phrases.required or state.all_met(phrases.required):
                 continue
@@ -188,6 +198,8 @@ class ConstrainedBeamSearch(BeamSearch):
             if unwritten >= room:  # only the required tokens fit (or nothing does: the row dies)
                 only_rows.append(row)
                 only_tokens.append(state.next_tokens(phrases.required) if unwritten == room else [])
+        if banned_rows:  # the last subword of a banned phrase's form that ends at a word end (`▁gare.`)
+            logits[banned_rows, banned_tokens] = NEG_INF
         if after_ban_rows:  # only a subword that makes the banned phrase part of a longer word
             kept = logits[after_ban_rows]
             allowed = torch.full_like(kept, NEG_INF)
@@ -224,8 +236,20 @@ class ConstrainedBeamSearch(BeamSearch):
                             device=self.prefix.device)
 
 
-def _ends_with(tokens: list[int], phrase: tuple[int, ...]) -> bool:
-    return len(tokens) >= len(phrase) and tuple(tokens[len(tokens) - len(phrase):]) == phrase
+def _banned_next(phrases: Phrases, history: list[int]) -> list[int]:
+    """The subwords that would complete, after `history`, a form of a banned phrase ending at a word end."""
+    last = history[-1] if history else None
+    found = []
+    for forms in phrases.banned_forms:
+        found += [form[-1] for form in forms.banned_next.get(None, ())]  # one-subword forms: everywhere
+        found += [form[-1] for form in forms.banned_next.get(last, ()) if ends_with(history, form[:-1])]
+    return found
+
+
+def _ends_in_open_form(forms: Forms, history: list[int]) -> bool:
+    """Whether `history` ends with a form of the phrase that the next subword may still make a longer word."""
+    return bool(history) and any(not closed and ends_with(history, form)
+                                 for form, closed in forms.ending.get(history[-1], ()))
 
 
 @torch.inference_mode()

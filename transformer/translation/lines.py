@@ -186,13 +186,13 @@ def _search_chunk(translator: Engine, chunk: list[str], n_best: int, prefixes: l
         if jsonl and translator.decode.constrained:
             from transformer.translation.texts import search_texts_held, decode_outputs, output_log_probs
 
-            sources, results, phrases = search_texts_held(translator, chunk, n_best, True, prefixes, constraints)
+            sources, results, _ = search_texts_held(translator, chunk, n_best, True, prefixes, constraints)
             texts = decode_outputs(translator.tokenizers, results)
             scored = [list(zip(c, p)) for c, p in zip(texts, output_log_probs(translator, sources, results))]
             names = [[*translator.decode.constraints, *(constraints[i] if constraints else [])]
                      for i in range(len(chunk))]
-            met = [list(zip(names[i], met_phrases(translator.tokenizers, results[i][0], names[i], phrases[i].glued)
-                            if sources[i] else [False] * len(names[i]))) for i in range(len(chunk))]
+            met = [list(zip(names[i], met_phrases(texts[i][0], names[i]) if sources[i] else [False] * len(names[i])))
+                   for i in range(len(chunk))]
             return _records(chunk, prefixes, scored, met), [c[0][0] for c in scored]
         if jsonl:
             scored = translate_scored(translator, chunk, n_best, prefixes)

@@ -13,10 +13,11 @@ inside another's is dropped: writing the longer one meets both.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 from transformer.data.text import clean_text
-from transformer.data.tokenizer import UNK_ID, Tokenizers
+from transformer.data.tokenizer import EOS_ID, UNK_ID, Tokenizers
 from transformer.decoding import DecodeOptions
 from transformer.errors import DecodeOptionError, option
 
@@ -33,9 +34,26 @@ class PhraseError(DecodeOptionError):
 
 
 @dataclass(frozen=True)
+class Forms:
+    """Every way an output may write one phrase as subwords. BPE splits text only at spaces, so a word
+    and the punctuation or elision attached to it are one piece, tokenized together: `gare.` is `▁gare.`,
+    not `▁gare` + `.`, and `l'hôpital` holds no `▁hôpital`. A form is the phrase (its first letter in
+    either case) with nothing, or with an elision the vocabulary holds (`l'`, `qu'`), before it, and
+    nothing, or punctuation the vocabulary holds after a word (`.`, `?`), after it: each tokenized as the
+    whole piece. `ending` finds the forms by their last subword; `closed` ones end at a word end (with
+    their punctuation), the others end where the next subword decides (one that glues on makes a longer
+    word). `banned_next` finds the closed forms by the subword before their last (None: one-subword forms),
+    so that a search can rule out the last subword of each form a hypothesis is one subword from."""
+
+    ending: dict[int, tuple[tuple[Ids, bool], ...]] = field(default_factory=dict)
+    banned_next: dict[int | None, tuple[Ids, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Phrases:
     """The phrases of one sentence, as target ids: each output must contain every `required` one and
-    none of the `banned` ones (as whole words)."""
+    none of the `banned` ones (as whole words). `required` and `banned` are each phrase as written alone
+    (what a search writes to meet a required phrase); their `Forms` are what meets or breaks them."""
 
     required: tuple[Ids, ...] = ()
     banned: tuple[Ids, ...] = ()
@@ -43,6 +61,24 @@ class Phrases:
     # right after a required phrase, which would else end inside a longer word ("voulais" + "ais"); and
     # the only ones allowed right after a banned phrase, which is then no longer a whole word.
     glued: frozenset[int] = frozenset()
+    required_forms: tuple[Forms, ...] = field(default=(), compare=False)
+    banned_forms: tuple[Forms, ...] = field(default=(), compare=False)
+    # The banned phrases as text, any case, followed by a non-word character (a word end), and each target
+    # id's text: the last check of a hypothesis, which no spelling in subwords escapes (Forms are the
+    # spellings BPE gives a piece; a model may still write `▁chan` + `ter.`).
+    banned_text: re.Pattern | None = field(default=None, compare=False)
+    pieces: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    def writes_banned(self, text: str) -> bool:
+        """Whether `text` (an output's text so far, with what follows it: a space for EOS) holds a banned
+        phrase as whole words."""
+        return self.banned_text is not None and self.banned_text.search(text) is not None
+
+    def __post_init__(self) -> None:  # a phrase with no forms given has its own ids as its one form
+        if len(self.required_forms) != len(self.required):
+            object.__setattr__(self, "required_forms", tuple(_own_form(ids) for ids in self.required))
+        if len(self.banned_forms) != len(self.banned):
+            object.__setattr__(self, "banned_forms", tuple(_own_form(ids) for ids in self.banned))
 
     @property
     def tokens(self) -> int:
@@ -69,14 +105,21 @@ class Progress:
         """The last token ended a required phrase: a glued subword now would end it inside a longer word."""
         return self.just_met >= 0
 
-    def advance(self, token: int, phrases: Phrases) -> "Progress":
-        """The progress after writing `token`. A phrase begun and then left loses its progress (Post &
-        Vilar, Section 3): it must be written whole, in one piece. A glued subword right after a phrase
-        takes the phrase back (it was not a whole word): the search never writes one there, but a forced
-        prefix may."""
+    def advance(self, token: int, phrases: Phrases, history: Sequence[int]) -> "Progress":
+        """The progress after writing `token` after `history` (the tokens so far). A phrase begun and then
+        left loses its progress (Post & Vilar, Section 3): it must be written whole, in one piece. A phrase
+        is also met by any of its forms (Forms: `gare.` as one subword). A glued subword right after an
+        open form takes the phrase back (it was not a whole word): the search never writes one there, but a
+        forced prefix may."""
         required = phrases.required
         if self.completed and token in phrases.glued:
             return Progress(self.met & ~(1 << self.just_met))
+        for j, forms in enumerate(phrases.required_forms):
+            if self.met >> j & 1:
+                continue
+            for form, closed in forms.ending.get(token, ()):
+                if ends_with(history, form[:-1]):
+                    return Progress(self.met | 1 << j, just_met=-1 if closed else j)
         if self.current >= 0:
             phrase = required[self.current]
             if phrase[self.position] == token:
@@ -135,15 +178,80 @@ def glued_subwords(tokenizers: Tokenizers) -> frozenset[int]:
                      and token[0].isalnum())
 
 
-def whole_word_at(ids: Sequence[int], phrase: Ids, glued: frozenset[int], open_end: bool = False) -> int | None:
-    """Where in `ids` `phrase` first stands as whole words (not followed by a glued subword), or None.
-    `open_end`: `ids` go on (a prefix), so a phrase at their very end is not yet a whole word."""
+def ends_with(tokens: Sequence[int], phrase: Sequence[int]) -> bool:
+    n = len(phrase)
+    return len(tokens) >= n and (n == 0 or tuple(tokens[len(tokens) - n:]) == tuple(phrase))
+
+
+def _own_form(ids: Ids) -> Forms:
+    """A phrase whose only form is its own ids, open (a stand-in tokenizer's, or a test's)."""
+    return Forms({ids[-1]: ((ids, False),)}, {})
+
+
+@dataclass(frozen=True)
+class Affixes:
+    """What the target vocabulary attaches to words: elisions before (`l'`, `qu'`: a few letters and an
+    apostrophe, then a letter) and punctuation after (`.`, `?`: a letter, then non-word characters), read
+    from its subwords, so that no language's list is written here."""
+
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+
+
+_ELISION = re.compile(r"^\u2581?(\w{1,4}['’])\w")
+_TRAILING = re.compile(r"\w(\W+)$")
+
+
+def vocabulary_affixes(tokenizers: Tokenizers) -> Affixes:
+    vocab = getattr(getattr(tokenizers, "target", None), "get_vocab", None)
+    if vocab is None:  # a stand-in without a subword vocabulary
+        return Affixes()
+    before, after = set(), set()
+    for token in vocab():
+        if match := _ELISION.match(token):
+            before.add(match[1])
+        if match := _TRAILING.search(token.replace("\u2581", " ")):
+            if " " not in match[1]:
+                after.add(match[1])
+    return Affixes(tuple(sorted(before)), tuple(sorted(after)))
+
+
+def phrase_forms(tokenizers: Tokenizers, text: str, canonical: Ids, affixes: Affixes) -> Forms:
+    """The Forms of `text` (cleaned), whose ids alone are `canonical`."""
+    text = clean_text(text)
+    firsts = dict.fromkeys([text, text[:1].swapcase() + text[1:]])
+    pieces = [(before + word + after, bool(after)) for word in firsts for before in ("", *affixes.before)
+              for after in ("", *affixes.after)]
+    encoded = tokenizers.encode_target([piece for piece, _ in pieces])
+    ending: dict[int, dict[Ids, bool]] = {canonical[-1]: {canonical: False}}
+    banned_next: dict[int | None, dict[Ids, None]] = {}
+    for ids, (_, closed) in zip(encoded, pieces):
+        ids = tuple(ids)
+        if not ids or UNK_ID in ids:
+            continue
+        ending.setdefault(ids[-1], {}).setdefault(ids, closed)
+        if closed:
+            banned_next.setdefault(ids[-2] if len(ids) > 1 else None, {})[ids] = None
+    return Forms({token: tuple(forms.items()) for token, forms in ending.items()},
+                 {token: tuple(forms) for token, forms in banned_next.items()})
+
+
+def target_pieces(tokenizers: Tokenizers) -> tuple[str, ...]:
+    """Each target id's text as it reads inside an output (its word-start mark a space; specials empty)."""
+    vocab = tokenizers.target.get_vocab()
+    pieces = [""] * (max(vocab.values()) + 1)
+    for token, i in vocab.items():
+        if i > EOS_ID:
+            pieces[i] = token.replace("\u2581", " ")
+    return tuple(pieces)
+
+
+def whole_word_at(ids: Sequence[int], phrase: Ids, glued: frozenset[int]) -> int | None:
+    """Where in `ids` `phrase` first stands as whole words (not followed by a glued subword), or None."""
     n = len(phrase)
     for start in range(len(ids) - n + 1):
-        if tuple(ids[start: start + n]) == phrase:
-            end = start + n
-            if end < len(ids) and ids[end] not in glued or end == len(ids) and not open_end:
-                return start
+        if tuple(ids[start: start + n]) == phrase and (start + n == len(ids) or ids[start + n] not in glued):
+            return start
     return None
 
 
@@ -176,49 +284,75 @@ def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, 
     required one or inside the prefix, or required phrases that with the prefix need more subwords than the
     output may have."""
     glued = glued_subwords(tokenizers)
+    affixes = vocabulary_affixes(tokenizers)
     shared = [Named(p, phrase_ids(tokenizers, p, "constraints"), "constraints", None) for p in decode.constraints]
     banned = [Named(p, phrase_ids(tokenizers, p, "avoid"), "avoid", None) for p in decode.avoid]
-    _refuse_avoided_inside_required(shared, banned, glued)
+    _refuse_avoided_inside_required(shared, banned)
+    forms: dict[Ids, Forms] = {}  # by a phrase's ids: each phrase's forms are tokenized once
+
+    def forms_of(named: Sequence[Named], ids: Ids) -> Forms:
+        if ids not in forms:
+            forms[ids] = phrase_forms(tokenizers, next(n.text for n in named if n.ids == ids), ids, affixes)
+        return forms[ids]
+
+    banned_forms = tuple(forms_of(banned, n.ids) for n in banned)
+    banned_text, pieces = None, ()
+    if banned:
+        words = "|".join(re.escape(clean_text(n.text)) for n in banned)
+        banned_text = re.compile(rf"(?<!\w)(?:{words})(?=\W)", re.IGNORECASE)  # then a word end
+        pieces = target_pieces(tokenizers)
     result = []
     for i in range(count):
         own = [] if required is None else [Named(p, phrase_ids(tokenizers, p, "line_constraints", i),
                                                  "line_constraints", i) for p in required[i]]
-        _refuse_avoided_inside_required(own, banned, glued)
+        _refuse_avoided_inside_required(own, banned)
         prefix = () if prefixes is None else tuple(prefixes[i])
-        if prefix and limits[i] is not None:  # a blank text is not searched: its prefix is never written
-            _refuse_avoided_in_prefix(prefix, prefix_texts[i] if prefix_texts else "", banned, glued, i)
-        phrases = Phrases(required_once([n.ids for n in shared + own], glued), tuple(n.ids for n in banned), glued)
+        if prefix and prefix_texts and limits[i] is not None:  # a blank text is not searched: nor its prefix
+            _refuse_avoided_in_prefix(prefix_texts[i], banned, i)
+        held = required_once([n.ids for n in shared + own], glued)
+        phrases = Phrases(held, tuple(n.ids for n in banned), glued,
+                          tuple(forms_of(shared + own, ids) for ids in held), banned_forms, banned_text, pieces)
         if limits[i] is not None and phrases.required:
             _refuse_what_cannot_fit(phrases, prefix, limits[i], "line_constraints" if own else "constraints", i)
         result.append(phrases)
     return result
 
 
-def _refuse_avoided_inside_required(required: list[Named], banned: list[Named], glued: frozenset[int]) -> None:
-    """Compared as ids, after the input cleaning: `l'hôtel` and `l’hôtel` are one phrase."""
+def _whole_words(phrase: str) -> re.Pattern:
+    """`phrase` (cleaned) as whole words, any case: how an avoided phrase is found in text."""
+    return re.compile(rf"(?<!\w){re.escape(clean_text(phrase))}(?!\w)", re.IGNORECASE)
+
+
+def _refuse_avoided_inside_required(required: list[Named], banned: list[Named]) -> None:
+    """Compared as cleaned text: `l'hôtel` and `l’hôtel` are one phrase, `gare` is in `la gare du Nord` but
+    not in `gares`."""
     for phrase in required:
         for avoided in banned:
-            if whole_word_at(phrase.ids, avoided.ids, glued) is not None:
+            if _whole_words(avoided.text).search(clean_text(phrase.text)):
                 avoid = f"{option('avoid')} {avoided.text!r}"
+                same = clean_text(phrase.text).casefold() == clean_text(avoided.text).casefold()
                 raise PhraseError(phrase.option_name, f"{phrase.text!r} is also avoided ({avoid}); a phrase is "
-                                  "required or avoided, not both" if phrase.ids == avoided.ids else
+                                  "required or avoided, not both" if same else
                                   f"{phrase.text!r} holds an avoided phrase ({avoid}); no output can contain one "
                                   "without the other", phrase.index)
 
 
-def _refuse_avoided_in_prefix(prefix: Ids, text: str, banned: list[Named], glued: frozenset[int], i: int) -> None:
+def _refuse_avoided_in_prefix(text: str, banned: list[Named], i: int) -> None:
+    """A prefix's last word may still grow into a longer one: only a banned phrase followed by more of the
+    prefix is refused."""
     for avoided in banned:
-        if whole_word_at(prefix, avoided.ids, glued, open_end=True) is not None:
-            raise PhraseError("avoid", f"{avoided.text!r} is in the target prefix{f' {text!r}' if text else ''}, "
-                                       "which every output starts with", i)
+        match = _whole_words(avoided.text).search(clean_text(text))
+        if match and match.end() < len(clean_text(text)):
+            raise PhraseError("avoid", f"{avoided.text!r} is in the target prefix {text!r}, which every output "
+                                       "starts with", i)
 
 
 def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, option_name: str, i: int) -> None:
     """The prefix's tokens count towards the phrases, as in the search: what the prefix leaves unwritten
     must fit after it."""
     progress = Progress()
-    for token in prefix:
-        progress = progress.advance(token, phrases)
+    for at, token in enumerate(prefix):
+        progress = progress.advance(token, phrases, prefix[:at])
     unwritten = phrases.tokens - progress.met_tokens(phrases.required)
     need = len(prefix) + unwritten
     if need > limit:
@@ -227,13 +361,17 @@ def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, option_na
                                        f"source may have ({option('max_length_b')} raises it)", i)
 
 
-def met_phrases(tokenizers: Tokenizers, output: Sequence[int], phrases: Sequence[str],
-                glued: frozenset[int]) -> list[bool]:
+def met_phrases(output: str, phrases: Sequence[str]) -> list[bool]:
     """Whether each phrase (as given: repeats and phrases inside others included) stands as whole words in
-    `output` ids, the rule the search holds to; `glued`: glued_subwords(tokenizers), read once by the caller."""
-    return [whole_word_at(output, phrase_ids(tokenizers, phrase, "constraints"), glued) is not None
-            for phrase in phrases]
+    the `output` text, its first letter in either case: the rule the search holds to (Forms)."""
+    def met(phrase: str) -> bool:
+        phrase = clean_text(phrase)
+        first = f"[{re.escape(phrase[0].lower())}{re.escape(phrase[0].upper())}]" if phrase[0].isalpha() else \
+            re.escape(phrase[0])
+        return re.search(rf"(?<!\w){first}{re.escape(phrase[1:])}(?!\w)", clean_text(output)) is not None
+    return [met(phrase) for phrase in phrases]
 
 
-__all__ = ["PhraseError", "Phrases", "Progress", "phrase_ids", "glued_subwords", "whole_word_at", "required_once",
+__all__ = ["PhraseError", "Forms", "Phrases", "Progress", "Affixes", "vocabulary_affixes", "phrase_forms", "ends_with",
+           "target_pieces", "phrase_ids", "glued_subwords", "whole_word_at", "required_once",
            "sentence_phrases", "met_phrases"]

@@ -191,14 +191,15 @@ def _own_form(ids: Ids) -> Forms:
 @dataclass(frozen=True)
 class Affixes:
     """What the target vocabulary attaches to words: elisions before (`l'`, `qu'`: a few letters and an
-    apostrophe, then a letter) and punctuation after (`.`, `?`: a letter, then non-word characters), read
-    from its subwords, so that no language's list is written here."""
+    apostrophe, then a letter), each with the letters it is seen before, and punctuation after (`.`, `?`:
+    a letter, then non-word characters), read from its subwords, so that no language's list is written
+    here and a phrase gets only the elisions its first letter is seen after (`l'hôpital`, not `l'gare`)."""
 
-    before: tuple[str, ...] = ()
+    before: dict[str, frozenset[str]] = field(default_factory=dict)
     after: tuple[str, ...] = ()
 
 
-_ELISION = re.compile(r"^\u2581?(\w{1,4}['’])\w")
+_ELISION = re.compile(r"^\u2581?(\w{1,4}['’])(\w)")
 _TRAILING = re.compile(r"\w(\W+)$")
 
 
@@ -206,21 +207,23 @@ def vocabulary_affixes(tokenizers: Tokenizers) -> Affixes:
     vocab = getattr(getattr(tokenizers, "target", None), "get_vocab", None)
     if vocab is None:  # a stand-in without a subword vocabulary
         return Affixes()
-    before, after = set(), set()
+    before: dict[str, set[str]] = {}
+    after = set()
     for token in vocab():
         if match := _ELISION.match(token):
-            before.add(match[1])
+            before.setdefault(match[1], set()).add(match[2].lower())
         if match := _TRAILING.search(token.replace("\u2581", " ")):
             if " " not in match[1]:
                 after.add(match[1])
-    return Affixes(tuple(sorted(before)), tuple(sorted(after)))
+    return Affixes({lead: frozenset(letters) for lead, letters in sorted(before.items())}, tuple(sorted(after)))
 
 
 def phrase_forms(tokenizers: Tokenizers, text: str, canonical: Ids, affixes: Affixes) -> Forms:
     """The Forms of `text` (cleaned), whose ids alone are `canonical`."""
     text = clean_text(text)
     firsts = dict.fromkeys([text, text[:1].swapcase() + text[1:]])
-    pieces = [(before + word + after, bool(after)) for word in firsts for before in ("", *affixes.before)
+    leads = [lead for lead, letters in affixes.before.items() if text[:1].lower() in letters]
+    pieces = [(before + word + after, bool(after)) for word in firsts for before in ("", *leads)
               for after in ("", *affixes.after)]
     encoded = tokenizers.encode_target([piece for piece, _ in pieces])
     ending: dict[int, dict[Ids, bool]] = {canonical[-1]: {canonical: False}}

@@ -313,7 +313,7 @@ def _met(candidate: Candidate, trace: SearchTrace) -> str:
 def _render_beam_step(step: SearchStep, trace: SearchTrace, pruned_shown: int = 2) -> list[str]:
     live = len(step.beams)
     held = bool(trace.constraints)  # constrained search: each candidate's phrases met and bank
-    considered = "continuations it considered" if trace.method == "constrained" else "best continuations"
+    considered = "continuations it considered" if trace.held_to_phrases else "best continuations"
     out = [f"  Step {step.step + 1}: {live} live hypothes{'is' if live == 1 else 'es'}; "
            f"the {len(step.candidates)} {considered}:"]
     rows = [["", "fate", "log-prob", "= hypothesis's", "+ log p(subword)", "hypothesis + subword",
@@ -353,7 +353,7 @@ def _render_beam_step(step: SearchStep, trace: SearchTrace, pruned_shown: int = 
 
 def _render_beam(trace: SearchTrace) -> list[str]:
     k = trace.beam_size
-    out = _render_constrained(trace) if trace.method == "constrained" else _prose(
+    out = _render_constrained(trace) if trace.held_to_phrases else _prose(
         f"3. The search, step by step: beam search, beam k = {k}, length penalty alpha = {trace.alpha:g}, "
         f"at most {trace.max_length} output subwords",
         "Each step extends every live hypothesis by one subword; a hypothesis's log-prob is the sum of "

@@ -4,16 +4,16 @@ length, and the progress a hypothesis makes through them, which constrained sear
 these checks share. No torch here: the text path (texts.py) builds a sentence's `Phrases` before any
 search.
 
-Phrases are whole words: a required phrase must not be followed by a subword that glues onto its last
-word, and an avoided phrase is banned where it stands as whole words (`gare`, `gare.`), not where it
-begins a longer word (`gares`). Required phrases are deduplicated by their ids, and one whose ids lie
-inside another's is dropped: writing the longer one meets both.
+Phrases are whole words: a required phrase is met by any of its forms (`gare`, `▁gare.`, `Gare`) that no
+subword glued onto it makes a longer word, and an avoided phrase is banned where it stands as whole words
+(`gare`, `gare.`), not where it begins a longer word (`gares`). Required phrases are deduplicated by their
+ids, and one standing as whole words inside another is dropped: writing the longer one meets both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from transformer.data.text import clean_text
@@ -171,10 +171,9 @@ def phrase_ids(tokenizers: Tokenizers, phrase: str, name: str, index: int | None
 def glued_subwords(tokenizers: Tokenizers) -> frozenset[int]:
     """The target subwords that continue the word before them: no word-start mark, a letter or digit first
     (punctuation, which Metaspace also leaves unmarked, ends a word rather than continuing it)."""
-    vocab = getattr(getattr(tokenizers, "target", None), "get_vocab", None)
-    if vocab is None:  # a stand-in without a subword vocabulary (the tests' word-level tokenizers)
+    if not _has_vocabulary(tokenizers):  # a stand-in without a subword vocabulary
         return frozenset()
-    return frozenset(i for token, i in vocab().items() if token and not token.startswith("\u2581")
+    return frozenset(i for token, i in tokenizers.target.get_vocab().items() if token and not token.startswith("\u2581")
                      and token[0].isalnum())
 
 
@@ -203,13 +202,16 @@ _ELISION = re.compile(r"^\u2581?(\w{1,4}['’])(\w)")
 _TRAILING = re.compile(r"\w(\W+)$")
 
 
+def _has_vocabulary(tokenizers: Tokenizers) -> bool:
+    return getattr(getattr(tokenizers, "target", None), "get_vocab", None) is not None
+
+
 def vocabulary_affixes(tokenizers: Tokenizers) -> Affixes:
-    vocab = getattr(getattr(tokenizers, "target", None), "get_vocab", None)
-    if vocab is None:  # a stand-in without a subword vocabulary
+    if not _has_vocabulary(tokenizers):  # a stand-in without a subword vocabulary
         return Affixes()
     before: dict[str, set[str]] = {}
     after = set()
-    for token in vocab():
+    for token in tokenizers.target.get_vocab():
         if match := _ELISION.match(token):
             before.setdefault(match[1], set()).add(match[2].lower())
         if match := _TRAILING.search(token.replace("\u2581", " ")):
@@ -293,14 +295,17 @@ def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, 
     _refuse_avoided_inside_required(shared, banned)
     forms: dict[Ids, Forms] = {}  # by a phrase's ids: each phrase's forms are tokenized once
 
+    subwords = _has_vocabulary(tokenizers)  # else a stand-in (the tests' word-level tokenizers): no forms
+
     def forms_of(named: Sequence[Named], ids: Ids) -> Forms:
         if ids not in forms:
-            forms[ids] = phrase_forms(tokenizers, next(n.text for n in named if n.ids == ids), ids, affixes)
+            forms[ids] = phrase_forms(tokenizers, next(n.text for n in named if n.ids == ids), ids, affixes) \
+                if subwords else _own_form(ids)
         return forms[ids]
 
     banned_forms = tuple(forms_of(banned, n.ids) for n in banned)
     banned_text, pieces = None, ()
-    if banned:
+    if banned and subwords:
         words = "|".join(re.escape(clean_text(n.text)) for n in banned)
         banned_text = re.compile(rf"(?<!\w)(?:{words})(?=\W)", re.IGNORECASE)  # then a word end
         pieces = target_pieces(tokenizers)

@@ -110,6 +110,11 @@ class SearchTrace:
     avoid: list[str] = field(default_factory=list)  # constrained search: the phrases no output contains
 
     @property
+    def held_to_phrases(self) -> bool:
+        """Whether the search was held to phrases (constrained beam search), read from what it held to."""
+        return bool(self.constraints or self.avoid)
+
+    @property
     def winner(self) -> Finished | None:
         """The finished hypothesis the search returned (beam search)."""
         return next((f for f in self.finished if f.tokens == self.output_ids), None)

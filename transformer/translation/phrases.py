@@ -13,6 +13,7 @@ ids, and one standing as whole words inside another is dropped: writing the long
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -251,6 +252,30 @@ def target_pieces(tokenizers: Tokenizers) -> tuple[str, ...]:
     return tuple(pieces)
 
 
+@dataclass(frozen=True)
+class TargetVocabulary:
+    """What phrases read of the target vocabulary: its glued subwords, its affixes and each id's text."""
+
+    glued: frozenset[int] = frozenset()
+    affixes: Affixes = Affixes()
+    pieces: tuple[str, ...] = ()
+
+
+# Read once per tokenizer (a vocabulary scan costs tens of milliseconds, a request's whole budget on the
+# server); weak keys, so an unloaded tokenizer takes its entry with it.
+_VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def target_vocabulary(tokenizers: Tokenizers) -> TargetVocabulary:
+    if not _has_vocabulary(tokenizers):  # a stand-in without a subword vocabulary
+        return TargetVocabulary()
+    found = _VOCABULARIES.get(tokenizers.target)
+    if found is None:
+        found = TargetVocabulary(glued_subwords(tokenizers), vocabulary_affixes(tokenizers), target_pieces(tokenizers))
+        _VOCABULARIES[tokenizers.target] = found
+    return found
+
+
 def whole_word_at(ids: Sequence[int], phrase: Ids, glued: frozenset[int]) -> int | None:
     """Where in `ids` `phrase` first stands as whole words (not followed by a glued subword), or None."""
     n = len(phrase)
@@ -288,8 +313,8 @@ def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, 
     index where the text is to blame, when no output could hold to them: an avoided phrase inside a
     required one or inside the prefix, or required phrases that with the prefix need more subwords than the
     output may have."""
-    glued = glued_subwords(tokenizers)
-    affixes = vocabulary_affixes(tokenizers)
+    vocabulary = target_vocabulary(tokenizers)
+    glued, affixes = vocabulary.glued, vocabulary.affixes
     shared = [Named(p, phrase_ids(tokenizers, p, "constraints"), "constraints", None) for p in decode.constraints]
     banned = [Named(p, phrase_ids(tokenizers, p, "avoid"), "avoid", None) for p in decode.avoid]
     _refuse_avoided_inside_required(shared, banned)
@@ -308,7 +333,7 @@ def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, 
     if banned and subwords:
         words = "|".join(re.escape(clean_text(n.text)) for n in banned)
         banned_text = re.compile(rf"(?<!\w)(?:{words})(?=\W)", re.IGNORECASE)  # then a word end
-        pieces = target_pieces(tokenizers)
+        pieces = vocabulary.pieces
     result = []
     for i in range(count):
         own = [] if required is None else [Named(p, phrase_ids(tokenizers, p, "line_constraints", i),
@@ -381,5 +406,5 @@ def met_phrases(output: str, phrases: Sequence[str]) -> list[bool]:
 
 
 __all__ = ["PhraseError", "Forms", "Phrases", "Progress", "Affixes", "vocabulary_affixes", "phrase_forms", "ends_with",
-           "target_pieces", "phrase_ids", "glued_subwords", "whole_word_at", "required_once",
+           "target_pieces", "TargetVocabulary", "target_vocabulary", "phrase_ids", "glued_subwords", "whole_word_at", "required_once",
            "sentence_phrases", "met_phrases"]

@@ -8,7 +8,12 @@ Everything is written under pytest's tmp dirs, including datasets' cache: no tes
 from __future__ import annotations
 
 import csv
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Protocol
 
 import datasets
 import numpy as np
@@ -110,6 +115,26 @@ def tiny_settings(data_path: Path, **sections: dict) -> dict:
     return settings
 
 
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_python(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """The quick subset (-m "not slow") is the tests that start no Python process: one that imports torch
+    costs seconds. A test that starts one (a script, torchrun, a kernel) without the slow mark fails,
+    naming the mark. Small tools (wc, ldconfig) are not refused; fixtures of a wider scope (a shared
+    trained run) are built before this one and may start what they need."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    popen_init = subprocess.Popen.__init__
+
+    def checked(self, args, *more, **kwargs):
+        program = Path(str(args[0] if isinstance(args, (list, tuple)) else str(args).split()[0])).name
+        if program.startswith(("python", "torchrun", "ipykernel")) or program == Path(sys.executable).name:
+            raise AssertionError(f"{request.node.nodeid} starts a Python process ({program}): "
+                                 "mark it @pytest.mark.slow")
+        popen_init(self, args, *more, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", checked)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Tiny models run fastest on one thread: ops this small lose time to thread synchronisation,
@@ -193,16 +218,46 @@ def tiny_encoded(tiny_config: Config, tiny_splits: Splits, tiny_tokenizers: Toke
     return encode_splits(tiny_splits, tiny_tokenizers, tiny_config.data.max_length)
 
 
-def train_tiny_run(run_dir: Path, config: Config, datasets_cache: Path, joint_tokenizer: bool = True,
-                   **model: object) -> Path:
-    """A run of `config` trained for 10 steps, one checkpoint, decode beam 2; `model` overrides model keys."""
+def tiny_run_config(config: Config, joint_tokenizer: bool = True, **model: object) -> Config:
+    """`config` as train_tiny_run trains it: 10 steps, one checkpoint, decode beam 2; `model` overrides model keys."""
     raw = config_to_dict(config)
     raw["train"].update(max_steps=10, valid_every=10, checkpoint_every=10, threads=1, attention_images=True)
     raw["tokenizer"]["joint"] = joint_tokenizer
     raw["model"].update(model)
     raw["decode"]["beam_size"] = 2
-    run.train(config_from_dict(raw), run_dir, show_progress=False)
+    return config_from_dict(raw)
+
+
+def train_tiny_run(run_dir: Path, config: Config, datasets_cache: Path, joint_tokenizer: bool = True,
+                   **model: object) -> Path:
+    """A run of `config` trained for 10 steps, one checkpoint, decode beam 2; `model` overrides model keys.
+    Tests that only read or copy such a run take the `tiny_run` fixture instead, which trains it once."""
+    run.train(tiny_run_config(config, joint_tokenizer, **model), run_dir, show_progress=False)
     return run_dir
+
+
+class TinyRun(Protocol):
+    def __call__(self, run_dir: Path, joint_tokenizer: bool = True, **model: object) -> Path: ...
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> TinyRun:
+    """`tiny_run(run_dir, joint_tokenizer=True, **model)`: a copy at `run_dir`, the caller's own to write
+    into, of the tiny run train_tiny_run trains with these settings. Each distinct config is trained
+    once a session (once per worker process) and copied after that: a copy reads, translates,
+    exports and resumes as the run it was copied from."""
+    trained: dict[str, Path] = {}
+
+    def copy_of(run_dir: Path, joint_tokenizer: bool = True, **model: object) -> Path:
+        config = tiny_run_config(tiny_config, joint_tokenizer, **model)
+        key = json.dumps(config_to_dict(config), sort_keys=True)
+        if key not in trained:
+            trained[key] = tmp_path_factory.mktemp("tiny-run") / "run"
+            run.train(config, trained[key], show_progress=False)
+        shutil.copytree(trained[key], run_dir, symlinks=True)
+        return run_dir
+
+    return copy_of
 
 
 def in_memory_rows(columns: dict[str, list], key: str = "in-memory") -> Rows:

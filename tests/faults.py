@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import json
 import os
 import re
@@ -24,6 +25,8 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG_NAME = "n" * 300  # longer than any common filesystem allows one name (NAME_MAX): ENAMETOOLONG
@@ -96,6 +99,12 @@ LONG = Fault("over-long name")  # the case puts LONG_NAME in a path argument
 LEGAL_LONG = Fault("255-byte name")  # the case puts LEGAL_LONG_NAME in a path argument: no fault at all
 CURRENT_DIRECTORY = Fault("current directory")  # the case names `.` where a directory is replaced whole
 STDOUT_CLOSED = Fault("closed stdout", stdout_closed=True)
+
+
+# Faults that are only an argument (a path, a file's content): nothing about the process is disturbed,
+# so the script's main(argv) runs in the test's own process, as a user's command line would run it,
+# without the seconds a new Python process with torch costs.
+ARGUMENT_ONLY = (NONE, LONG, LEGAL_LONG, CURRENT_DIRECTORY)
 
 
 def without(package: str) -> Fault:
@@ -192,6 +201,21 @@ def _read_only(directory: Path | None, fault: Fault):
 def environment(cache: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1",
             "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_main(script: str, args: list[str], cwd: Path, capfd: pytest.CaptureFixture[str],
+             monkeypatch: pytest.MonkeyPatch) -> Ended:
+    """Run `script`'s main(args) in this process, in `cwd`, its output captured at the file descriptors
+    (what a process would have written); for the faults of ARGUMENT_ONLY."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    main = importlib.import_module(Path(script).stem).main
+    capfd.readouterr()
+    with monkeypatch.context() as local:
+        local.chdir(cwd)
+        code = main(list(map(str, args)))
+    out, err = capfd.readouterr()
+    return Ended(code, out, err)
 
 
 def run_script(script: str, args: list[str], fault: Fault, cwd: Path, cache: Path, read_only: Path | None = None,

@@ -22,12 +22,11 @@ from PIL import Image
 from safetensors import SafetensorError
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, train_tiny_run, write_csv
+from conftest import SOURCE_COLUMN, TARGET_COLUMN, TINY_PAIRS, TinyRun, write_csv
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import layout, lookup
 from transformer.checkpoints.rundir import RunDirectory
 from transformer.training import trainer
-from transformer.config import Config
 from transformer.data import prepare
 from transformer.data.corpus import MAX_CHARS_PER_TOKEN
 from transformer.translation.attention import translate_with_attention
@@ -372,8 +371,8 @@ def test_a_process_forked_while_a_run_is_locked_does_not_hold_its_lock(tmp_path:
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("translate") / "run", tiny_config, datasets_cache)
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("translate") / "run")
 
 
 def translate(run_dir: Path, *args: str) -> int:

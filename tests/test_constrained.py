@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import train_tiny_run
 from test_cli import stdin_of, translate, user_error
 from test_decode import FIRST_WORD, VOCAB, random_sources, recomputed, sequence_log_prob, tiny_model
-from transformer.config import Config
+from conftest import TinyRun
 from transformer.data.batching import source_tensor
 from transformer.decoding import MAX_PHRASES, DecodeOptions, Sampling
 from transformer.errors import DecodeOptionError
@@ -141,8 +140,8 @@ def test_a_bad_glossary_line_is_named(tmp_path: Path, content: bytes, message: s
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("constrained") / "run", tiny_config, datasets_cache)
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("constrained") / "run")
 
 
 SENTENCES = ["I'm cold.", "Where is the station?"]

@@ -16,13 +16,12 @@ import ctranslate2
 import pytest
 import torch
 
-from conftest import TINY_PAIRS, train_tiny_run
+from conftest import TINY_PAIRS, TinyRun
 from test_cli import stdin_of, user_error
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import layout
 from transformer.checkpoints.manager import CheckpointManager
 from transformer.checkpoints.rundir import RunDirectory
-from transformer.config import Config
 from transformer.export.run_cache import ctranslate2_model
 from transformer.translation.ct2_engine import CTranslate2Translator
 from transformer.translation.ct2_engine import load_ct2_translator as load_export
@@ -75,13 +74,13 @@ def translate(run_dir: Path, engine: str, *args: str) -> int:
     {"pre_norm": True},
     {"pre_norm": True, "joint_tokenizer": False, "share_embeddings": False, "n_encoder_layers": 2},
 ], ids=["post-norm", "pre-norm", "separate-vocabularies"])
-def variant_run(request, tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("ct2") / "run", tiny_config, datasets_cache, **request.param)
+def variant_run(request, tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("ct2") / "run", **request.param)
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("ct2-cli") / "run", tiny_config, datasets_cache)
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("ct2-cli") / "run")
 
 
 # --------------------------------------------------------------------------- same translations

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import train_tiny_run
 from test_cli import user_error
 from test_decode import FakeTokenizers, tiny_model
-from transformer.config import Config, DecodeConfig, config_from_dict
+from conftest import TinyRun
+from transformer.config import DecodeConfig, config_from_dict
 from transformer.decoding import MAX_BEAM, SETTINGS, STRATEGIES, DecodeOptions, Sampling
 from transformer.errors import ConfigError, DecodeOptionError
 from transformer.translation.search import SEARCHES
@@ -170,8 +170,8 @@ def test_what_a_method_does_not_read_leaves_its_translations_as_they_are(strateg
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("options") / "run", tiny_config, datasets_cache)  # beam 2
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("options") / "run")  # beam 2
 
 
 def translate(run_dir: Path, *args: str) -> int:

@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ctranslate2_openmp_targets, train_tiny_run
+from conftest import TinyRun, ctranslate2_openmp_targets
 from test_cli import user_error
 from test_ct2_engine import EXTRA
 from transformer import engines as policy
-from transformer.config import Config
 from transformer.translation import lines
 from transformer.translation.ct2_format import EXPORTS_DIR
 
@@ -32,8 +31,8 @@ import translate as translate_cli  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("auto") / "run", tiny_config, datasets_cache)
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("auto") / "run")
 
 
 @pytest.fixture

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import train_tiny_run
 from test_cli import translate, user_error
 from test_decode import beam, greedy, random_sources, tiny_model
-from transformer.config import Config
+from conftest import TinyRun
 from transformer.data.batching import source_tensor
 from transformer.translation.search import sample_search
 from transformer.translation.step_decoder import StepDecoder
@@ -53,8 +52,8 @@ def test_an_ensembles_step_scores_are_the_log_of_the_mean_probability():
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("ensemble") / "run", tiny_config, datasets_cache)
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("ensemble") / "run")
 
 
 @pytest.mark.parametrize("search", [["--greedy"], ["--beam", "2", "--n-best", "2"]])
@@ -76,10 +75,8 @@ def test_an_ensembles_scores_of_one_run_twice_are_the_runs(trained_run: Path):
 
 
 @pytest.mark.slow
-def test_runs_with_other_tokenizer_files_are_refused(trained_run: Path, tmp_path: Path, tiny_config: Config,
-                                                     datasets_cache: Path, capsys):
-    other = train_tiny_run(tmp_path / "other", tiny_config, datasets_cache, joint_tokenizer=False,
-                           share_embeddings=False)
+def test_runs_with_other_tokenizer_files_are_refused(trained_run: Path, tmp_path: Path, capsys, tiny_run: TinyRun):
+    other = tiny_run(tmp_path / "other", joint_tokenizer=False, share_embeddings=False)
     assert translate(trained_run, "--run", str(other), "Hi.") == 2
     assert user_error(capsys).startswith(f"cannot ensemble {other}")
 

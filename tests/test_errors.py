@@ -34,6 +34,7 @@ except UserError as error:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_standard_output_on_a_full_disk_is_one_line_and_exit_code_2():
     with open("/dev/full", "w") as full:
@@ -108,6 +109,7 @@ def test_run_script_prints_one_line_with_the_prefix_and_returns_the_code():
     assert run_script(lambda: None, io.StringIO(), argv=["Ça va ?"]) == 0
 
 
+@pytest.mark.slow
 def test_standard_output_the_script_was_started_without_is_one_line_and_exit_code_2():
     result = subprocess.run([sys.executable, "-c", CLOSED_SCRIPT], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60,

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import train_tiny_run
-from transformer.config import Config
+from conftest import TinyRun
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS_ID, EOS_ID
 from transformer.translation.explain import dimension_sizes, explain, stage_shapes
@@ -39,9 +38,9 @@ def evaluate_dims(dims: str, sizes: dict[str, int]) -> tuple[int, ...]:
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
     # Two layers a side, so that a layer repeating the first one's shapes is named, not listed.
-    return train_tiny_run(tmp_path_factory.mktemp("explain") / "run", tiny_config, datasets_cache,
+    return tiny_run(tmp_path_factory.mktemp("explain") / "run",
                           n_encoder_layers=2, n_decoder_layers=2)  # decode beam 2
 
 
@@ -244,6 +243,7 @@ def test_explain_refuses_an_ensemble(trained_run: Path, capsys):
     assert err.strip() == "error: --explain shows one model's stages: not with an ensemble (--run given more than once)"
 
 
+@pytest.mark.slow
 def test_translating_without_explain_loads_none_of_it(trained_run: Path):
     program = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import translate; "
                f"code = translate.main(['--run', {str(trained_run)!r}, '--engine', 'torch', '--quiet', {SENTENCE!r}]); "

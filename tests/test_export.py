@@ -16,11 +16,10 @@ import ctranslate2
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import train_tiny_run
 from test_cli import user_error
+from conftest import TinyRun
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import layout
-from transformer.config import Config
 from transformer.translation.ct2_format import EXPORT_INFO
 from transformer.translation.torch_engine import load_translator
 from transformer.data.text import clean_text
@@ -36,8 +35,8 @@ SENTENCES = ["I'm cold.", "Where is the station?", "The heart has its reasons.",
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("export") / "run", tiny_config, datasets_cache, pre_norm=True)
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("export") / "run", pre_norm=True)
 
 
 def export(run_dir: Path, out_dir: Path, *args: str) -> int:
@@ -120,6 +119,7 @@ def test_export_errors_are_one_line(trained_run: Path, tmp_path: Path, capsys, m
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_what_a_killed_export_left_is_reclaimed_by_the_next_one(trained_run: Path, tmp_path: Path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True).stdout.strip()  # a process id that has ended

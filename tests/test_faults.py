@@ -1,5 +1,7 @@
-"""The fault kit: each script (train.py, translate.py, export.py, serve.py) run as its own process under
-each fault of tests/faults.py, as a table of cases. Every case ends with the documented exit code, its
+"""The fault kit: each script (train.py, translate.py, export.py, serve.py) run under each fault of
+tests/faults.py, as a table of cases: as its own process, except under the faults that are only an
+argument (faults.ARGUMENT_ONLY: an over-long path, a damaged file), where its main runs in this process
+as its command line would run it. Every case ends with the documented exit code, its
 last line of standard error as expected and no traceback (with --quiet, that line alone), no process
 of its own left running (a data stage's workers), and keeps what was already done: the run's
 checkpoints verify, an earlier output or export is as it was, a half-written one is gone. A boundary
@@ -18,24 +20,23 @@ from pathlib import Path
 
 import pytest
 
-from conftest import train_tiny_run
-from faults import (CURRENT_DIRECTORY, FULL_DISK, LEGAL_LONG, LEGAL_LONG_NAME, LONG, LONG_NAME, NONE, READ_ONLY,
-                    STDOUT_CLOSED, Ended, Fault, read_only_unavailable, run_script, sigint_at, sigkill_at,
-                    signal_from_worker, without)
+from faults import (ARGUMENT_ONLY, CURRENT_DIRECTORY, FULL_DISK, LEGAL_LONG, LEGAL_LONG_NAME, LONG, LONG_NAME, NONE,
+                    READ_ONLY, STDOUT_CLOSED, Ended, Fault, read_only_unavailable, run_main, run_script, sigint_at,
+                    sigkill_at, signal_from_worker, without)
+from conftest import TinyRun
 from transformer.checkpoints.format import read_meta
 from transformer.checkpoints.layout import CHECKPOINTS, read_run_state, step_dir_name
-from transformer.config import Config
 
-pytestmark = pytest.mark.slow  # every case starts a Python process with torch
+pytestmark = pytest.mark.slow  # most cases start a Python process with torch
 
 EARLIER = "an earlier translation\n"
 SENTENCE = "I'm cold."  # every character seen in training: no note about unknown ones
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
     """One checkpoint at step 10, shared by every case: cases that write into a run use a copy."""
-    return train_tiny_run(tmp_path_factory.mktemp("faults") / "run", tiny_config, datasets_cache)
+    return tiny_run(tmp_path_factory.mktemp("faults") / "run")
 
 
 @pytest.fixture(scope="module")
@@ -351,13 +352,17 @@ def case_id(case: Case) -> str:
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(case) for case in CASES])
 def test_a_script_under_a_fault_ends_in_one_line_and_keeps_what_was_done(case: Case, trained_run: Path,
-                                                                         process_cache: Path, tmp_path: Path):
+                                                                         process_cache: Path, tmp_path: Path,
+                                                                         capfd, monkeypatch):
     if case.fault.read_only and (why := read_only_unavailable()):
         pytest.skip(why)
     where = Where(trained_run, tmp_path, tmp_path / "cache" if case.own_cache else process_cache)
     args = case.args(where)  # before the read-only directory is chosen: the arguments make it
-    ended = run_script(case.script, args, case.fault, tmp_path, where.cache,
-                       read_only=case.read_only(where) if case.read_only else None)
+    if case.fault in ARGUMENT_ONLY:
+        ended = run_main(case.script, args, tmp_path, capfd, monkeypatch)
+    else:
+        ended = run_script(case.script, args, case.fault, tmp_path, where.cache,
+                           read_only=case.read_only(where) if case.read_only else None)
     assert ended.code == case.code, ended.stderr
     assert "Traceback" not in ended.stderr, ended.stderr
     assert not ended.survivors, f"processes left running: {ended.survivors}"

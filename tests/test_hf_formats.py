@@ -846,6 +846,7 @@ def test_a_corpus_file_the_system_refuses_names_the_file_and_key(tmp_path, tiny_
 # --------------------------------------------------------------------------- the command line
 
 
+@pytest.mark.slow
 def test_train_py_names_a_missing_parquet_column_in_one_line(tmp_path, tiny_pairs):
     """Needs the parquet reader in transformer/data/formats/__init__.py's READERS."""
     folder = tmp_path / "shards"
@@ -895,6 +896,7 @@ def test_runs_from_a_saved_dataset_and_from_parquet_end_bitwise_as_the_csv_run(t
     assert weights["parquet"] == weights["csv"] and weights["dataset"] == weights["csv"]
 
 
+@pytest.mark.slow
 def test_train_py_names_a_datasets_cache_it_cannot_write(tmp_path, tiny_pairs):
     """HF_DATASETS_CACHE under a file (or a folder without permission): once "cannot write ...: Not a
     directory. Training needs a writable run directory ...", advice about the wrong folder."""

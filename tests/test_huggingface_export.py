@@ -19,11 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it: a 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e \".[hf]\"); "
                                                           "the Hugging Face export cannot be checked without it")
 
-from conftest import NBSP, NNBSP, TINY_PAIRS, train_tiny_run  # noqa: E402
+from conftest import NBSP, NNBSP, TINY_PAIRS, TinyRun  # noqa: E402
 from test_cli import user_error  # noqa: E402
 from test_export import check_destination_rules  # noqa: E402
 from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
-from transformer.config import Config  # noqa: E402
 from transformer.data.batching import pad_rows, source_tensor  # noqa: E402
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from transformer.checkpoints.lookup import find_checkpoint, load_decode_config  # noqa: E402
@@ -54,19 +53,18 @@ def export(run_dir: Path, out_dir: Path, *args: str) -> int:
 
 
 @pytest.fixture(scope="module", params=list(KINDS))
-def exported(request, tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path
-             ) -> tuple[Path, Path, str]:
+def exported(request, tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> tuple[Path, Path, str]:
     """(run, export, the class it must load as) for each kind of model."""
     pre_norm, share, hf_class = KINDS[request.param]
     root = tmp_path_factory.mktemp(request.param)
-    run_dir = train_tiny_run(root / "run", tiny_config, datasets_cache, pre_norm=pre_norm, share_embeddings=share)
+    run_dir = tiny_run(root / "run", pre_norm=pre_norm, share_embeddings=share)
     assert export(run_dir, root / "hf", "--quiet", "--score-test") == 0
     return run_dir, root / "hf", hf_class
 
 
 @pytest.fixture(scope="module")
-def post_norm_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("hf-post") / "run", tiny_config, datasets_cache, pre_norm=False)
+def post_norm_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("hf-post") / "run", pre_norm=False)
 
 
 def _sentences(run_dir: Path) -> list[str]:
@@ -175,9 +173,8 @@ def test_a_run_without_test_pairs_gets_a_card_that_says_so(exported, tmp_path: P
      "a pre-norm model with separate embedding matrices (model.share_embeddings: false) has no Hugging Face class: "
      "Pegasus, the pre-norm one, shares one embedding between encoder and decoder"),
 ])
-def test_what_cannot_be_expressed_is_refused_in_one_line(settings, message, tmp_path: Path, tiny_config: Config,
-                                                         datasets_cache: Path, capsys):
-    run_dir = train_tiny_run(tmp_path / "run", tiny_config, datasets_cache, **settings)
+def test_what_cannot_be_expressed_is_refused_in_one_line(settings, message, tmp_path: Path, capsys, tiny_run: TinyRun):
+    run_dir = tiny_run(tmp_path / "run", **settings)
     capsys.readouterr()
     assert export(run_dir, tmp_path / "hf") == 2
     assert user_error(capsys) == message

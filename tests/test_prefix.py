@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import train_tiny_run
 from test_cli import stdin_of, translate, user_error
 from test_decode import beam, greedy, random_sources, recomputed, sequence_log_prob, tiny_model
-from transformer.config import Config
+from conftest import TinyRun
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS_ID
 from transformer.translation.search import greedy_search, sample_search
@@ -77,8 +76,8 @@ def test_samples_keep_the_prefix():
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("prefix") / "run", tiny_config, datasets_cache)
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("prefix") / "run")
 
 
 @pytest.mark.parametrize("engine", ["torch", "ctranslate2"])

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import train_tiny_run
 from test_cli import translate, user_error
 from test_decode import FIRST_WORD, VOCAB, greedy, random_sources, recomputed, tiny_model
-from transformer.config import Config
+from conftest import TinyRun
 from transformer.decoding import Sampling
 from transformer.errors import DecodeOptionError
 from transformer.data.batching import source_tensor
@@ -78,8 +77,8 @@ def test_bad_sampling_settings_are_refused():
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("sampling") / "run", tiny_config, datasets_cache)
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("sampling") / "run")
 
 
 @pytest.mark.parametrize("engine", ["torch", "ctranslate2"])

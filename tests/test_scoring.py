@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_PAIRS, train_tiny_run
+from conftest import TINY_PAIRS, TinyRun
 from test_cli import stdin_of, translate, user_error
 from test_ct2_engine import load_ct2_translator
-from transformer.config import Config
 from transformer.data.text import clean_text
 from transformer.translation.texts import score_texts
 from transformer.translation.torch_engine import load_translator
@@ -26,8 +25,8 @@ PAIRS = [(source, target) for source, target in TINY_PAIRS[:12]] + [("Who is he?
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("scoring") / "run", tiny_config, datasets_cache)
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("scoring") / "run")
 
 
 def forward_log_prob(translator, source: str, target: str) -> tuple[float, int]:

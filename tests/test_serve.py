@@ -30,8 +30,7 @@ fastapi = pytest.importorskip("fastapi", reason="the serve extra is not installe
 pytest.importorskip("uvicorn", reason="the serve extra is not installed: pip install -e \".[serve]\"")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from conftest import ctranslate2_openmp_targets, train_tiny_run  # noqa: E402
-from transformer.config import Config  # noqa: E402
+from conftest import TinyRun, ctranslate2_openmp_targets  # noqa: E402
 from transformer.engines import EngineRequest, open_server_engines  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
 from transformer.serving.batcher import BatchRecord  # noqa: E402
@@ -52,8 +51,8 @@ SENTENCE = "I'm cold."
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("serve") / "run", tiny_config, datasets_cache)  # beam 2
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("serve") / "run")  # beam 2
 
 
 @pytest.fixture(scope="module")

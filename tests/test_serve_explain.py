@@ -20,9 +20,8 @@ pytest.importorskip("fastapi", reason="the serve extra is not installed: pip ins
 pytest.importorskip("uvicorn", reason="the serve extra is not installed: pip install -e \".[serve]\"")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from conftest import train_tiny_run  # noqa: E402
+from conftest import TinyRun  # noqa: E402
 from test_serve import local_client, running  # noqa: E402
-from transformer.config import Config  # noqa: E402
 from transformer.serving.app import MAX_CHARS, ServerCaps, create_app  # noqa: E402
 from transformer.serving.explain import ExplainResponse  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
@@ -33,8 +32,8 @@ TEXTS = ["I'm cold.", "Where is the station?", "The heart has its reasons."]
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("explain") / "run", tiny_config, datasets_cache)  # beam 2
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("explain") / "run")  # beam 2
 
 
 @pytest.fixture(scope="module")

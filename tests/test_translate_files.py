@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import train_tiny_run
 from test_cli import stdin_of, user_error
+from conftest import TinyRun
 from transformer.translation import lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,8 +28,8 @@ EARLIER = "an earlier translation, to be kept\n"
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_config, datasets_cache: Path) -> Path:
-    return train_tiny_run(tmp_path_factory.mktemp("files") / "run", tiny_config, datasets_cache)
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("files") / "run")
 
 
 def translate(run_dir: Path, *args: str) -> int:

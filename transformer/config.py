@@ -1,9 +1,9 @@
 """Typed, frozen config sections and `load_config`: the only module that reads YAML.
 
-Every value is checked once, here, when a section is built: each field's type, a finite number,
-an integer within its range (`_range`: what the code downstream, numpy and torch accept), no NUL
-in a string; then each section's rules that join several fields. The loader reads YAML as a tree
-of plain keys and names the full key of any problem.
+Every value is checked once, here, when a section is built: each field's type and `bounded` range
+by values.check_value (a finite number, an integer within what the code downstream, numpy and torch
+accept, no NUL in a string); then each section's rules that join several fields. The loader reads
+YAML as a tree of plain keys and names the full key of any problem.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ import yaml
 
 from transformer.decoding import SETTINGS, DecodeSettings
 from transformer.errors import ConfigError, DecodeOptionError
-from transformer.values import INT64_MAX, check_fields, integer, number, within
+from transformer.values import BOUNDS, Unexpected, bounded, check_fields, check_value
 
 logger = logging.getLogger(__name__)
 
@@ -37,89 +36,19 @@ def _require(condition: bool, key: str, expected: str, value: Any) -> None:
 MAX_MINUTES = 1e9
 
 
-def _range(default: Any, low: float | None = None, high: float | None = None, *, low_open: bool = False,
-           high_open: bool = False) -> Any:
-    """A field whose every value (each item of a tuple) must lie between `low` and `high` (included
-    unless `*_open`); integers are always kept within int64 as well."""
-    return field(default=default, metadata={"range": (low, high, low_open, high_open)})
-
-
-def _describe(annotation: Any, bounds: tuple, value: float) -> str:
-    low, high, low_open, high_open = bounds
-    noun = "an integer" if annotation is int else "a number"
-    if annotation is int:
-        low = -INT64_MAX - 1 if low is None else low
-        high = INT64_MAX if high is None else high
-        if high == INT64_MAX and low > -INT64_MAX - 1:  # the int64 limit is named where it was passed
-            return f"{noun} {'>' if low_open else '>='} {low}" if value <= high else f"{noun} of at most {high}"
-        return f"{noun} from {low} to {high}"
-    if low is not None and high is not None:
-        return f"{noun} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if low is not None:
-        return f"{noun} {'>' if low_open else '>='} {low:g}"
-    return f"{noun} {'<' if high_open else '<='} {high:g}"
-
-
-def _in_range(value: float, annotation: Any, bounds: tuple) -> bool:
-    if annotation is int and not within(value, -INT64_MAX - 1, INT64_MAX):
-        return False
-    return within(value, *bounds)
-
-
-def _check_value(value: Any, annotation: Any, key: str, bounds: tuple | None) -> Any:
-    """The one check of a field's value: its type (a bool is not an integer), a finite number, the
-    field's range, no NUL in a string. Returns the value, an integer given for a number as a float."""
-    origin = typing.get_origin(annotation)
-    if origin is Literal:
-        choices = typing.get_args(annotation)
-        if isinstance(value, bool) or value not in choices:
-            raise ConfigError(f"{key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
-        return value
-    if origin is tuple:
-        item_types = typing.get_args(annotation)
-        if not isinstance(value, tuple) or len(value) != len(item_types):
-            raise ConfigError(f"{key}: expected a list of {len(item_types)} values, got {value!r}")
-        return tuple(_check_value(v, t, f"{key}[{i}]", bounds) for i, (v, t) in enumerate(zip(value, item_types)))
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        if "\0" in value:
-            raise ConfigError(f"{key}: expected a string without NUL characters, got {value!r}")
-        return value
-    if annotation is int:
-        checked = integer(value)
-        if checked is None:
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        value = checked
-    elif annotation is float:
-        checked = number(value)
-        if checked is None:
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        if not math.isfinite(checked):
-            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-        value = checked
-    else:
-        raise TypeError(f"unsupported config field type {annotation!r} for {key}")  # a bug, not user error
-    bounds = bounds or (None, None, False, False)
-    if not _in_range(value, annotation, bounds):
-        raise ConfigError(f"{key}: expected {_describe(annotation, bounds, value)}, got {value!r}")
-    return value
-
-
 def _check_fields(section: Any) -> None:
-    """Check every field of a config section (see `_check_value`), naming each by its full key."""
+    """Check every field of a config section (values.check_value), naming each by its full key."""
     hints = typing.get_type_hints(type(section))
 
     def check(item: dataclasses.Field, value: Any) -> Any:
         annotation = hints[item.name]
         if dataclasses.is_dataclass(annotation) or _is_list_of_sections(annotation):
             return value
-        key = f"{section.SECTION}.{item.name}" if section.SECTION else item.name
-        return _check_value(value, annotation, key, item.metadata.get("range"))
+        try:
+            return check_value(value, annotation, item.metadata.get(BOUNDS))
+        except Unexpected as refusal:
+            key = f"{section.SECTION}.{item.name}" if section.SECTION else item.name
+            raise ConfigError(f"{key}{refusal.index}: expected {refusal.expected}, got {refusal.value!r}") from None
 
     check_fields(section, check)  # frozen: an int given for a number becomes a float
 
@@ -193,7 +122,7 @@ class CorpusConfig:
     hub_config: str = ""
     # How many times each of its training pairs is drawn in an epoch, on average: 3 oversamples a
     # small in-domain corpus, 0.1 draws a tenth of a huge one (a different tenth each epoch).
-    weight: float = _range(1.0, 0.0, 1000.0, low_open=True)
+    weight: float = bounded(1.0, 0.0, 1000.0, low_open=True)
     # Whether valid and test pairs are drawn from it. When no corpus says so, all of them give some.
     held_out: bool = False
 
@@ -232,10 +161,10 @@ class DataConfig:
     # Several corpora instead of the one above: a list of mappings with CorpusConfig's keys (path,
     # format, columns, weight, held_out). data.path and its neighbours are then left out.
     corpora: tuple[CorpusConfig, ...] = ()
-    valid_pairs: int = _range(1000, 1)  # pairs held out for validation (whole groups of pairs sharing a sentence)
-    test_pairs: int = _range(1000, 0)  # pairs held out for testing, never seen in training
-    split_seed: int = _range(1234, 0)
-    max_length: int = _range(128, 2)  # training pairs with more subword tokens on either side are skipped
+    valid_pairs: int = bounded(1000, 1)  # pairs held out for validation (whole groups of pairs sharing a sentence)
+    test_pairs: int = bounded(1000, 0)  # pairs held out for testing, never seen in training
+    split_seed: int = bounded(1234, 0)
+    max_length: int = bounded(128, 2)  # training pairs with more subword tokens on either side are skipped
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -280,10 +209,10 @@ class FilterConfig:
     copies: bool = True
     # Either side has fewer letters than this share of its characters (spaces aside): numbers,
     # markup, URLs. 0 = off.
-    min_letter_share: float = _range(0.3, 0.0, 1.0)
+    min_letter_share: float = bounded(0.3, 0.0, 1.0)
     # The longer side has more than this many times the characters of the shorter: a misaligned
     # pair or a truncated side. 0 = off; otherwise at least 1.
-    max_length_ratio: float = _range(3.0, 0.0)
+    max_length_ratio: float = bounded(3.0, 0.0)
     # A pair seen before (after cleaning), in this corpus or an earlier one: only its first is kept.
     duplicates: bool = True
     # Each side must be identified as its language (py3langid, told to choose between the two):
@@ -292,7 +221,7 @@ class FilterConfig:
     source_language: str = "en"  # ISO 639-1 codes, as py3langid names languages
     target_language: str = "fr"
     # A side is dropped when the identifier gives the other language at least this probability.
-    language_confidence: float = _range(0.9, 0.5, 1.0, high_open=True)
+    language_confidence: float = bounded(0.9, 0.5, 1.0, high_open=True)
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -312,18 +241,18 @@ class TokenizerConfig:
     joint: bool = True  # one vocabulary for source and target (needed to share embeddings)
     # At most 2^20: far above any useful BPE vocabulary, and below what makes the tokenizers library
     # abort the process while it reserves memory for the merges.
-    vocab_size: int = _range(8000, 16, 2**20)
-    min_frequency: int = _range(2, 1)
+    vocab_size: int = bounded(8000, 16, 2**20)
+    min_frequency: int = bounded(2, 1)
     # BPE-dropout (Provilkov et al., 2020): when a training batch is built, each merge is left out with
     # this probability, so every epoch splits the training pairs afresh (seeded by train.seed, the
     # epoch and the pair: a resumed run sees the same splits). Validation, test, the held-out files
     # and translation never use it. Batches are formed from the lengths without dropout, so they may
     # hold somewhat more than train.batch_tokens. 0 = off; 0.1 is the paper's value.
-    dropout: float = _range(0.0, 0.0, 1.0, high_open=True)
+    dropout: float = bounded(0.0, 0.0, 1.0, high_open=True)
     # BPE learns its merges from at most this many training pairs, a sample seeded by train.seed (as
     # SentencePiece's input_sentence_size): on a corpus of tens of millions of pairs, training on all
     # of them costs minutes and changes little. The default is above the shipped corpus's size.
-    sample_pairs: int = _range(2_000_000, 1)
+    sample_pairs: int = bounded(2_000_000, 1)
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -334,15 +263,15 @@ class ModelConfig:
     """The encoder-decoder of "Attention Is All You Need"; defaults are the paper's base model."""
 
     SECTION: ClassVar[str] = "model"
-    d_model: int = _range(512, 1)
-    n_heads: int = _range(8, 1)
-    n_encoder_layers: int = _range(6, 1)
-    n_decoder_layers: int = _range(6, 1)
-    d_ff: int = _range(2048, 1)
-    dropout: float = _range(0.1, 0.0, 1.0, high_open=True)
+    d_model: int = bounded(512, 1)
+    n_heads: int = bounded(8, 1)
+    n_encoder_layers: int = bounded(6, 1)
+    n_decoder_layers: int = bounded(6, 1)
+    d_ff: int = bounded(2048, 1)
+    dropout: float = bounded(0.1, 0.0, 1.0, high_open=True)
     pre_norm: bool = False  # False = post-norm, as in the paper (Section 5.4 / Figure 1)
     share_embeddings: bool = True  # source, target and output embeddings share one matrix (Section 3.4)
-    max_len: int = _range(512, 1)  # longest sequence the sinusoidal position table covers
+    max_len: int = bounded(512, 1)  # longest sequence the sinusoidal position table covers
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -359,16 +288,16 @@ class TrainConfig:
     # Token budget of one batch: max(source, target) length x sentences. Per process under torchrun:
     # a step then trains on world_size x batch_tokens x accumulate_batches tokens.
     SECTION: ClassVar[str] = "train"
-    batch_tokens: int = _range(4096, 1)
-    accumulate_batches: int = _range(1, 1)  # batches whose gradients add up to one optimiser step
-    max_steps: int = _range(0, 0)  # budgets: training stops at the first one reached; 0 = no limit
-    max_epochs: int = _range(0, 0)
-    max_minutes: float = _range(0.0, 0.0, MAX_MINUTES)
+    batch_tokens: int = bounded(4096, 1)
+    accumulate_batches: int = bounded(1, 1)  # batches whose gradients add up to one optimiser step
+    max_steps: int = bounded(0, 0)  # budgets: training stops at the first one reached; 0 = no limit
+    max_epochs: int = bounded(0, 0)
+    max_minutes: float = bounded(0.0, 0.0, MAX_MINUTES)
     # Early stopping: training also ends after this many validations in a row without a better valid
     # BLEU than the best so far (the checkpoint manager's `improves`); 0 = off. It composes with the
     # budgets above: whichever comes first ends the run. The count is part of the training state, so a
     # resumed run counts on. It may change between sessions: raising it lets an early-stopped run go on.
-    patience: int = _range(0, 0)
+    patience: int = bounded(0, 0)
     # Fine-tuning: a trained run directory whose best checkpoint (else its newest) gives this new run
     # its initial weights and, copied as they are, its tokenizer files (no new ones are trained). The
     # tokenizer settings (vocab_size, joint, min_frequency) and the model settings (all but
@@ -381,33 +310,33 @@ class TrainConfig:
     # holds the peak, and falls in a straight line to zero over the last cooldown_fraction of the
     # budget (of its minutes, for a time budget). See optim.py and budget.py.
     schedule: Literal["noam", "inverse_sqrt", "linear", "wsd"] = "noam"
-    cooldown_fraction: float = _range(0.5, 0.0, 1.0, low_open=True)
-    lr_factor: float = _range(1.0, 0.0, low_open=True)  # noam: lr = lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    peak_lr: float = _range(1e-3, 0.0, low_open=True)  # inverse_sqrt: peak_lr * min(step / warmup, sqrt(warmup / step)); linear: see above
-    warmup_steps: int = _range(4000, 1)
-    adam_betas: tuple[float, float] = _range((0.9, 0.98), 0.0, 1.0, high_open=True)
-    adam_eps: float = _range(1e-9, 0.0, low_open=True)
-    weight_decay: float = _range(0.0, 0.0)
-    label_smoothing: float = _range(0.1, 0.0, 1.0, high_open=True)
+    cooldown_fraction: float = bounded(0.5, 0.0, 1.0, low_open=True)
+    lr_factor: float = bounded(1.0, 0.0, low_open=True)  # noam: lr = lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    peak_lr: float = bounded(1e-3, 0.0, low_open=True)  # inverse_sqrt: peak_lr * min(step / warmup, sqrt(warmup / step)); linear: see above
+    warmup_steps: int = bounded(4000, 1)
+    adam_betas: tuple[float, float] = bounded((0.9, 0.98), 0.0, 1.0, high_open=True)
+    adam_eps: float = bounded(1e-9, 0.0, low_open=True)
+    weight_decay: float = bounded(0.0, 0.0)
+    label_smoothing: float = bounded(0.1, 0.0, 1.0, high_open=True)
     # An exponential moving average of the weights, updated after every step with this decay (with
     # Marian's warm-up: min(decay, (1 + updates) / (10 + updates))); 0 = off. When on, validation, the
     # best checkpoint, translation and exports use the average; the trained weights go on training.
-    ema_decay: float = _range(0.0, 0.0, 1.0, high_open=True)
-    clip_grad_norm: float = _range(1.0, 0.0)  # 0 = no clipping
-    seed: int = _range(42, 0)
+    ema_decay: float = bounded(0.0, 0.0, 1.0, high_open=True)
+    clip_grad_norm: float = bounded(1.0, 0.0)  # 0 = no clipping
+    seed: int = bounded(42, 0)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # bf16 = autocast, weights and Adam state stay fp32; auto = bf16 where the hardware runs it
     # fast (GPUs with bf16, CPUs with AMX / AVX-512-BF16), else fp32; fp16 = autocast with a
     # gradient scaler (fp16's narrow range underflows small gradients), CUDA only
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     # torch intra-op threads; 0 = leave torch's default. At most 4,096: each is an OS thread.
-    threads: int = _range(0, 0, 4096)
-    log_every: int = _range(50, 1)
-    valid_every: int = _range(500, 1)
-    valid_max_pairs: int = _range(0, 0)  # translate at most this many valid pairs for BLEU; 0 = all
-    checkpoint_every: int = _range(500, 1)
-    keep_checkpoints: int = _range(3, 1)  # newest step checkpoints kept, besides the best one
-    n_valid_samples: int = _range(3, 0)  # sample translations logged at each validation
+    threads: int = bounded(0, 0, 4096)
+    log_every: int = bounded(50, 1)
+    valid_every: int = bounded(500, 1)
+    valid_max_pairs: int = bounded(0, 0)  # translate at most this many valid pairs for BLEU; 0 = all
+    checkpoint_every: int = bounded(500, 1)
+    keep_checkpoints: int = bounded(3, 1)  # newest step checkpoints kept, besides the best one
+    n_valid_samples: int = bounded(3, 0)  # sample translations logged at each validation
     attention_images: bool = True  # and their attention maps, as TensorBoard images (matplotlib)
 
     def __post_init__(self) -> None:

@@ -2,8 +2,9 @@
 
 Every value is checked once, here, when a section is built: each field's type and `bounded` range
 by values.check_value (a finite number, an integer within what the code downstream, numpy and torch
-accept, no NUL in a string); then each section's rules that join several fields. The loader reads
-YAML as a tree of plain keys and names the full key of any problem.
+accept, no NUL in a string); then each section's rules that join several fields. A corpus's keys are
+checked against what its format's reader declares reading (data/formats). The loader reads YAML as a
+tree of plain keys and names the full key of any problem.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
+from transformer.data.formats import FORMATS, formats_reading
 from transformer.decoding import SETTINGS, DecodeSettings
 from transformer.errors import ConfigError, DecodeOptionError
 from transformer.values import BOUNDS, Unexpected, bounded, check_fields, check_value
@@ -53,44 +55,51 @@ def _check_fields(section: Any) -> None:
     check_fields(section, check)  # frozen: an int given for a number becomes a float
 
 
-# The data formats a corpus may be in (transformer/data/formats/__init__.py's READERS reads each).
-DataFormat = Literal["csv", "tsv", "text", "parquet", "jsonl", "dataset", "hub"]
-# The formats whose data.path may hold several splits, of which data.split names one: a folder (or a
-# glob) of split files, a DatasetDict written by save_to_disk, a Hub dataset.
-_SPLIT_FORMATS = ("parquet", "jsonl", "dataset", "hub")
+# The names data.format takes: those the readers declare (data/formats/__init__.py), in their order.
+DataFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
 _SHIPPED_SOURCE, _SHIPPED_TARGET = "English words/sentences", "French words/sentences"
 
 
+def _formats_reading(section: str, key: str) -> str:
+    """The formats whose reader reads `key`, as a refusal names them: `data.format: hub`, or
+    `data.format parquet, jsonl, dataset or hub`."""
+    names = formats_reading(key)
+    if len(names) == 1:
+        return f"{section}.format: {names[0]}"
+    return f"{section}.format {', '.join(names[:-1])} or {names[-1]}"
+
+
 def _check_corpus(corpus: Any, section: str) -> None:
-    """The rules joining a corpus's keys (DataConfig's own, or an entry of data.corpora)."""
-    _require(bool(corpus.path), f"{section}.path", "a path" if corpus.format != "hub" else "a dataset's name",
-             corpus.path)
-    if corpus.format == "text":
+    """The rules joining a corpus's keys (DataConfig's own, or an entry of data.corpora), as its
+    format's reader declares them. A key the reader does not read is refused, not ignored: a split
+    asked for and not applied would train on every split's pairs (the test split's among them)."""
+    declared = FORMATS[corpus.format]
+    _require(bool(corpus.path), f"{section}.path", declared.path, corpus.path)
+    if declared.reads("target_path"):
         _require(bool(corpus.target_path), f"{section}.target_path",
-                 f"the target-language file's path (with {section}.format: text, {section}.path is the "
-                 "source-language file)", corpus.target_path)
-    elif corpus.source_column == corpus.target_column:
+                 f"the target-language file's path (with {section}.format: {corpus.format}, {section}.path is "
+                 "the source-language file)", corpus.target_path)
+    if declared.reads("source_column") and corpus.source_column == corpus.target_column:
         raise ConfigError(f"{section}.source_column and {section}.target_column both name the column "
                           f"{corpus.source_column!r}: a pair needs two columns, source and target")
-    if corpus.format != "text" and corpus.target_path:
-        raise ConfigError(f"{section}.target_path is only for {section}.format: text; a {corpus.format} corpus "
-                          f"holds both languages in {section}.path (remove {section}.target_path, or set "
-                          f"{section}.format: text)")
-    # A key no reader of the format reads is refused, not ignored: a split asked for and not applied
-    # would train on every split's pairs (the test split's among them).
-    if corpus.format not in _SPLIT_FORMATS and corpus.split != "train":
-        raise ConfigError(f"{section}.split is only for {section}.format {', '.join(_SPLIT_FORMATS[:-1])} or "
-                          f"{_SPLIT_FORMATS[-1]}; a {corpus.format} corpus has no splits and is read whole (remove "
-                          f"{section}.split, and name the {corpus.split} split's file in {section}.path)")
-    if corpus.format != "hub" and corpus.hub_config:
-        raise ConfigError(f"{section}.hub_config is only for {section}.format: hub, a Hub dataset's configuration; "
-                          f"a {corpus.format} corpus has none (remove {section}.hub_config)")
+    if not declared.reads("target_path") and corpus.target_path:
+        text = _formats_reading(section, "target_path")
+        raise ConfigError(f"{section}.target_path is only for {text}; a {corpus.format} corpus holds both "
+                          f"languages in {section}.path (remove {section}.target_path, or set {text})")
+    if not declared.reads("split") and corpus.split != "train":
+        raise ConfigError(f"{section}.split is only for {_formats_reading(section, 'split')}; a {corpus.format} "
+                          f"corpus has no splits and is read whole (remove {section}.split, and name the "
+                          f"{corpus.split} split's file in {section}.path)")
+    if not declared.reads("hub_config") and corpus.hub_config:
+        raise ConfigError(f"{section}.hub_config is only for {_formats_reading(section, 'hub_config')}, a Hub "
+                          f"dataset's configuration; a {corpus.format} corpus has none (remove {section}.hub_config)")
 
 
 def _drop_unread_corpus_keys(raw: dict) -> list[str]:
     """Remove from a config mapping (as read from YAML) the corpus keys _check_corpus refuses because
-    the corpus's format does not read them: `split` on a format without splits, `hub_config` on any
-    but hub. Returns the keys removed, as messages name them (data.split, data.corpora[1].hub_config)."""
+    the corpus's format does not read them (its reader's declaration, data/formats): `split` on a
+    format without splits, `hub_config` on any but hub. Returns the keys removed, as messages name
+    them (data.split, data.corpora[1].hub_config)."""
     data = raw.get("data")
     if not isinstance(data, dict):
         return []
@@ -100,9 +109,10 @@ def _drop_unread_corpus_keys(raw: dict) -> list[str]:
     dropped = []
     for corpus, section in sections:
         data_format = corpus.get("format", "csv")
-        if data_format not in _SPLIT_FORMATS and corpus.get("split", "train") != "train":
+        declared = FORMATS.get(data_format) if isinstance(data_format, str) else None  # unknown: reads neither
+        if not (declared and declared.reads("split")) and corpus.get("split", "train") != "train":
             dropped.append(f"{section}.split: {corpus.pop('split')!r}")
-        if data_format != "hub" and corpus.get("hub_config"):
+        if not (declared and declared.reads("hub_config")) and corpus.get("hub_config"):
             dropped.append(f"{section}.hub_config: {corpus.pop('hub_config')!r}")
     return dropped
 

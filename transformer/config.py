@@ -60,6 +60,39 @@ DataFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
 _SHIPPED_SOURCE, _SHIPPED_TARGET = "English words/sentences", "French words/sentences"
 
 
+@dataclass(frozen=True)
+class CorpusSettings:
+    """Where one corpus's pairs are and how they are read: the keys `data` and each entry of
+    data.corpora share, with the same meaning. Which of them a format reads, its reader declares
+    (data/formats/__init__.py); `_check_corpus` refuses the others."""
+
+    # csv / tsv: `path` is one file with a header line; the pair's sides are the columns named by
+    # source_column and target_column. text: two line-aligned UTF-8 files without a header (as
+    # corpora are often shipped, e.g. train.en / train.fr): `path` is the source-language one and
+    # `target_path` the target-language one; line N of each is pair N. Named files rather than a stem plus
+    # suffixes: each key then names exactly one file in errors, and the files may live apart.
+    # parquet / jsonl: a file, a folder of such files or a glob (`data/wmt/*.parquet`), read by
+    # datasets; a folder whose files are named for splits as datasets names them (train-*.parquet,
+    # test/ ...) gives the files of `split`. dataset: a folder written by datasets' save_to_disk
+    # (`split` picks one of a DatasetDict). hub: a Hugging Face Hub dataset's name, with `hub_config`
+    # and `split` (load_dataset(path, hub_config, split=split)). A column may be a field of a nested one:
+    # `translation.en` for opus_books' or wmt14's {"translation": {"en": ..., "fr": ...}}.
+    path: str = ""
+    format: DataFormat = "csv"
+    target_path: str = ""  # the target-language file; for format text only
+    # The defaults are the shipped CSV's, English to French; any pair and direction is a choice of
+    # columns (configs/fr_en.yaml swaps these two). They must differ.
+    source_column: str = _SHIPPED_SOURCE
+    target_column: str = _SHIPPED_TARGET
+    # parquet and jsonl (a folder or glob of split files: train-*, test-*, ...), dataset (of a
+    # DatasetDict) and hub: which split holds the pairs. Refused for the other formats.
+    split: str = "train"
+    hub_config: str = ""  # hub only: the dataset's configuration, e.g. "en-fr" for opus_books
+
+
+_CORPUS_KEYS = tuple(item.name for item in dataclasses.fields(CorpusSettings))
+
+
 def _formats_reading(section: str, key: str) -> str:
     """The formats whose reader reads `key`, as a refusal names them: `data.format: hub`, or
     `data.format parquet, jsonl, dataset or hub`."""
@@ -69,7 +102,7 @@ def _formats_reading(section: str, key: str) -> str:
     return f"{section}.format {', '.join(names[:-1])} or {names[-1]}"
 
 
-def _check_corpus(corpus: Any, section: str) -> None:
+def _check_corpus(corpus: CorpusSettings, section: str) -> None:
     """The rules joining a corpus's keys (DataConfig's own, or an entry of data.corpora), as its
     format's reader declares them. A key the reader does not read is refused, not ignored: a split
     asked for and not applied would train on every split's pairs (the test split's among them)."""
@@ -118,18 +151,11 @@ def _drop_unread_corpus_keys(raw: dict) -> list[str]:
 
 
 @dataclass(frozen=True)
-class CorpusConfig:
-    """One corpus of several (data.corpora): where its pairs are, and how often they are drawn.
-    The keys that name it are DataConfig's, with the same meaning."""
+class CorpusConfig(CorpusSettings):
+    """One corpus of several (data.corpora): where its pairs are (CorpusSettings' keys), and how often
+    they are drawn."""
 
     SECTION: ClassVar[str] = "corpus"  # messages name it data.corpora[N] (_build)
-    path: str = ""
-    format: DataFormat = "csv"
-    target_path: str = ""
-    source_column: str = _SHIPPED_SOURCE
-    target_column: str = _SHIPPED_TARGET
-    split: str = "train"
-    hub_config: str = ""
     # How many times each of its training pairs is drawn in an epoch, on average: 3 oversamples a
     # small in-domain corpus, 0.1 draws a tenth of a huge one (a different tenth each epoch).
     weight: float = bounded(1.0, 0.0, 1000.0, low_open=True)
@@ -142,32 +168,12 @@ class CorpusConfig:
 
 
 @dataclass(frozen=True)
-class DataConfig:
-    """Where the sentence pairs come from and how they are split."""
+class DataConfig(CorpusSettings):
+    """Where the sentence pairs come from (one corpus, CorpusSettings' keys, or several) and how they
+    are split."""
 
     SECTION: ClassVar[str] = "data"
-    # csv / tsv: `path` is one file with a header line; the pair's sides are the columns named by
-    # source_column and target_column. text: two line-aligned UTF-8 files without a header (as
-    # corpora are often shipped, e.g. train.en / train.fr): `path` is the source-language one and
-    # `target_path` the target-language one; line N of each is pair N. Named files rather than a stem plus
-    # suffixes: each key then names exactly one file in errors, and the files may live apart.
-    # parquet / jsonl: a file, a folder of such files or a glob (`data/wmt/*.parquet`), read by
-    # datasets; a folder whose files are named for splits as datasets names them (train-*.parquet,
-    # test/ ...) gives the files of `split`. dataset: a folder written by datasets' save_to_disk
-    # (`split` picks one of a DatasetDict). hub: a Hugging Face Hub dataset's name, with `hub_config`
-    # and `split` (load_dataset(path, hub_config, split=split)). A column may be a field of a nested one:
-    # `translation.en` for opus_books' or wmt14's {"translation": {"en": ..., "fr": ...}}.
-    path: str = "data/eng_-french.csv"
-    format: DataFormat = "csv"
-    target_path: str = ""  # the target-language file; for format text only
-    # The defaults are the shipped CSV's, English to French; any pair and direction is a choice of
-    # columns (configs/fr_en.yaml swaps these two). They must differ.
-    source_column: str = _SHIPPED_SOURCE
-    target_column: str = _SHIPPED_TARGET
-    # parquet and jsonl (a folder or glob of split files: train-*, test-*, ...), dataset (of a
-    # DatasetDict) and hub: which split holds the pairs. Refused for the other formats.
-    split: str = "train"
-    hub_config: str = ""  # hub only: the dataset's configuration, e.g. "en-fr" for opus_books
+    path: str = "data/eng_-french.csv"  # (its place among the keys is CorpusSettings')
     # Several corpora instead of the one above: a list of mappings with CorpusConfig's keys (path,
     # format, columns, weight, held_out). data.path and its neighbours are then left out.
     corpora: tuple[CorpusConfig, ...] = ()
@@ -182,8 +188,7 @@ class DataConfig:
             _check_corpus(self, "data")
             return
         defaults = DataConfig()
-        given = [name for name in ("path", "format", "target_path", "source_column", "target_column", "split",
-                                   "hub_config") if getattr(self, name) != getattr(defaults, name)]
+        given = [name for name in _CORPUS_KEYS if getattr(self, name) != getattr(defaults, name)]
         if given:
             raise ConfigError(f"data.{given[0]} and data.corpora both name the data: give each corpus its "
                               f"{given[0]} in data.corpora and remove data.{given[0]}")
@@ -202,9 +207,7 @@ class DataConfig:
         corpus data.path names (weight 1, valid and test drawn from it)."""
         if self.corpora:
             return tuple((corpus, f"data.corpora[{index}]") for index, corpus in enumerate(self.corpora))
-        one = CorpusConfig(path=self.path, format=self.format, target_path=self.target_path,
-                           source_column=self.source_column, target_column=self.target_column, split=self.split,
-                           hub_config=self.hub_config, weight=1.0, held_out=True)
+        one = CorpusConfig(**{name: getattr(self, name) for name in _CORPUS_KEYS}, weight=1.0, held_out=True)
         return ((one, "data"),)
 
 

@@ -1,6 +1,6 @@
-"""Tests for transformer/config.py: every shipped config loads; mistakes (unknown or duplicate
-keys, wrong types, impossible combinations, bad --set overrides) fail naming the full key; and a
-config survives the round trip through a plain mapping and YAML."""
+"""Tests for transformer/config/ (sections.py, loader.py): every shipped config loads; mistakes
+(unknown or duplicate keys, wrong types, impossible combinations, bad --set overrides) fail naming the
+full key; and a config survives the round trip through a plain mapping and YAML."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ pair, in file order, in datasets' cache; nothing cleaned or dropped (that is cor
 for every format). common.py holds what every reader shares (the builder call, the errors), columns.py
 the column checks of typed formats, data_files.py which files a folder or a glob names, by split.
 
-This module imports nothing, so that the config (config.py) checks a corpus's keys against
+This module imports nothing, so that the config (config/sections.py) checks a corpus's keys against
 the declarations, and lists the formats, without loading datasets, which the readers need.
 docs/data-formats.md shows how to add a format.
 """

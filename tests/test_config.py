@@ -1,9 +1,10 @@
-"""Tests for transformer/config.py: every shipped config loads; mistakes (unknown or duplicate
-keys, wrong types, impossible combinations, bad --set overrides) fail naming the full key; and a
-config survives the round trip through a plain mapping and YAML."""
+"""Tests for transformer/config/ (sections.py, loader.py): every shipped config loads; mistakes
+(unknown or duplicate keys, wrong types, impossible combinations, bad --set overrides) fail naming the
+full key; and a config survives the round trip through a plain mapping and YAML."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -168,6 +169,14 @@ def test_text_format_needs_a_target_path_and_only_it_may_have_one():
     assert message.startswith("data.target_path is only for data.format: text")
     config = config_from_dict({**BUDGET, "data": {"path": "train.en", "format": "text", "target_path": "train.fr"}})
     assert (config.data.format, config.data.target_path) == ("text", "train.fr")
+
+
+def test_the_config_loads_neither_torch_nor_datasets():
+    """The config checks a corpus's keys against the formats' declarations (data/formats/__init__.py),
+    not against their readers: a script that reads a config starts without either library."""
+    code = "import sys, transformer.config; print(sorted({'torch', 'datasets'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_some_budget_is_required():

@@ -21,8 +21,7 @@ import pytest
 
 from conftest import SOURCE_COLUMN, TARGET_COLUMN, write_csv
 from transformer.config import CorpusConfig
-from transformer.data.formats import Corpus, RawPairs
-from transformer.data.formats.common import side_values
+from transformer.data.formats.common import Corpus, RawPairs, side_values
 from transformer.data.formats.delimited import read_delimited
 from transformer.data.formats.hub import read_hub
 from transformer.data.formats.jsonl import read_jsonl
@@ -679,6 +678,20 @@ def test_a_key_no_reader_of_the_format_reads_is_refused(data, expected):
     assert DataConfig(path="x", format="hub", hub_config="en-fr").hub_config == "en-fr"
 
 
+def test_every_declared_format_has_a_reader_and_is_a_choice_of_data_format():
+    """The formats' names are written once, in their readers' declarations: READERS and data.format's
+    choices are both made from them, in their order."""
+    import typing
+
+    from transformer.config import CorpusConfig, DataConfig
+    from transformer.data.formats import FORMATS
+    from transformer.data.formats.readers import READERS
+
+    assert list(READERS) == list(FORMATS) == ["csv", "tsv", "text", "parquet", "jsonl", "dataset", "hub"]
+    for section in (CorpusConfig, DataConfig):
+        assert typing.get_args(typing.get_type_hints(section)["format"]) == tuple(FORMATS)
+
+
 def test_a_runs_stored_config_with_a_key_its_format_never_read_still_loads(tmp_path, caplog):
     """A run trained before such keys were refused (they did nothing then) could no longer be resumed,
     translated with or exported: load_run_config loads its config.yaml through the same check."""
@@ -848,7 +861,7 @@ def test_a_corpus_file_the_system_refuses_names_the_file_and_key(tmp_path, tiny_
 
 @pytest.mark.slow
 def test_train_py_names_a_missing_parquet_column_in_one_line(tmp_path, tiny_pairs):
-    """Needs the parquet reader in transformer/data/formats/__init__.py's READERS."""
+    """Needs the parquet reader in transformer/data/formats/readers.py's READERS."""
     folder = tmp_path / "shards"
     folder.mkdir()
     write_parquet(folder / "train-0.parquet", tiny_pairs[:20])

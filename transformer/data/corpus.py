@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from transformer.config import DataConfig, FilterConfig
 from transformer.data.cache import cached_array, code_digest, content_key
 from transformer.data.filters import PAIR_FILTERS, check_languages, duplicate_mask, pair_masks
-from transformer.data.formats import READERS
+from transformer.data.formats.readers import READERS
 from transformer.data.formats.common import Corpus, RawPairs, side_values
 from transformer.data.rows import SOURCE, TARGET, WRITER_BATCH_ROWS, Rows, cache_writes, num_proc
 from transformer.data.text import clean_text

@@ -182,8 +182,8 @@ def check_arguments(args: argparse.Namespace) -> None:
                             f"--constraints-column, no prefix: leave out {clash}")
     if args.targets is not None and args.input is None:
         raise UserError("--targets needs --input, the source of each target line")
-    for flag, path in [("--input", args.input), ("--targets", args.targets)] + [("--reference", path) for path in
-                                                                                 args.reference]:
+    read = [("--input", args.input), ("--targets", args.targets), ("--glossary", args.glossary)]
+    for flag, path in read + [("--reference", path) for path in args.reference]:
         if args.output is not None and path is not None and same_file(args.output, path):
             raise UserError(f"--output {args.output} is also the {flag} file {path}; write the translations to "
                             "another file")

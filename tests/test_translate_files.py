@@ -80,6 +80,21 @@ def test_an_output_that_is_the_input_is_refused_and_the_input_kept(trained_run: 
     assert notes.read_text(encoding="utf-8") == NOTES
 
 
+@pytest.mark.parametrize("spell", [_same_as_notes, _through_a_parent, _symbolic_link],
+                         ids=["same-path", "through-a-parent", "symbolic-link"])
+def test_an_output_that_is_the_glossary_is_refused_and_the_glossary_kept(trained_run: Path, tmp_path: Path,
+                                                                         capsys, spell):
+    """Issue 58: --output was compared with --input, --targets and --reference only: naming the glossary
+    ended in exit 0, with the user's term list replaced by the translations."""
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("station\tgare\n", encoding="utf-8")
+    before = glossary.read_bytes()
+    output = spell(glossary)
+    assert translate(trained_run, "--glossary", str(glossary), "--output", output, "Where is the station?") == 2
+    assert user_error(capsys).startswith(f"--output {output} is also the --glossary file {glossary}")
+    assert glossary.read_bytes() == before
+
+
 def test_an_output_that_is_a_reference_is_refused_and_the_reference_kept(trained_run: Path, tmp_path: Path,
                                                                          capsys):
     notes, reference = tmp_path / "notes.en", tmp_path / "notes.fr"

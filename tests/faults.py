@@ -107,6 +107,11 @@ def sigint_at(point: str | None) -> Fault:
     return Fault(f"SIGINT at {point or 'serving'}", signal=signal.SIGINT, at=point)
 
 
+def sigterm_at(point: str) -> Fault:
+    """SIGTERM, as `timeout`, systemd, Slurm or `docker stop` send it, as `point` is entered."""
+    return Fault(f"SIGTERM at {point}", signal=signal.SIGTERM, at=point)
+
+
 def sigkill_at(point: str) -> Fault:
     return Fault(f"SIGKILL at {point}", signal=signal.SIGKILL, at=point)
 

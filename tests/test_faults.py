@@ -21,7 +21,7 @@ import pytest
 from conftest import train_tiny_run
 from faults import (CURRENT_DIRECTORY, FULL_DISK, LEGAL_LONG, LEGAL_LONG_NAME, LONG, LONG_NAME, NONE, READ_ONLY,
                     STDOUT_CLOSED, Ended, Fault, read_only_unavailable, run_script, sigint_at, sigkill_at,
-                    signal_from_worker, without)
+                    sigterm_at, signal_from_worker, without)
 from transformer.checkpoints.format import read_meta
 from transformer.checkpoints.layout import CHECKPOINTS, read_run_state, step_dir_name
 from transformer.config import Config
@@ -288,6 +288,10 @@ CASES = [
     Case("translate.py", sigint_at("transformer.translation.lines:translate_stream"),
          lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 130,
          r"interrupted: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
+    # SIGTERM (`timeout`, systemd, `docker stop`) as Ctrl-C (issue 58: it left the temporary beside --output)
+    Case("translate.py", sigterm_at("transformer.translation.lines:translate_stream"),
+         lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 143,
+         r"stopped by SIGTERM: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
     Case("translate.py", sigkill_at("transformer.translation.lines:translate_stream"),
          lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), -9, "", earlier_output_kept,
          quiet=True),

@@ -136,6 +136,37 @@ def test_an_interrupted_run_leaves_the_earlier_output(trained_run: Path, tmp_pat
     assert leftovers(tmp_path, "notes.en", "out.fr") == []
 
 
+def test_sigterm_ends_a_run_as_ctrl_c_does_and_leaves_the_earlier_output(trained_run: Path, tmp_path: Path,
+                                                                        monkeypatch, capsys):
+    """Issue 58: translate.py installed no SIGTERM handling: `timeout` or `docker stop` killed it with its
+    temporary (137 kB of partial translations) left beside --output. tests/test_faults.py sends it to a
+    process of its own."""
+    import signal
+
+    notes, output = tmp_path / "notes.en", tmp_path / "out.fr"
+    notes.write_text(NOTES, encoding="utf-8")
+    output.write_text(EARLIER, encoding="utf-8")
+
+    def terminated(translator, texts, out, *args, **kwargs):
+        out.write("half of the transla")
+        os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` sends it, in the middle of a chunk
+        raise AssertionError("SIGTERM did not stop the run")
+
+    def unhandled(signum, frame):  # rather than this test process ended, should translate.py not handle it
+        raise AssertionError("SIGTERM reached the handler translate.py found")
+
+    monkeypatch.setattr(lines, "translate_stream", terminated)
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        assert translate(trained_run, "--input", str(notes), "--output", str(output)) == 143
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # the handler it found, put back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capsys.readouterr().err == f"stopped by SIGTERM: --output {output} was left as it was\n"
+    assert output.read_text(encoding="utf-8") == EARLIER
+    assert leftovers(tmp_path, "notes.en", "out.fr") == []
+
+
 def _unreadable_input(tmp_path: Path) -> tuple[list[str], Path]:
     path = tmp_path / "notes.en" / "inside-a-file.en"  # a file where a directory should be
     return ["--input", str(path)], path

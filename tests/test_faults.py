@@ -154,6 +154,19 @@ def earlier_output_kept(where: Where, ended: Ended) -> None:
     assert not others or ended.code == -9, others  # only a killed process cannot remove its temporary
 
 
+def killed_translation_then_translated(where: Where, ended: Ended) -> None:
+    """A run killed while it translates leaves its temporary beside --output (it runs no code to remove
+    it); the next run that writes that --output removes it (issue 58: it stayed)."""
+    assert where.earlier.read_text(encoding="utf-8") == EARLIER
+    left = [p.name for p in where.earlier.parent.iterdir() if p.name != "out.fr"]
+    assert [name for name in left if name.startswith(".tmp-out.fr-")] == left and left, left
+    again = run_script("translate.py", translate_torch(where, "--output", where.earlier, SENTENCE), NONE, where.tmp,
+                       where.cache)
+    assert again.code == 0, again.stderr
+    assert where.earlier.read_text(encoding="utf-8") not in ("", EARLIER)
+    assert sorted(p.name for p in where.earlier.parent.iterdir()) == ["out.fr"]
+
+
 def no_export(where: Where, ended: Ended) -> None:
     nothing_beside(where.export)
 
@@ -293,8 +306,8 @@ CASES = [
          lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 143,
          r"stopped by SIGTERM: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
     Case("translate.py", sigkill_at("transformer.translation.lines:translate_stream"),
-         lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), -9, "", earlier_output_kept,
-         quiet=True),
+         lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), -9, "",
+         killed_translation_then_translated, quiet=True),
     # the terminology boundaries (issue 49): a glossary, a constraints column
     Case("translate.py", LONG, lambda w: translate_torch(w, "--glossary", w.tmp / LONG_NAME, SENTENCE), 2,
          rf"error: cannot read glossary \S*{LONG_NAME}: File name too long", quiet=True),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -165,6 +166,40 @@ def test_sigterm_ends_a_run_as_ctrl_c_does_and_leaves_the_earlier_output(trained
     assert capsys.readouterr().err == f"stopped by SIGTERM: --output {output} was left as it was\n"
     assert output.read_text(encoding="utf-8") == EARLIER
     assert leftovers(tmp_path, "notes.en", "out.fr") == []
+
+
+def ended_pids(count: int) -> list[int]:
+    """Ids of processes that have ended (and been waited for)."""
+    pids = []
+    for _ in range(count):
+        process = subprocess.Popen([sys.executable, "-c", "pass"])
+        process.wait()
+        pids.append(process.pid)
+    return pids
+
+
+@pytest.mark.slow  # starts processes, for the ids of ended ones
+def test_the_temporary_of_a_killed_run_is_removed_by_the_next_and_nothing_that_looks_like_it(trained_run: Path,
+                                                                                             tmp_path: Path):
+    """Issue 58: the temporary a run killed while writing --output F left beside F (.tmp-F-<pid>) was still
+    there after the next run. It is this project's by its name and its ended process; a folder, a link
+    or a name that only looks like one are kept."""
+    output, mine = tmp_path / "out.fr", tmp_path / "mine.txt"
+    output.write_text(EARLIER, encoding="utf-8")
+    mine.write_text("mine\n", encoding="utf-8")
+    left, folder, link = ended_pids(3)
+    (tmp_path / f".tmp-out.fr-{left}").write_text("half of the transla", encoding="utf-8")
+    kept = {f".tmp-out.fr-{os.getppid()}": "a process still running", f".tmp-other.fr-{left}": "another file's",
+            f".tmp-out.fr-{left}x": "not a process id", f".tmp-out.fr-0{left}": "not as a process id is written"}
+    for name, text in kept.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    (tmp_path / f".tmp-out.fr-{folder}").mkdir()
+    os.symlink(mine.name, tmp_path / f".tmp-out.fr-{link}")
+    assert translate(trained_run, "--output", str(output), "I'm cold.") == 0
+    assert output.read_text(encoding="utf-8") not in ("", EARLIER)
+    assert leftovers(tmp_path, "out.fr", "mine.txt", *kept, f".tmp-out.fr-{folder}", f".tmp-out.fr-{link}") == []
+    assert {name: (tmp_path / name).read_text(encoding="utf-8") for name in kept} == kept
+    assert (tmp_path / f".tmp-out.fr-{link}").is_symlink() and mine.read_text(encoding="utf-8") == "mine\n"
 
 
 def _unreadable_input(tmp_path: Path) -> tuple[list[str], Path]:

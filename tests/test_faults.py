@@ -308,6 +308,14 @@ CASES = [
     Case("translate.py", sigkill_at("transformer.translation.lines:translate_stream"),
          lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), -9, "",
          killed_translation_then_translated, quiet=True),
+    # an install for CTranslate2 alone: what needs the torch engine says what to install (issue 58)
+    Case("translate.py", without("torch"), lambda w: translate_torch(w, SENTENCE), 2, not_installed("torch"),
+         quiet=True),
+    Case("translate.py", without("torch"), lambda w: ["--run", w.run, "--quiet", "--constraint", "gare",
+                                                      "Where is the station?"], 2, not_installed("torch"),
+         quiet=True),
+    Case("translate.py", without("torch"), lambda w: ["--run", w.run, "--quiet", "--explain", SENTENCE], 2,
+         not_installed("torch"), quiet=True),
     # the terminology boundaries (issue 49): a glossary, a constraints column
     Case("translate.py", LONG, lambda w: translate_torch(w, "--glossary", w.tmp / LONG_NAME, SENTENCE), 2,
          rf"error: cannot read glossary \S*{LONG_NAME}: File name too long", quiet=True),

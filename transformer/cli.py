@@ -151,8 +151,10 @@ _SYMLINK_LOOP = re.compile(r"Symlink loop from (.+)")
 
 # The project's dependencies that a command imports only when it needs them, and how to install each
 # (pyproject.toml): the hf and serve extras, and regular dependencies, missing where pip found no wheel
-# for them or ran with --no-deps.
+# for them or ran with --no-deps. torch among them: translate.py's default engine runs without it, on
+# an install made for CTranslate2 alone, until the torch engine is asked for or chosen.
 INSTALL_COMMANDS = {
+    "torch": "pip install torch",
     "transformers": 'pip install -e ".[hf]"',
     "fastapi": 'pip install -e ".[serve]"',
     "uvicorn": 'pip install -e ".[serve]"',

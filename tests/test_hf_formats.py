@@ -775,6 +775,24 @@ def test_parquet_as_pandas_and_datasets_write_it(tmp_path, tiny_pairs, csv_sides
     assert sides(read_jsonl(source_of(tmp_path / "datasets.jsonl", "jsonl"))) == csv_sides
 
 
+def test_a_parquet_map_column_beside_the_sides_is_left_unread(tmp_path, tiny_pairs, csv_sides, fresh_datasets_cache):
+    """Issue 58: a map<string, string> column beside the two text columns ended in "ValueError: Arrow type
+    map<string, string ('meta')> does not have a datasets dtype equivalent". Columns a run does not read
+    stop nothing; named as a side, the map column is one line."""
+    columns = columns_of(tiny_pairs)
+    meta = pa.array([[("origin", "tatoeba"), ("row", str(i))] for i in range(len(tiny_pairs))],
+                    type=pa.map_(pa.string(), pa.string()))
+    path = tmp_path / "meta.parquet"
+    pq.write_table(pa.table({**columns, "meta": meta}), path)
+    assert pa.types.is_map(pq.read_schema(path).field("meta").type)
+    raw = read_parquet(source_of(path, "parquet"))
+    assert sides(raw) == csv_sides and raw.table.column_names == [SOURCE_COLUMN, TARGET_COLUMN]
+    with pytest.raises(DataError) as error:
+        read_parquet(source_of(path, "parquet", "meta", TARGET_COLUMN))
+    assert str(error.value) == (f"{path}: the column 'meta' (data.source_column) holds map<string, string> values, "
+                                "not text")
+
+
 def test_json_compressed_other_than_gzip_bzip2_or_xz_is_one_line(tmp_path, tiny_pairs, fresh_datasets_cache):
     """Once "not UTF-8 text at line 1; re-save the file as UTF-8": advice that cannot help a compressed file."""
     zstd = tmp_path / "pairs.jsonl.zst"

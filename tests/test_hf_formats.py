@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -928,3 +929,32 @@ def test_train_py_names_a_datasets_cache_it_cannot_write(tmp_path, tiny_pairs):
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1] == (f"error: cannot write the datasets cache {cache}: Not a directory; point "
                                             "HF_DATASETS_CACHE at a folder you can write, and rerun")
+
+
+@pytest.mark.slow
+def test_train_py_names_the_datasets_cache_under_a_read_only_home(tmp_path, tiny_pairs):
+    """Issue 58: with HOME read-only and no HF_DATASETS_CACHE (as for a service account), datasets' default
+    cache cannot be made, and that was blamed on the run directory: "cannot write …/.cache: Permission
+    denied. Training needs a writable run directory…". The line names the datasets cache and the variable."""
+    from faults import READ_ONLY, command, made_read_only, read_only_unavailable
+
+    if why := read_only_unavailable():
+        pytest.skip(why)
+    home = tmp_path / "home"
+    home.mkdir()
+    parquet = write_parquet(tmp_path / "tiny.parquet", tiny_pairs)
+    args = ["--config", ROOT / "configs" / "tiny.yaml", "--set", "data.format=parquet", "--set", f"data.path={parquet}",
+            "--set", "train.device=cpu", "--run-dir", tmp_path / "run", "--no-progress"]
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("HF_DATASETS_CACHE", "HF_HOME", "XDG_CACHE_HOME")}
+    with made_read_only(home, READ_ONLY):  # as root, a read-only mount of the process's own
+        done = subprocess.run(command("train.py", args, READ_ONLY, read_only=home), cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300,
+                              env={**env, "HOME": str(home), "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    cache, made = home / ".cache" / "huggingface" / "datasets", home / ".cache"
+    assert re.fullmatch(re.escape(f"error: cannot write the datasets cache {cache} ({made}: ") +
+                        "(Permission denied|Read-only file system)" +
+                        re.escape("); point HF_DATASETS_CACHE at a folder you can write, and rerun"),
+                        done.stderr.splitlines()[-1]), done.stderr

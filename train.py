@@ -31,8 +31,8 @@ import datasets
 
 from transformer.training import distributed
 from transformer.training.allocator import reuse_freed_memory
-from transformer.checkpoints.layout import CHECKPOINTS, step_dir_name
-from transformer.checkpoints.rundir import MissingRunState, RunDirectory
+from transformer.checkpoints.layout import CHECKPOINTS, UnusableRunState, step_dir_name
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config, load_config
 from transformer.cli import (TERMINATED, StopSignals, allocation_failure, end_children_with_this_process,
                              guard_standard_streams, os_reason, path_argument, require_installed, run_script)
@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded: list[Config] = []
 
     def advise(error: BaseException) -> str:
-        if isinstance(error, MissingRunState):
+        # Missing or torn by a crash. The run --init-from names is another's: open_parent says its own error.
+        if isinstance(error, UnusableRunState):
             return (". Rebuild it from the checkpoints on disk and train on with: "
                     f"{resume_command(args)} --rebuild-state")
         if allocation_failure(error) and loaded:

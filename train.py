@@ -31,12 +31,12 @@ import datasets
 
 from transformer.training import distributed
 from transformer.training.allocator import reuse_freed_memory
-from transformer.checkpoints.layout import CHECKPOINTS, step_dir_name
-from transformer.checkpoints.rundir import MissingRunState, RunDirectory
+from transformer.checkpoints.layout import CHECKPOINTS, UnusableRunState, step_dir_name
+from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config, load_config
-from transformer.cli import (TERMINATED, Terminated, allocation_failure, end_children_with_this_process,
+from transformer.cli import (TERMINATED, StopSignals, allocation_failure, end_children_with_this_process,
                              guard_standard_streams, os_reason, path_argument, require_installed, run_script)
-from transformer.errors import CheckpointError, Interrupted, UserError
+from transformer.errors import CheckpointError, UserError
 from transformer.runtime import select_device, set_threads
 from transformer.training.logs import setup_logging
 from transformer.training.run import VALID_SAMPLE, TrainOutcome, train
@@ -128,32 +128,23 @@ STEP_INTERRUPTED = ("interrupted: nothing was saved for the current step; rerun 
                     "last checkpoint")
 
 
-class Signals:
-    """Ctrl-C and SIGTERM for the life of a training command, the one as the other. During the data
-    stage the first stops at once (the datasets cache keeps what was finished) and the data stage's
-    worker processes end with this one; once training has begun, the first signal finishes the step
-    and saves, a second stops at once. As a context manager it restores the handlers it found (main()
-    may run inside a longer-lived process: tests, notebooks), and turns whatever a library made of the
-    KeyboardInterrupt into an Interrupted (SIGINT, exit 130) or a Terminated (SIGTERM, exit 143) that
-    says what was left."""
+class Signals(StopSignals):
+    """Ctrl-C and SIGTERM for the life of a training command, the one as the other (cli.StopSignals).
+    During the data stage the first stops at once (the datasets cache keeps what was finished) and the
+    data stage's worker processes end with this one; once training has begun, the first signal
+    finishes the step and saves, a second stops at once. The line then says what was left."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.stop_requested = self.training = False
-        self._received: int | None = None  # the signal that stopped the command at once
         self._main_pid = os.getpid()
-        self._previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-
-    def __enter__(self) -> "Signals":
-        for signum in self._previous:
-            signal.signal(signum, self._interrupt_data_stage)
-        return self
 
     def training_begins(self) -> None:
         self.training = True
         for signum in self._previous:
             signal.signal(signum, self._request_stop)
 
-    def _interrupt_data_stage(self, signum: int, _frame) -> None:
+    def _stop(self, signum: int, frame) -> None:  # the data stage
         if os.getpid() != self._main_pid:
             # A worker of the data stage (datasets' map, forked with this handler). A terminal sends
             # Ctrl-C to it too: it carries on until this process ends it, so none dies half-way with a
@@ -164,11 +155,9 @@ class Signals:
             if signum == signal.SIGTERM:
                 raise SystemExit(TERMINATED)
             return
-        if self._received is None:
-            self._received = signum
-            raise KeyboardInterrupt
-        # Another signal while the first one's KeyboardInterrupt unwinds: an exception raised in the
-        # middle of datasets' clean-up would leave its workers running.
+        # A second signal while the first one's KeyboardInterrupt unwinds is ignored: an exception raised
+        # in the middle of datasets' clean-up would leave its workers running.
+        super()._stop(signum, frame)
 
     def _request_stop(self, signum: int, _frame) -> None:
         if self.stop_requested:  # a second signal: the user really wants out now
@@ -178,18 +167,15 @@ class Signals:
         logging.getLogger("train").warning("%s received: finishing this step and saving a checkpoint ...",
                                            signal.Signals(signum).name)
 
-    def __exit__(self, kind, error, _traceback) -> None:
+    def line(self) -> str:
+        return STEP_INTERRUPTED if self.training else DATA_STAGE_INTERRUPTED
+
+    def __exit__(self, kind, error, traceback) -> None:
         if error is not None and distributed.launched() and not isinstance(error, KeyboardInterrupt):
             # Every rank stops with this error (distributed.fail_together); torchrun sends SIGTERM to
             # those still ending once one has exited, which would turn their exit code into -15.
             self._previous[signal.SIGTERM] = signal.SIG_IGN
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        if error is not None and (self._received is not None or isinstance(error, KeyboardInterrupt)):
-            line = STEP_INTERRUPTED if self.training else DATA_STAGE_INTERRUPTED
-            if self._received == signal.SIGTERM:
-                raise Terminated(line.replace("interrupted", "stopped by SIGTERM", 1)) from None
-            raise Interrupted(line) from None
+        super().__exit__(kind, error, traceback)
 
 
 def open_log(run_dir: Path, rank: int) -> None:
@@ -263,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded: list[Config] = []
 
     def advise(error: BaseException) -> str:
-        if isinstance(error, MissingRunState):
+        # Missing or torn by a crash. The run --init-from names is another's: open_parent says its own error.
+        if isinstance(error, UnusableRunState):
             return (". Rebuild it from the checkpoints on disk and train on with: "
                     f"{resume_command(args)} --rebuild-state")
         if allocation_failure(error) and loaded:

@@ -20,7 +20,8 @@ CTranslate2, the faster, exported into the run on first use; the torch engine wh
 installed or cannot do what is asked (--attention, --alignment, --explain, --bf16, an ensemble, --device mps),
 with a note saying why. Translations go to stdout, one line per input line (empty lines stay empty);
 logs, progress and scores go to stderr. Exit codes: 0 done (also when the reader of stdout leaves, as
-`| head` does), 2 a problem with the input or the system, said in one line, 130 interrupted (Ctrl-C).
+`| head` does), 2 a problem with the input or the system, said in one line, 130 interrupted (Ctrl-C), 143
+stopped by SIGTERM (as by Ctrl-C; what `timeout`, systemd and `docker stop` send).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import sys
 # Nothing here imports torch: the engine policy loads it for the torch engine only, so that the default
 # CTranslate2 engine starts without it (and matplotlib only loads for --attention).
 from transformer.engines import ENGINES, EngineRequest, open_engine
-from transformer.cli import guard_standard_streams, path_argument, require_installed, run_script
+from transformer.cli import StopSignals, guard_standard_streams, path_argument, require_installed, run_script
 from transformer.decoding import Sampling
 from transformer.errors import UserError, name_options
 from transformer.files import same_file
@@ -182,8 +183,8 @@ def check_arguments(args: argparse.Namespace) -> None:
                             f"--constraints-column, no prefix: leave out {clash}")
     if args.targets is not None and args.input is None:
         raise UserError("--targets needs --input, the source of each target line")
-    for flag, path in [("--input", args.input), ("--targets", args.targets)] + [("--reference", path) for path in
-                                                                                 args.reference]:
+    read = [("--input", args.input), ("--targets", args.targets), ("--glossary", args.glossary)]
+    for flag, path in read + [("--reference", path) for path in args.reference]:
         if args.output is not None and path is not None and same_file(args.output, path):
             raise UserError(f"--output {args.output} is also the {flag} file {path}; write the translations to "
                             "another file")
@@ -256,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
              else "the constraints column"}
     # Written to a temporary and renamed at the end: an interrupted run leaves an earlier --output as it was.
     interrupted = f"interrupted: --output {args.output} was left as it was" if args.output else "interrupted"
-    return run_script(lambda: run(args, names), sys.stderr, sys.argv[1:] if argv is None else argv, names=names,
+
+    def stoppable() -> None:  # SIGTERM (`timeout`, systemd, `docker stop`) as Ctrl-C: the temporary is removed
+        with StopSignals(interrupted):
+            run(args, names)
+
+    return run_script(stoppable, sys.stderr, sys.argv[1:] if argv is None else argv, names=names,
                       interrupted=interrupted)
 
 

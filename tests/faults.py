@@ -116,6 +116,11 @@ def sigint_at(point: str | None) -> Fault:
     return Fault(f"SIGINT at {point or 'serving'}", signal=signal.SIGINT, at=point)
 
 
+def sigterm_at(point: str) -> Fault:
+    """SIGTERM, as `timeout`, systemd, Slurm or `docker stop` send it, as `point` is entered."""
+    return Fault(f"SIGTERM at {point}", signal=signal.SIGTERM, at=point)
+
+
 def sigkill_at(point: str) -> Fault:
     return Fault(f"SIGKILL at {point}", signal=signal.SIGKILL, at=point)
 
@@ -185,7 +190,7 @@ def command(script: str, args: list[str], fault: Fault, read_only: Path | None =
 
 
 @contextlib.contextmanager
-def _read_only(directory: Path | None, fault: Fault):
+def made_read_only(directory: Path | None, fault: Fault):
     """Without root, the directory's permissions make it read-only for the process (and are restored)."""
     if not fault.read_only or os.geteuid() == 0:
         yield
@@ -224,7 +229,7 @@ def run_script(script: str, args: list[str], fault: Fault, cwd: Path, cache: Pat
     with datasets' cache in `cache`; `read_only`: the directory READ_ONLY makes read-only."""
     if fault.signal is not None and fault.at is None:
         return _serve_then_signal(script, args, fault, cwd, cache, timeout)
-    with _read_only(read_only, fault):
+    with made_read_only(read_only, fault):
         # A session of its own: what the script starts stays in its process group, to be found after.
         process = subprocess.Popen(command(script, args, fault, read_only), cwd=cwd, env=environment(cache),
                                    stdout=subprocess.DEVNULL if fault.stdout_closed else subprocess.PIPE,

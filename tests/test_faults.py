@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TinyRun
 from faults import (ARGUMENT_ONLY, CURRENT_DIRECTORY, FULL_DISK, LEGAL_LONG, LEGAL_LONG_NAME, LONG, LONG_NAME, NONE,
                     READ_ONLY, STDOUT_CLOSED, Ended, Fault, read_only_unavailable, run_main, run_script, sigint_at,
-                    sigkill_at, signal_from_worker, without)
-from conftest import TinyRun
+                    sigkill_at, sigterm_at, signal_from_worker, without)
 from transformer.checkpoints.format import read_meta
 from transformer.checkpoints.layout import CHECKPOINTS, read_run_state, step_dir_name
 
@@ -153,6 +153,19 @@ def earlier_output_kept(where: Where, ended: Ended) -> None:
     assert where.earlier.read_text(encoding="utf-8") == EARLIER
     others = [p.name for p in where.earlier.parent.iterdir() if p.name != "out.fr"]
     assert not others or ended.code == -9, others  # only a killed process cannot remove its temporary
+
+
+def killed_translation_then_translated(where: Where, ended: Ended) -> None:
+    """A run killed while it translates leaves its temporary beside --output (it runs no code to remove
+    it); the next run that writes that --output removes it (issue 58: it stayed)."""
+    assert where.earlier.read_text(encoding="utf-8") == EARLIER
+    left = [p.name for p in where.earlier.parent.iterdir() if p.name != "out.fr"]
+    assert [name for name in left if name.startswith(".tmp-out.fr-")] == left and left, left
+    again = run_script("translate.py", translate_torch(where, "--output", where.earlier, SENTENCE), NONE, where.tmp,
+                       where.cache)
+    assert again.code == 0, again.stderr
+    assert where.earlier.read_text(encoding="utf-8") not in ("", EARLIER)
+    assert sorted(p.name for p in where.earlier.parent.iterdir()) == ["out.fr"]
 
 
 def no_export(where: Where, ended: Ended) -> None:
@@ -289,9 +302,21 @@ CASES = [
     Case("translate.py", sigint_at("transformer.translation.lines:translate_stream"),
          lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 130,
          r"interrupted: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
+    # SIGTERM (`timeout`, systemd, `docker stop`) as Ctrl-C (issue 58: it left the temporary beside --output)
+    Case("translate.py", sigterm_at("transformer.translation.lines:translate_stream"),
+         lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 143,
+         r"stopped by SIGTERM: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
     Case("translate.py", sigkill_at("transformer.translation.lines:translate_stream"),
-         lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), -9, "", earlier_output_kept,
+         lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), -9, "",
+         killed_translation_then_translated, quiet=True),
+    # an install for CTranslate2 alone: what needs the torch engine says what to install (issue 58)
+    Case("translate.py", without("torch"), lambda w: translate_torch(w, SENTENCE), 2, not_installed("torch"),
          quiet=True),
+    Case("translate.py", without("torch"), lambda w: ["--run", w.run, "--quiet", "--constraint", "gare",
+                                                      "Where is the station?"], 2, not_installed("torch"),
+         quiet=True),
+    Case("translate.py", without("torch"), lambda w: ["--run", w.run, "--quiet", "--explain", SENTENCE], 2,
+         not_installed("torch"), quiet=True),
     # the terminology boundaries (issue 49): a glossary, a constraints column
     Case("translate.py", LONG, lambda w: translate_torch(w, "--glossary", w.tmp / LONG_NAME, SENTENCE), 2,
          rf"error: cannot read glossary \S*{LONG_NAME}: File name too long", quiet=True),

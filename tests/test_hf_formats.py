@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -788,6 +789,24 @@ def test_parquet_as_pandas_and_datasets_write_it(tmp_path, tiny_pairs, csv_sides
     assert sides(read_jsonl(source_of(tmp_path / "datasets.jsonl", "jsonl"))) == csv_sides
 
 
+def test_a_parquet_map_column_beside_the_sides_is_left_unread(tmp_path, tiny_pairs, csv_sides, fresh_datasets_cache):
+    """Issue 58: a map<string, string> column beside the two text columns ended in "ValueError: Arrow type
+    map<string, string ('meta')> does not have a datasets dtype equivalent". Columns a run does not read
+    stop nothing; named as a side, the map column is one line."""
+    columns = columns_of(tiny_pairs)
+    meta = pa.array([[("origin", "tatoeba"), ("row", str(i))] for i in range(len(tiny_pairs))],
+                    type=pa.map_(pa.string(), pa.string()))
+    path = tmp_path / "meta.parquet"
+    pq.write_table(pa.table({**columns, "meta": meta}), path)
+    assert pa.types.is_map(pq.read_schema(path).field("meta").type)
+    raw = read_parquet(source_of(path, "parquet"))
+    assert sides(raw) == csv_sides and raw.table.column_names == [SOURCE_COLUMN, TARGET_COLUMN]
+    with pytest.raises(DataError) as error:
+        read_parquet(source_of(path, "parquet", "meta", TARGET_COLUMN))
+    assert str(error.value) == (f"{path}: the column 'meta' (data.source_column) holds map<string, string> values, "
+                                "not text")
+
+
 def test_json_compressed_other_than_gzip_bzip2_or_xz_is_one_line(tmp_path, tiny_pairs, fresh_datasets_cache):
     """Once "not UTF-8 text at line 1; re-save the file as UTF-8": advice that cannot help a compressed file."""
     zstd = tmp_path / "pairs.jsonl.zst"
@@ -925,3 +944,32 @@ def test_train_py_names_a_datasets_cache_it_cannot_write(tmp_path, tiny_pairs):
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines()[-1] == (f"error: cannot write the datasets cache {cache}: Not a directory; point "
                                             "HF_DATASETS_CACHE at a folder you can write, and rerun")
+
+
+@pytest.mark.slow
+def test_train_py_names_the_datasets_cache_under_a_read_only_home(tmp_path, tiny_pairs):
+    """Issue 58: with HOME read-only and no HF_DATASETS_CACHE (as for a service account), datasets' default
+    cache cannot be made, and that was blamed on the run directory: "cannot write …/.cache: Permission
+    denied. Training needs a writable run directory…". The line names the datasets cache and the variable."""
+    from faults import READ_ONLY, command, made_read_only, read_only_unavailable
+
+    if why := read_only_unavailable():
+        pytest.skip(why)
+    home = tmp_path / "home"
+    home.mkdir()
+    parquet = write_parquet(tmp_path / "tiny.parquet", tiny_pairs)
+    args = ["--config", ROOT / "configs" / "tiny.yaml", "--set", "data.format=parquet", "--set", f"data.path={parquet}",
+            "--set", "train.device=cpu", "--run-dir", tmp_path / "run", "--no-progress"]
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("HF_DATASETS_CACHE", "HF_HOME", "XDG_CACHE_HOME")}
+    with made_read_only(home, READ_ONLY):  # as root, a read-only mount of the process's own
+        done = subprocess.run(command("train.py", args, READ_ONLY, read_only=home), cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300,
+                              env={**env, "HOME": str(home), "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    cache, made = home / ".cache" / "huggingface" / "datasets", home / ".cache"
+    assert re.fullmatch(re.escape(f"error: cannot write the datasets cache {cache} ({made}: ") +
+                        "(Permission denied|Read-only file system)" +
+                        re.escape("); point HF_DATASETS_CACHE at a folder you can write, and rerun"),
+                        done.stderr.splitlines()[-1]), done.stderr

@@ -162,6 +162,35 @@ def rebuild_as_the_error_says(config: Path, run_dir: Path, capsys) -> int:
     return call(train_cli.main, command[2:])
 
 
+def test_a_torn_state_json_is_refused_with_the_command_that_rebuilds_it(finished, tmp_path: Path, capsys):
+    """Issue 58: a torn state.json said "unreadable (Unterminated string …)" without the command that
+    rebuilds it (--rebuild-state), which the README promises."""
+    config, original = finished
+    run_dir = copy_of(original, tmp_path / "run")
+    whole = (run_dir / STATE).read_text(encoding="utf-8")
+    (run_dir / STATE).write_text(whole[:whole.index('"step_') + 5], encoding="utf-8")  # torn inside a name
+    checkpoints = snapshot(run_dir / "checkpoints")
+    assert train(config, run_dir) == 2
+    message = error_line(capsys)
+    assert message.startswith(f"{run_dir / STATE}: unreadable (Unterminated string"), message
+    assert snapshot(run_dir / "checkpoints") == checkpoints  # nothing changed
+    command = shlex.split(message.split(". Rebuild it from the checkpoints on disk and train on with: ", 1)[1])
+    assert command[:2] == ["python", "train.py"] and command[-1] == "--rebuild-state"
+    assert call(train_cli.main, command[2:]) == 0
+    state = json.loads((run_dir / STATE).read_text(encoding="utf-8"))
+    assert state["kept"] == ["step_00000002", f"step_{STEPS:08d}"] and state["latest"] == f"step_{STEPS:08d}"
+
+
+def test_a_state_json_of_the_parent_run_gets_no_advice_to_rebuild_this_run(finished, tmp_path: Path, capsys):
+    """The command that rebuilds state.json is said for the run trained, not for the run --init-from names."""
+    config, original = finished
+    parent = copy_of(original, tmp_path / "parent")
+    (parent / STATE).write_text("{", encoding="utf-8")
+    assert train(config, tmp_path / "child", "--init-from", str(parent)) == 2
+    message = error_line(capsys)
+    assert message.startswith(f"train.init_from: {parent / STATE}: unreadable (") and "--rebuild-state" not in message
+
+
 def test_rebuild_state_keeps_a_checkpoint_whose_training_state_is_torn(finished, tmp_path: Path, capsys,
                                                                      caplog):
     config, original = finished

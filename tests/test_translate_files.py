@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -80,6 +81,21 @@ def test_an_output_that_is_the_input_is_refused_and_the_input_kept(trained_run: 
     assert notes.read_text(encoding="utf-8") == NOTES
 
 
+@pytest.mark.parametrize("spell", [_same_as_notes, _through_a_parent, _symbolic_link],
+                         ids=["same-path", "through-a-parent", "symbolic-link"])
+def test_an_output_that_is_the_glossary_is_refused_and_the_glossary_kept(trained_run: Path, tmp_path: Path,
+                                                                         capsys, spell):
+    """Issue 58: --output was compared with --input, --targets and --reference only: naming the glossary
+    ended in exit 0, with the user's term list replaced by the translations."""
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("station\tgare\n", encoding="utf-8")
+    before = glossary.read_bytes()
+    output = spell(glossary)
+    assert translate(trained_run, "--glossary", str(glossary), "--output", output, "Where is the station?") == 2
+    assert user_error(capsys).startswith(f"--output {output} is also the --glossary file {glossary}")
+    assert glossary.read_bytes() == before
+
+
 def test_an_output_that_is_a_reference_is_refused_and_the_reference_kept(trained_run: Path, tmp_path: Path,
                                                                          capsys):
     notes, reference = tmp_path / "notes.en", tmp_path / "notes.fr"
@@ -119,6 +135,71 @@ def test_an_interrupted_run_leaves_the_earlier_output(trained_run: Path, tmp_pat
     assert translate(trained_run, "--input", str(notes), "--output", str(output)) == 130
     assert output.read_text(encoding="utf-8") == EARLIER
     assert leftovers(tmp_path, "notes.en", "out.fr") == []
+
+
+def test_sigterm_ends_a_run_as_ctrl_c_does_and_leaves_the_earlier_output(trained_run: Path, tmp_path: Path,
+                                                                        monkeypatch, capsys):
+    """Issue 58: translate.py installed no SIGTERM handling: `timeout` or `docker stop` killed it with its
+    temporary (137 kB of partial translations) left beside --output. tests/test_faults.py sends it to a
+    process of its own."""
+    import signal
+
+    notes, output = tmp_path / "notes.en", tmp_path / "out.fr"
+    notes.write_text(NOTES, encoding="utf-8")
+    output.write_text(EARLIER, encoding="utf-8")
+
+    def terminated(translator, texts, out, *args, **kwargs):
+        out.write("half of the transla")
+        os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` sends it, in the middle of a chunk
+        raise AssertionError("SIGTERM did not stop the run")
+
+    def unhandled(signum, frame):  # rather than this test process ended, should translate.py not handle it
+        raise AssertionError("SIGTERM reached the handler translate.py found")
+
+    monkeypatch.setattr(lines, "translate_stream", terminated)
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        assert translate(trained_run, "--input", str(notes), "--output", str(output)) == 143
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # the handler it found, put back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capsys.readouterr().err == f"stopped by SIGTERM: --output {output} was left as it was\n"
+    assert output.read_text(encoding="utf-8") == EARLIER
+    assert leftovers(tmp_path, "notes.en", "out.fr") == []
+
+
+def ended_pids(count: int) -> list[int]:
+    """Ids of processes that have ended (and been waited for)."""
+    pids = []
+    for _ in range(count):
+        process = subprocess.Popen([sys.executable, "-c", "pass"])
+        process.wait()
+        pids.append(process.pid)
+    return pids
+
+
+@pytest.mark.slow  # starts processes, for the ids of ended ones
+def test_the_temporary_of_a_killed_run_is_removed_by_the_next_and_nothing_that_looks_like_it(trained_run: Path,
+                                                                                             tmp_path: Path):
+    """Issue 58: the temporary a run killed while writing --output F left beside F (.tmp-F-<pid>) was still
+    there after the next run. It is this project's by its name and its ended process; a folder, a link
+    or a name that only looks like one are kept."""
+    output, mine = tmp_path / "out.fr", tmp_path / "mine.txt"
+    output.write_text(EARLIER, encoding="utf-8")
+    mine.write_text("mine\n", encoding="utf-8")
+    left, folder, link = ended_pids(3)
+    (tmp_path / f".tmp-out.fr-{left}").write_text("half of the transla", encoding="utf-8")
+    kept = {f".tmp-out.fr-{os.getppid()}": "a process still running", f".tmp-other.fr-{left}": "another file's",
+            f".tmp-out.fr-{left}x": "not a process id", f".tmp-out.fr-0{left}": "not as a process id is written"}
+    for name, text in kept.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    (tmp_path / f".tmp-out.fr-{folder}").mkdir()
+    os.symlink(mine.name, tmp_path / f".tmp-out.fr-{link}")
+    assert translate(trained_run, "--output", str(output), "I'm cold.") == 0
+    assert output.read_text(encoding="utf-8") not in ("", EARLIER)
+    assert leftovers(tmp_path, "out.fr", "mine.txt", *kept, f".tmp-out.fr-{folder}", f".tmp-out.fr-{link}") == []
+    assert {name: (tmp_path / name).read_text(encoding="utf-8") for name in kept} == kept
+    assert (tmp_path / f".tmp-out.fr-{link}").is_symlink() and mine.read_text(encoding="utf-8") == "mine\n"
 
 
 def _unreadable_input(tmp_path: Path) -> tuple[list[str], Path]:

@@ -3,9 +3,9 @@ the package imports it: `run_script` turns a script's user errors, the operating
 failed allocations, a dependency not installed, Ctrl-C and a reader leaving standard output into its
 last line and exit code (2 for a problem with the input or the system, 130 for Ctrl-C, 143 for a
 SIGTERM a script handles as it does Ctrl-C, 0 and nothing said when the reader of standard output
-left, `| head`); `guard_standard_streams` is what a script's `__main__` does to its standard streams
-first, and `end_children_with_this_process` what one that forks workers does. Anything else is a bug
-and keeps its traceback.
+left, `| head`); `StopSignals` is how a script takes SIGTERM as it does Ctrl-C; `guard_standard_streams`
+is what a script's `__main__` does to its standard streams first, and `end_children_with_this_process`
+what one that forks workers does. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -90,8 +90,48 @@ TERMINATED = 128 + signal.SIGTERM  # 143: the same convention for SIGTERM (`time
 
 
 class Terminated(Interrupted):
-    """A SIGTERM that a script handled as it does Ctrl-C (train.py), carrying the line that says what
+    """A SIGTERM that a script handled as it does Ctrl-C (StopSignals), carrying the line that says what
     it left behind; it exits with TERMINATED, so that whatever sent the signal sees it was obeyed."""
+
+
+class StopSignals:
+    """Ctrl-C and SIGTERM (what `timeout`, systemd, Slurm and `docker stop` send) for the life of a
+    script's command, the one as the other: the first stops the command at once, by a KeyboardInterrupt
+    raised where it is, so that every `with` and `finally` on the way out runs (a temporary output is
+    removed, a lock released); one arriving while that unwinds is ignored, so that no clean-up is cut
+    short. As a context manager it restores the handlers it found (main() may run inside a longer-lived
+    process: tests, notebooks), and turns whatever a library made of the KeyboardInterrupt into an
+    Interrupted (SIGINT, exit 130) or a Terminated (SIGTERM, exit 143) carrying `line()`, which says what
+    was left ("interrupted…", said "stopped by SIGTERM…" for SIGTERM). Main thread only (Python's
+    signal handlers). train.py's Signals adds what a training command does differently."""
+
+    def __init__(self, line: str = "interrupted") -> None:
+        self._line = line
+        self._received: int | None = None  # the signal that stopped the command at once
+        self._previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def __enter__(self) -> "StopSignals":
+        for signum in self._previous:
+            signal.signal(signum, self._stop)
+        return self
+
+    def _stop(self, signum: int, _frame) -> None:
+        if self._received is None:
+            self._received = signum
+            raise KeyboardInterrupt
+
+    def line(self) -> str:
+        """The last line of a command these signals stopped, as said for Ctrl-C."""
+        return self._line
+
+    def __exit__(self, kind, error, _traceback) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        if error is not None and (self._received is not None or isinstance(error, KeyboardInterrupt)):
+            line = self.line()
+            if self._received == signal.SIGTERM:
+                raise Terminated(line.replace("interrupted", "stopped by SIGTERM", 1)) from None
+            raise Interrupted(line) from None
 
 
 @dataclass(frozen=True)
@@ -111,8 +151,10 @@ _SYMLINK_LOOP = re.compile(r"Symlink loop from (.+)")
 
 # The project's dependencies that a command imports only when it needs them, and how to install each
 # (pyproject.toml): the hf and serve extras, and regular dependencies, missing where pip found no wheel
-# for them or ran with --no-deps.
+# for them or ran with --no-deps. torch among them: translate.py's default engine runs without it, on
+# an install made for CTranslate2 alone, until the torch engine is asked for or chosen.
 INSTALL_COMMANDS = {
+    "torch": "pip install torch",
     "transformers": 'pip install -e ".[hf]"',
     "fastapi": 'pip install -e ".[serve]"',
     "uvicorn": 'pip install -e ".[serve]"',

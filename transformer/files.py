@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
@@ -178,6 +179,32 @@ def remove_leftovers(final: Path) -> None:
             os.replace(entry, final)
         else:
             shutil.rmtree(entry, ignore_errors=True)
+
+
+# No process id is larger on Linux (pid_max's highest setting, 2**22); larger numbers are no temporary's.
+_PID_LIMIT = 1 << 22
+
+
+def remove_file_leftovers(final: Path) -> None:
+    """Reclaim what an `atomic_writer` of `final` killed midway (SIGKILL, a power cut) left beside it:
+    its temporary, known by the name `temporary_path` gives it (the prefix, the final name, and the id
+    of a process no longer running), if it is a regular file of this user's. Anything else stays as it
+    is: another name, a link, a folder, a file of another user's or of a process still running."""
+    final = real_destination(final)
+    pattern = re.compile(re.escape(derived_name(TEMPORARY_PREFIX, final.name)) + r"-([1-9]\d{0,6})")
+    owner = os.getuid() if hasattr(os, "getuid") else None
+    try:
+        entries = list(os.scandir(final.parent))
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if not match or int(match[1]) > _PID_LIMIT or _running(int(match[1])):
+            continue
+        with contextlib.suppress(OSError):
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(info.st_mode) and owner in (None, info.st_uid):
+                os.unlink(entry.path)
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -57,6 +57,11 @@ def is_step_dir_name(name: object) -> bool:
     return isinstance(name, str) and _STEP_DIR.match(name) is not None
 
 
+class UnusableRunState(CheckpointError):
+    """A run's state.json that is missing, or there but not a run state (torn by a crash, edited): what
+    it said can be written anew from the checkpoints on disk (train.py says how)."""
+
+
 @dataclass(frozen=True)
 class Best:
     """The best checkpoint so far: its directory name under checkpoints/, step and metrics."""
@@ -88,14 +93,14 @@ class RunState:
             best = Best(**data["best"]) if data.get("best") else None
             state = cls(latest=data.get("latest"), kept=list(data.get("kept", [])), best=best)
         except (TypeError, ValueError, KeyError, AttributeError) as error:
-            raise CheckpointError(f"{path}: not a run state of this project ({error})") from None
+            raise UnusableRunState(f"{path}: not a run state of this project ({error})") from None
         names = state.kept + [name for name in (state.latest, best and best.checkpoint) if name is not None]
         for name in names:
             if not is_step_dir_name(name):
-                raise CheckpointError(f"{path}: names the checkpoint {name!r}, which this project never writes; "
-                                      "the file was edited or damaged")
+                raise UnusableRunState(f"{path}: names the checkpoint {name!r}, which this project never writes; "
+                                       "the file was edited or damaged")
         if state.latest is not None and state.latest not in state.kept or best and best.checkpoint not in state.kept:
-            raise CheckpointError(f"{path}: names checkpoints it does not keep; the file was edited or damaged")
+            raise UnusableRunState(f"{path}: names checkpoints it does not keep; the file was edited or damaged")
         return state
 
 
@@ -106,8 +111,10 @@ def read_run_state(run_dir: Path) -> RunState | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable ({getattr(error, 'strerror', None) or error})") from None
+    except OSError as error:  # the system's refusal: nothing to rebuild
+        raise CheckpointError(f"{path}: unreadable ({error.strerror or error})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:  # torn by a crash, or edited
+        raise UnusableRunState(f"{path}: unreadable ({error})") from None
     return RunState.from_json(data, path)
 
 
@@ -123,4 +130,5 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 __all__ = ["RUN_CONFIG", "STATE_FILE", "STATE_FORMAT", "TOKENIZER_DIR", "HELDOUT_DIR", "CHECKPOINTS", "BEST",
            "TENSORBOARD_DIR", "LOG_FILE", "LOCK_FILE", "EXPORTS_DIR", "BEST_METRIC", "CORRUPT_PREFIX",
-           "checkpoint_location", "step_dir_name", "is_step_dir_name", "Best", "RunState", "read_run_state", "list_checkpoints"]
+           "checkpoint_location", "step_dir_name", "is_step_dir_name", "UnusableRunState", "Best", "RunState",
+           "read_run_state", "list_checkpoints"]

@@ -23,8 +23,8 @@ from typing import Callable, Iterator
 from transformer.checkpoints.format import CHECKPOINT_FILES
 from transformer.checkpoints.layout import (BEST, CHECKPOINTS, CORRUPT_PREFIX, EXPORTS_DIR, HELDOUT_DIR, LOCK_FILE,
                                             LOG_FILE, RUN_CONFIG, STATE_FILE, TENSORBOARD_DIR, TOKENIZER_DIR,
-                                            RunState, is_step_dir_name, list_checkpoints, read_run_state,
-                                            step_dir_name)
+                                            RunState, UnusableRunState, is_step_dir_name, list_checkpoints,
+                                            read_run_state, step_dir_name)
 from transformer.checkpoints.pins import claim_for_removal
 from transformer.errors import CheckpointError, ExportCacheError
 from transformer.files import (TEMPORARY_PREFIX, publish_directory, remove_leftovers, temporary_path,
@@ -68,7 +68,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_locks_not_inherited)
 
 
-class MissingRunState(CheckpointError):
+class MissingRunState(UnusableRunState):
     """A run whose state.json is gone: it can be rebuilt from the checkpoints on disk."""
 
 

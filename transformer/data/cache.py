@@ -181,9 +181,14 @@ def cache_full(where: Path | str, error: OSError) -> DataError:
                      "space there, or point HF_DATASETS_CACHE at a disk with room, and rerun")
 
 
-def cache_unwritable(error: OSError) -> DataError:
-    """The error for a write in datasets' cache that the system refused (no permission, a read-only
-    filesystem, a file where a folder should be): `error.filename` names where."""
+def cache_unwritable(error: OSError, cache: Path | str) -> DataError:
+    """The error for a write in datasets' cache `cache` that the system refused (no permission, a
+    read-only filesystem, a file where a folder should be): `error.filename` names where, in the cache
+    or a folder on the way to it that could not be made."""
+    where = os.path.abspath(os.fsdecode(error.filename))
+    if not Path(where).is_relative_to(os.path.abspath(cache)):
+        return DataError(f"cannot write the datasets cache {cache} ({where}: {error.strerror or error}); point "
+                         "HF_DATASETS_CACHE at a folder you can write, and rerun")
     return DataError(f"cannot write the datasets cache {os.fsdecode(error.filename)}: {error.strerror or error}; "
                      "point HF_DATASETS_CACHE at a folder you can write, and rerun")
 

@@ -195,18 +195,21 @@ def cache_writes(function):
             if disk_full(cause):
                 raise cache_full(_cache_location(signature.bind(*args, **kwargs).arguments), cause) from None
             if from_the_system(cause) and _in_datasets_cache(cause.filename):
-                raise cache_unwritable(cause) from None
+                raise cache_unwritable(cause, datasets.config.HF_DATASETS_CACHE) from None
             raise
 
     return wrapper
 
 
 def _in_datasets_cache(filename: object) -> bool:
-    """Whether `filename` (an OSError's) lies in datasets' cache, HF_DATASETS_CACHE, or is that folder."""
+    """Whether `filename` (an OSError's) lies in datasets' cache, HF_DATASETS_CACHE, is that folder, or a
+    folder on the way to it that could not be made (~/.cache under a read-only HOME, where the variable
+    is not set, as for a service account)."""
     if not isinstance(filename, (str, bytes, os.PathLike)):
         return False
     cache = Path(os.path.abspath(datasets.config.HF_DATASETS_CACHE))
-    return Path(os.path.abspath(os.fsdecode(filename))).is_relative_to(cache)
+    path = Path(os.path.abspath(os.fsdecode(filename)))
+    return path.is_relative_to(cache) or cache.is_relative_to(path)
 
 
 def _cache_location(arguments: dict) -> Path | str:

@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterable, Iterator, TextIO
 
 from transformer.data.text import iter_lines, read_lines
 from transformer.errors import UserError, option
-from transformer.files import atomic_writer
+from transformer.files import atomic_writer, remove_file_leftovers
 from transformer.translation.metrics import score
 from transformer.decoding import check_phrases
 from transformer.translation.glossary import Glossary
@@ -83,7 +83,8 @@ def output_file(path: Path, name: str) -> Iterator[TextIO]:
     """A text stream that becomes `path` once the block ends without an exception: a failed or
     interrupted run leaves an earlier `path` as it was (files.atomic_writer). A link is followed, so
     its target is what changes. A device or pipe (/dev/stdout, a FIFO) cannot be replaced by a rename
-    and is written in place. Any failure to write is a UserError naming the file as `name`."""
+    and is written in place. Once `path` is written, the temporary of an earlier run killed midway is
+    removed (files.remove_file_leftovers). Any failure to write is a UserError naming the file as `name`."""
     target = Path(os.path.realpath(path))
     if target.is_dir():  # else the temporary would be written, only for the final rename to fail
         raise UserError(f"cannot write {name} {path}: {os.strerror(errno.EISDIR)}")
@@ -91,6 +92,8 @@ def output_file(path: Path, name: str) -> Iterator[TextIO]:
         special = target.exists() and not stat.S_ISREG(target.stat().st_mode)
         with (open(target, "w", encoding="utf-8", newline="\n") if special else atomic_writer(target)) as stream:
             yield stream
+        if not special:
+            remove_file_leftovers(target)
     except OSError as error:
         raise UserError(f"cannot write {name} {path}: {error.strerror or error}") from None
 

@@ -75,6 +75,9 @@ def _kind(feature: object, column: str) -> str:
         return "JSON values of several types"
     if isinstance(feature, (datasets.List, datasets.LargeList, list)):
         return "lists"
+    if isinstance(feature, pa.DataType):  # a type datasets has no feature for (parquet._features)
+        shown = f"map<{feature.key_type}, {feature.item_type}>" if isinstance(feature, pa.MapType) else feature
+        return f"{shown} values"
     return f"{type(feature).__name__} values"
 
 

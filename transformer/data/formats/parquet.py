@@ -1,7 +1,7 @@
 """The reader of Parquet files (`data.format: parquet`): one file, a folder of them or a glob pattern,
 as pandas, Spark and datasets write them, read by datasets' `parquet` builder into its cache (nothing
 is written beside the user's files). Only the columns holding the two sides are read, so the other
-columns (an id, pandas' `__index_level_0__`) cost nothing.
+columns (an id, pandas' `__index_level_0__`, a map datasets has no type for) cost and stop nothing.
 """
 
 from __future__ import annotations
@@ -33,13 +33,37 @@ def read_parquet(corpus: Corpus) -> RawPairs:
                 f"its {len(files)} Parquet file{'s hold' if len(files) > 1 else ' holds'}")
         raise DataError(f"{corpus.describe()}: {what} no row ({corpus.key('path')})")
     files = [file for file, _ in filled]
-    schemas = [(file, datasets.Features.from_arrow_schema(schema)) for file, schema in filled]
+    schemas = [(file, _features(schema)) for file, schema in filled]
     columns = check_files_columns(corpus, schemas)
     names = [content_name(file) for file in files]
-    table = build(corpus, "parquet", files, names, "Parquet", columns=columns)
+    # The features of the columns read, as datasets would infer them from the first file, given so that
+    # it infers none from the columns left unread (a map column has no datasets feature, issue 58).
+    read = datasets.Features({column: schemas[0][1][column] for column in columns})
+    table = build(corpus, "parquet", files, names, "Parquet", columns=columns, features=read)
     check_utf8(corpus, table, corpus.describe())
     return RawPairs.of_table(table, corpus.config.source_column, corpus.config.target_column,
                              content_key("parquet", *names, *columns))
+
+
+def _features(schema: pa.Schema) -> dict:
+    """The file's columns as datasets' features, by name. A column of a type datasets has no feature for
+    (a map) keeps its Arrow type: the run reads only the two sides, and it stops the run only if a side
+    names it (columns.check_columns says what it holds)."""
+    try:
+        return dict(datasets.Features.from_arrow_schema(schema))
+    except (ValueError, TypeError, NotImplementedError):
+        return {field.name: _feature(field, schema.metadata) for field in schema}
+
+
+def _feature(field: pa.Field, metadata: dict | None) -> object:
+    """One column's datasets feature (read with the schema's metadata, where datasets keeps the features
+    it wrote, else without), or its Arrow type where datasets has none for it."""
+    for kept in (metadata, None):
+        try:
+            return datasets.Features.from_arrow_schema(pa.schema([field], metadata=kept))[field.name]
+        except (ValueError, TypeError, NotImplementedError):
+            continue
+    return field.type
 
 
 def _footer(file: Path, corpus: Corpus) -> tuple[pa.Schema, int]:

@@ -171,6 +171,7 @@ def test_text_format_needs_a_target_path_and_only_it_may_have_one():
     assert (config.data.format, config.data.target_path) == ("text", "train.fr")
 
 
+@pytest.mark.slow
 def test_the_config_loads_neither_torch_nor_datasets():
     """The config checks a corpus's keys against the formats' declarations (data/formats/__init__.py),
     not against their readers: a script that reads a config starts without either library."""

@@ -1,6 +1,7 @@
 """What a translation may ask of its search, checked once, here: `DecodeOptions`, the one typed object
 (beam size, n-best, length penalty, output length, batch size and `Sampling`'s settings) with every
-range the engines compute in `RANGES`, and `STRATEGIES`, the decoding methods (greedy, beam, sampling):
+range the engines compute in `RANGES` and the output-length rule they all apply
+(`DecodeSettings.max_output_length`), and `STRATEGIES`, the decoding methods (greedy, beam, sampling):
 when each is chosen, what it reads and excludes, and which engines run it. The config's decode
 section (config.DecodeConfig is a `DecodeSettings`), translate.py's flags and the API's requests all
 build these objects, and a refusal is a DecodeOptionError that marks the option's generic name
@@ -115,8 +116,25 @@ class DecodeSettings:
     def __post_init__(self) -> None:
         _check_fields(self)
 
+    def max_output_length(self, source_length: int, max_len: int) -> int:
+        """The output-length rule every engine and check applies: the most subwords (EOS not counted) an
+        output of a source of `source_length` subwords (without EOS) may have, by a model whose position
+        table holds `max_len` positions (max_output_length with these settings' a and b)."""
+        return max_output_length(source_length, self.max_length_a, self.max_length_b, max_len - 1)
+
 
 SETTINGS = tuple(item.name for item in dataclasses.fields(DecodeSettings))
+
+
+def max_output_length(source_length: int, a: float, b: int, hard_cap: int) -> int:
+    """Longest output, in subwords without EOS, of a source of `source_length` subwords (without EOS):
+    floor(a * length) + b, between 1 and `hard_cap` (model max_len - 1: BOS + that many tokens fill the
+    position table)."""
+    # A tiny epsilon, so that e.g. 1.1 * 10 floors to 11 and not to 10.
+    length = source_length * a + 1e-9
+    if not length < hard_cap:  # also a product too large for a float, which no floor takes
+        return hard_cap
+    return min(max(math.floor(length) + b, 1), hard_cap)
 
 
 @dataclass(frozen=True)
@@ -260,5 +278,5 @@ def traced_strategy(options: DecodeOptions) -> Strategy:
 
 __all__ = ["MAX_PHRASES", "check_phrases",
            "MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Range", "RANGES",
-           "check_option", "Sampling", "DecodeSettings", "SETTINGS", "DecodeOptions", "ENGINES", "Strategy",
-           "STRATEGIES", "strategy_of", "traced_strategy"]
+           "check_option", "Sampling", "DecodeSettings", "SETTINGS", "max_output_length", "DecodeOptions", "ENGINES",
+           "Strategy", "STRATEGIES", "strategy_of", "traced_strategy"]

@@ -1,17 +1,16 @@
 """The one road from text to text that every engine shares: clean once, warn about characters the
 tokenizer never saw, encode, truncate to the position table, search length-sorted batches with the
 engine's `search` (optionally from target prefixes, or sampling), detokenize; and the one road from
-(source, target) texts to scores through the engine's `score`. Also the output-length rule and the
-GNMT length penalty, which both engines' searches follow. No torch here, so that the CTranslate2
-engine starts without it; the searches themselves live with their engines (search.py,
-torch_engine.py, ct2_engine.py).
+(source, target) texts to scores through the engine's `score`. Also the GNMT length penalty, which
+both engines' searches follow (the output-length rule is the decode settings', decoding.py). No torch
+here, so that the CTranslate2 engine starts without it; the searches themselves live with their
+engines (search.py, torch_engine.py, ct2_engine.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -57,17 +56,6 @@ def gnmt_length_penalty(length: Length, alpha: float) -> Length:
     """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016, Section 7); `length`
     counts the EOS. alpha = 0 gives 1, so scores are raw log-probability sums."""
     return ((5.0 + length) / 6.0) ** alpha
-
-
-def max_output_length(source_length: int, a: float, b: int, hard_cap: int) -> int:
-    """Longest output, in subwords without EOS, of a source of `source_length` subwords (without EOS):
-    floor(a * length) + b, between 1 and `hard_cap` (model max_len - 1: BOS + that many tokens fill the
-    position table)."""
-    # A tiny epsilon, so that e.g. 1.1 * 10 floors to 11 and not to 10.
-    length = source_length * a + 1e-9
-    if not length < hard_cap:  # also a product too large for a float, which no floor takes
-        return hard_cap
-    return min(max(math.floor(length) + b, 1), hard_cap)
 
 
 def truncate_sources(ids: list[list[int]], limit: int) -> list[list[int]]:
@@ -146,13 +134,14 @@ def search_in_batches(engine: Engine, sources: list[list[int]], n_best: int,
 
 def target_prefix_ids(prefixes: list[str], sources: list[list[int]], engine: Engine) -> list[list[int]]:
     """The target ids each prefix is read as (cleaned as every text is), checked to fit the output
-    length of its source (max_output_length); a blank prefix has none, which is plain translation."""
+    length of its source (decoding.DecodeSettings.max_output_length); a blank prefix has none, which is
+    plain translation."""
     texts = [clean_text(prefix) for prefix in prefixes]
     ids = [row if text else [] for text, row in zip(texts, engine.tokenizers.encode_target(texts))]
     decode = engine.decode
     for source, prefix, text in zip(sources, ids, texts):
         if source and prefix:
-            limit = max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
+            limit = decode.max_output_length(len(source), engine.max_len)
             if len(prefix) > limit:
                 raise UserError(f"the target prefix {text!r} has {len(prefix)} subwords, more than the {limit} "
                                 "an output of its source may have")
@@ -165,8 +154,7 @@ def text_phrases(engine: Engine, sources: list[list[int]], required: list[list[s
     phrases (None: none), checked against its output length and its prefix (`prefix_ids`, read from the
     `prefixes` texts); a PhraseError names the text's index (phrases.sentence_phrases)."""
     decode = engine.decode
-    limits = [max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
-              if source else None for source in sources]
+    limits = [decode.max_output_length(len(source), engine.max_len) if source else None for source in sources]
     return sentence_phrases(engine.tokenizers, decode, len(sources), limits, required, prefix_ids, prefixes)
 
 
@@ -287,7 +275,7 @@ def output_log_probs(engine: Engine, sources: list[list[int]], results: list[lis
 
 
 __all__ = ["search_texts_held", "text_phrases",
-           "Engine", "PairScore", "gnmt_length_penalty", "max_output_length", "truncate_sources",
+           "Engine", "PairScore", "gnmt_length_penalty", "truncate_sources",
            "warn_unknown_characters", "source_ids", "length_sorted_batches", "search_in_batches", "target_prefix_ids",
            "candidates_per_text", "search_texts", "decode_outputs", "translate_texts", "score_ids", "score_texts",
            "translate_scored", "output_log_probs"]

@@ -28,7 +28,6 @@ from transformer.model import Transformer
 from transformer.runtime import fast_bf16
 from transformer.translation.quantize import quantize_int8
 from transformer.translation.search import SEARCHES
-from transformer.translation.step_decoder import max_output_lengths
 from transformer.translation.texts import translate_texts
 
 log = logging.getLogger(__name__)
@@ -95,8 +94,7 @@ class Translator:
         with self.eval_mode():
             src, src_pad_mask = source_tensor(sources)
             src, src_pad_mask = src.to(self.device), src_pad_mask.to(self.device)
-            max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), options.max_length_a,
-                                             options.max_length_b, self.max_len - 1)
+            max_lengths = torch.tensor([options.max_output_length(len(ids), self.max_len) for ids in sources])
             generator = self.generator() if strategy.seeded else None
             return SEARCHES[strategy.name](self.models, src, src_pad_mask, max_lengths, options, prefixes, generator,
                                            phrases=phrases)

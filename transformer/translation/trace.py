@@ -23,7 +23,6 @@ from transformer.data.tokenizer import EOS_ID, Tokenizers
 from transformer.decoding import STRATEGIES, traced_strategy
 from transformer.errors import UserError
 from transformer.translation.search import SEARCHES, BeamCandidates
-from transformer.translation.step_decoder import max_output_lengths
 from transformer.translation.texts import source_ids, target_prefix_ids, text_phrases
 from transformer.translation.torch_engine import Translator
 
@@ -252,8 +251,7 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
     with translator.eval_mode():
         src, src_pad_mask = source_tensor(sources)
         src, src_pad_mask = src.to(translator.device), src_pad_mask.to(translator.device)
-        max_lengths = max_output_lengths(torch.tensor([len(sources[0])]), decode.max_length_a, decode.max_length_b,
-                                         translator.max_len - 1)
+        max_lengths = torch.tensor([decode.max_output_length(len(sources[0]), translator.max_len)])
         outputs = SEARCHES[strategy.name](translator.models, src, src_pad_mask, max_lengths, decode, prefixes,
                                           observer=recorder, phrases=None if phrases is None else [phrases])[0]
         # A beam search whose every hypothesis was ruled out finished nothing: its steps still show why.

@@ -23,7 +23,7 @@ from test_decode import FakeTokenizers, tiny_model
 from transformer.config import Config, DecodeConfig, config_from_dict
 from transformer.decoding import MAX_BEAM, SETTINGS, STRATEGIES, DecodeOptions, Sampling
 from transformer.errors import ConfigError, DecodeOptionError
-from transformer.translation.search import SEARCHES
+from transformer.translation.torch_engine import SEARCHES
 from transformer.translation.texts import translate_texts
 from transformer.translation.torch_engine import Translator
 

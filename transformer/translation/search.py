@@ -1,8 +1,8 @@
 """The torch engine's searches over a batch of source id tensors, one decoder step at a time, by one
 model or an ensemble, optionally forced to start with given target prefixes: greedy search, sampling
 (`_token_by_token`, one token a row each step, chosen by the method) and beam search (`BeamSearch`,
-fairseq's 2k candidates, whose hooks constrained.py builds on), and `SEARCHES`, which runs each method of
-decoding.STRATEGIES that the torch engine runs. The model's side of a step (the cache, ensembles,
+fairseq's 2k candidates, whose hooks constrained.py builds on). Which search runs a decoding method is
+the torch engine's table (torch_engine.SEARCHES). The model's side of a step (the cache, ensembles,
 prefixes) is step_decoder.py's; no text and no tokenizers here (texts.py, torch_engine.py).
 """
 
@@ -379,53 +379,5 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
     return BeamSearch(model, src, src_pad_mask, max_lengths, options, prefixes, observer).run()
 
 
-# --------------------------------------------------------------------------- the torch engine's methods
-
-
-class Search(Protocol):
-    """How the torch engine runs one decoding method: per sentence, its options.n_best outputs best first
-    (id lists without BOS/EOS). `generator`: the seeded method's random numbers; `observer`: a traced
-    method's watcher (decoding.Strategy); `phrases`: each sentence's phrases.Phrases (the constrained method)."""
-
-    def __call__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
-                 options: DecodeOptions, prefixes: Sequence[Sequence[int]] | None = None,
-                 generator: torch.Generator | None = None, observer: SearchObserver | None = None,
-                 phrases: Sequence | None = None) -> list[list[list[int]]]: ...
-
-
-def _greedy(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
-            phrases=None):
-    return [[tokens] for tokens in greedy_search(models, src, src_pad_mask, max_lengths, prefixes, observer)]
-
-
-def _beam(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
-          phrases=None):
-    hypotheses = BeamSearch(models, src, src_pad_mask, max_lengths, options, prefixes, observer).run()
-    return [[h.tokens for h in sentence] for sentence in hypotheses]
-
-
-def _sampling(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
-              phrases=None):
-    s = options.sampling
-    return sample_search(models, src, src_pad_mask, max_lengths, generator, options.n_best, s.top_k, s.top_p,
-                         s.temperature, prefixes)
-
-
-def _constrained(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
-                 phrases=None):
-    # Imported here: constrained.py builds on this module's BeamSearch.
-    from transformer.translation.constrained import constrained_search
-
-    if phrases is None:  # the options' phrases would be ignored: the text path tokenizes them (texts.text_phrases)
-        raise ValueError("constrained search needs each sentence's phrases")
-    hypotheses = constrained_search(models, src, src_pad_mask, max_lengths, options, phrases, prefixes, observer)
-    return [[h.tokens for h in sentence] for sentence in hypotheses]
-
-
-# decoding.STRATEGIES' methods as the torch engine runs them, by name.
-SEARCHES: dict[str, Search] = {"greedy": _greedy, "beam": _beam, "sampling": _sampling, "constrained": _constrained}
-
-
 __all__ = ["NEG_INF", "Hypothesis", "Models", "SearchObserver", "BeamCandidates", "check_observed", "max_output_lengths",
-           "forced_tokens", "greedy_search", "sample_search", "Candidates", "BeamSearch", "beam_search", "Search",
-           "SEARCHES"]
+           "forced_tokens", "greedy_search", "sample_search", "Candidates", "BeamSearch", "beam_search"]

@@ -5,8 +5,8 @@ taken, for beam search the live hypotheses, the candidates they grew into and wh
 constrained beam search also the required phrases each candidate has met and its bank — and why the
 winner won. `translate.py --explain`, the web page of serve.py and the walkthrough notebook all show
 this record, and these dataclasses are its one schema: the server's JSON is them (serving/explain.py).
-The search itself is search.py's, watched through its `observer` (the methods whose decoding.Strategy
-is `traced`). No pydantic here: translation runs without the serve extra.
+The search itself is the torch engine's (Translator.search), watched through its `observer` (the methods
+whose decoding.Strategy is `traced`). No pydantic here: translation runs without the serve extra.
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
-from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import EOS_ID, Tokenizers
 from transformer.decoding import STRATEGIES, traced_strategy
 from transformer.errors import UserError
-from transformer.translation.search import SEARCHES, BeamCandidates
+from transformer.translation.search import BeamCandidates
 from transformer.translation.texts import source_ids, target_prefix_ids, text_phrases
 from transformer.translation.torch_engine import Translator
 
@@ -248,14 +246,10 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
     # The phrases as the translator's own text path reads them, checked alike (texts.text_phrases).
     phrases = text_phrases(translator, sources, None, prefixes, [prefix])[0] if decode.constrained else None
     recorder = _Recorder(tokenizers)
-    with translator.eval_mode():
-        src, src_pad_mask = source_tensor(sources)
-        src, src_pad_mask = src.to(translator.device), src_pad_mask.to(translator.device)
-        max_lengths = torch.tensor([decode.max_output_length(len(sources[0]), translator.max_len)])
-        outputs = SEARCHES[strategy.name](translator.models, src, src_pad_mask, max_lengths, decode, prefixes,
-                                          observer=recorder, phrases=None if phrases is None else [phrases])[0]
-        # A beam search whose every hypothesis was ruled out finished nothing: its steps still show why.
-        output = outputs[0] if outputs else []
+    outputs = translator.search(sources, decode.n_best, prefixes, None if phrases is None else [phrases],
+                                recorder)[0]
+    # A beam search whose every hypothesis was ruled out finished nothing: its steps still show why.
+    output = outputs[0] if outputs else []
     if recorder.steps:
         recorder.steps[-1].stopped = True  # also when the maximum length, not an EOS, ended it
     texts = tokenizers.decode_target([output] + [f.tokens for f in recorder.finished])
@@ -266,7 +260,7 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
     required = [] if phrases is None else [list(ids) for ids in phrases.required]
     banned = [] if phrases is None else [list(ids) for ids in phrases.banned]
     return SearchTrace(strategy.name, decode.beam_size, decode.length_penalty, decode.n_best,
-                       int(max_lengths[0]), sources[0], [source_piece(i) or f"<{i}>" for i in sources[0]],
+                       decode.max_output_length(len(sources[0]), translator.max_len), sources[0], [source_piece(i) or f"<{i}>" for i in sources[0]],
                        output, recorder.pieces(output), texts[0], recorder.steps, recorder.finished,
                        _texts(tokenizers, required), [recorder.pieces(ids) for ids in required],
                        _texts(tokenizers, banned))

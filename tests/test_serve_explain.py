@@ -122,6 +122,18 @@ def test_the_length_penalty_can_be_asked_for(client: TestClient, translator: Tra
     assert default["alpha"] == translator.decode.length_penalty and default["beam_size"] == translator.decode.beam_size
 
 
+def test_translate_takes_every_option_of_a_search_explain_takes(client: TestClient):
+    text = TEXTS[2]
+    for alpha in (0.0, 2.0):
+        assert translate(client, text, length_penalty=alpha)["translation"] == \
+            explain(client, text=text, length_penalty=alpha)["output_text"]
+    for body, error in [({"length_penalty": 11.0}, "length_penalty must be from 0 to 10, got 11.0"),
+                        ({"length_penalty": 0.5, "sampling": {}},
+                         "sampling draws each token at random instead of searching: leave out length_penalty")]:
+        response = client.post("/translate", json={"texts": [text], **body})
+        assert (response.status_code, response.json()["error"]) == (422, error)
+
+
 @pytest.mark.parametrize("beam, n_best", [(2, 1), (3, 2)])
 def test_a_constrained_trace_is_the_search_translate_runs(client: TestClient, beam: int, n_best: int):
     text, held = TEXTS[1], {"constraints": ["gare"], "avoid": ["la"]}

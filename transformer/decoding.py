@@ -30,7 +30,7 @@ MAX_LENGTH_PENALTY = 10.0
 # logits / temperature must stay finite and nonzero in float32 in both engines; near 0 it is greedy search.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 1e30
 MAX_SEED = 2**32 - 1  # CTranslate2's random generator takes an unsigned 32-bit seed
-# The most phrases one text may require (constraints) or ban (avoid), each: every required phrase adds a bank
+# The most constraints, and the most avoided phrases, one text may have: every constraint adds a bank
 # of beams per step, and the search keeps one state per beam and phrase (translation/constrained.py).
 MAX_PHRASES = 16
 
@@ -168,11 +168,11 @@ class DecodeOptions(DecodeSettings):
 
     def _phrases_option(self) -> str:
         """The option that gave phrases, for a refusal to name."""
-        return "constraints" if self.constraints else "avoid" if self.avoid else "line_constraints"
+        return "constraints" if self.constraints else "avoid" if self.avoid else "text_constraints"
 
     @property
     def constrained(self) -> bool:
-        """Whether the search is held to phrases, required or banned."""
+        """Whether the search is held to phrases: constraints or avoided ones."""
         return bool(self.constraints or self.avoid or self.per_text_constraints)
 
     @classmethod
@@ -196,9 +196,9 @@ class DecodeOptions(DecodeSettings):
         return options
 
 
-def check_phrases(phrases: Any, name: str, required: tuple[str, ...] = (), where: str = "") -> tuple[str, ...]:
-    """`phrases` (target phrases required or banned: option `name`) as a tuple of strings, refused when
-    one is blank, when there are more than MAX_PHRASES, or when one of them is also `required`. The one
+def check_phrases(phrases: Any, name: str, constraints: tuple[str, ...] = (), where: str = "") -> tuple[str, ...]:
+    """`phrases` (target phrases, constraints or avoided ones: option `name`) as a tuple of strings, refused
+    when one is blank, when there are more than MAX_PHRASES, or when one of them is also in `constraints`. The one
     check of a phrase's text, for the options and for each text's own phrases (`where`: e.g. "line 3: ",
     said first); whether a phrase has subwords, and fits its output, is the text path's (texts.py)."""
     if isinstance(phrases, str) or not all(isinstance(phrase, str) for phrase in phrases):
@@ -212,7 +212,7 @@ def check_phrases(phrases: Any, name: str, required: tuple[str, ...] = (), where
         refuse(f"has an empty or blank phrase: nothing to {'avoid' if name == 'avoid' else 'require'}")
     if len(phrases) > MAX_PHRASES:
         refuse(f"has {len(phrases)} phrases, more than the {MAX_PHRASES} a text may have")
-    both = next((phrase for phrase in phrases if phrase.strip() in {other.strip() for other in required}), None)
+    both = next((phrase for phrase in phrases if phrase.strip() in {other.strip() for other in constraints}), None)
     if both is not None:
         refuse(f"{both!r}: also required ({option('constraints')}); a phrase is required or avoided, not both")
     return phrases

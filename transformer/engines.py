@@ -55,7 +55,7 @@ class EngineRequest:
     explain: bool = False  # the search is traced step by step and the model's stages read (torch engine)
     constraints: tuple[str, ...] = ()  # target phrases every output must contain (decoding.DecodeOptions)
     avoid: tuple[str, ...] = ()  # target phrases no output may contain
-    per_text_constraints: bool = False  # each text brings its own required phrases too
+    per_text_constraints: bool = False  # each text brings its own constraints too
     device_key: str = option("device")  # the device setting's name in errors
 
     def __post_init__(self) -> None:

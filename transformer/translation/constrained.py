@@ -1,5 +1,5 @@
 """Lexically constrained beam search on the torch engine: outputs that contain given target phrases
-(dynamic beam allocation, Post & Vilar, 2018) and never contain banned ones, over a batch of sentences
+(dynamic beam allocation, Post & Vilar, 2018) and never contain avoided ones, over a batch of sentences
 at once, each with its own phrases. The model's side of a step, its top-k, the length limit, finishing
 and the stopping rule are search.py's BeamSearch; what differs is here, in the hooks it overrides: what a
 step rules out (`_logits`), and which candidates it considers and which of them become beams
@@ -25,22 +25,22 @@ class ConstrainedBeamSearch(BeamSearch):
     """BeamSearch with phrases (search.BeamSearch says the rest: rows, the 2k candidates, the exact stop).
 
     Each step a sentence considers its 2k best (beam, token) candidates, each live beam's own best token,
-    and the tokens that advance one of a beam's required phrases, however improbable: that is how a phrase
+    and the tokens that advance one of a beam's constraints, however improbable: that is how a phrase
     the model would not write enters the beam (Post & Vilar's three sources). Those that end in EOS
     finish, which a beam may do only once every phrase is met. The others are grouped in banks by how
-    many required tokens they have written, and the k next beams are shared out among the banks
+    many constraint tokens they have written, and the k next beams are shared out among the banks
     (dynamic beam allocation): each bank gets k // banks slots, the fullest banks the rest, and slots a
     bank cannot fill go to the best candidates left. So hypotheses that have met more phrases are not
     crowded out by likelier ones that have met fewer.
 
     A phrase is written as whole words: it starts with a word start (phrases.phrase_ids), and the subword after it
-    may not glue onto its last word. A beam whose remaining length just fits its unwritten required tokens may only
-    write them, so that every live beam can still finish; one that cannot fit them is dropped. A banned phrase is
-    banned as whole words: once a beam has written it, the next subword must glue onto its last word (making it part
-    of a longer one), so EOS, a space or punctuation cannot follow it. While a sentence's prefix is forced nothing
-    else is ruled out (phrases.py refuses a prefix holding a banned phrase); the prefix's tokens count towards the
-    required phrases. Log-probs are the model's, never renormalised, so scores and the stopping bound (exact: an
-    open beam, met or not, can only lose log-probability) are those of BeamSearch.
+    may not glue onto its last word. A beam whose remaining length just fits its unwritten constraint tokens may
+    only write them, so that every live beam can still finish; one that cannot fit them is dropped. An avoided
+    phrase is kept out as whole words: once a beam has written it, the next subword must glue onto its last word
+    (making it part of a longer one), so EOS, a space or punctuation cannot follow it. While a sentence's prefix is
+    forced nothing else is ruled out (phrases.py refuses a prefix holding an avoided phrase); the prefix's tokens
+    count towards the constraints. Log-probs are the model's, never renormalised, so scores and the stopping bound
+    (exact: an open beam, met or not, can only lose log-probability) are those of BeamSearch.
     """
 
     def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor, options: DecodeOptions,
@@ -53,14 +53,14 @@ class ConstrainedBeamSearch(BeamSearch):
         self.states: list[Progress] = [Progress()] * (src.shape[0] * self.k)  # one per row
         self.next_states: list[Progress] = []  # those of the beams `_next_beams` chose, which `_advance` keeps
         self.history: list[list[int]] = []  # each row's tokens so far, read once a step (_logits)
-        self.texts: list[str] = []  # and their text, where a sentence bans phrases
+        self.texts: list[str] = []  # and their text, where a sentence avoids phrases
         glued = sorted(set().union(*(p.glued for p in phrases))) if phrases else []
         self.glued = torch.tensor(glued, dtype=torch.long, device=src.device)
 
     def _next_beams(self, step: int, found: Candidates, logits: Tensor, log_norm: Tensor
                     ) -> tuple[Tensor, Tensor, BeamCandidates | None]:
         """Each sentence's candidates: its 2k best (`found`), each live beam's own best token, and the tokens
-        that advance one of a beam's required phrases (Post & Vilar's three sources), at their log-probs in
+        that advance one of a beam's constraints (Post & Vilar's three sources), at their log-probs in
         `logits` (what this step rules out at -inf). Every EOS one finishes (only beams that met every phrase
         may end), and `_allocate` shares the next beams out among the others' banks."""
         k, n = self.k, self.scores.shape[0]
@@ -97,17 +97,17 @@ class ConstrainedBeamSearch(BeamSearch):
 
     def _sort_out(self, pool: dict[tuple[int, int], float], phrases: Phrases) -> tuple[list[tuple], list[tuple]]:
         """A sentence's candidates, best first, as (score, row) that end in EOS and (score, row, token, progress,
-        bank) that grow; a candidate whose text holds a banned phrase, however its subwords spell it, is neither."""
+        bank) that grow; a candidate whose text holds an avoided phrase, however its subwords spell it, is neither."""
         finished, growing = [], []
         for (row, token), score in sorted(pool.items(), key=lambda item: -item[1]):
-            if phrases.banned_text is not None and phrases.writes_banned(
+            if phrases.avoid_text is not None and phrases.writes_avoided(
                     self.texts[row] + (" " if token == EOS_ID else phrases.pieces[token] + "_")):
-                continue  # a banned phrase spelled in other subwords than its forms
+                continue  # an avoided phrase spelled in other subwords than its forms
             if token == EOS_ID:  # the mask lets only beams that met every phrase end
                 finished.append((score, row))
             else:
                 state = self.states[row].advance(token, phrases, self.history[row])
-                growing.append((score, row, token, state, state.met_tokens(phrases.required)))
+                growing.append((score, row, token, state, state.met_tokens(phrases.constraints)))
         return finished, growing
 
     def _advance(self, done: Tensor, origin: Tensor, tokens: Tensor) -> None:
@@ -122,7 +122,7 @@ class ConstrainedBeamSearch(BeamSearch):
         """The step of the observed sentence as `_next_beams` decided it: every candidate it considered, best
         first (the EOS ones, which all finish, and the `growing` ones, of which those `_allocate` has
         `chosen` are the next beams), each with the phrases it has written whole and its bank."""
-        required = phrases.required
+        constraints = phrases.constraints
         considered = [(score, row, EOS_ID, self.states[row]) for score, row in finished]
         considered += [(score, row, token, state) for score, row, token, state, _ in growing]
         considered.sort(key=lambda c: -c[0])  # stable: the pool's order among equal scores
@@ -135,12 +135,12 @@ class ConstrainedBeamSearch(BeamSearch):
             torch.tensor([c[2] == EOS_ID for c in considered], dtype=torch.bool, device=device),
             torch.tensor([i for i, c in enumerate(considered) if (c[1], c[2]) in kept], dtype=torch.long,
                          device=device),
-            penalty, met=[[j for j in range(len(required)) if c[3].met >> j & 1] for c in considered],
-            banks=[c[3].met_tokens(required) for c in considered])
+            penalty, met=[[j for j in range(len(constraints)) if c[3].met >> j & 1] for c in considered],
+            banks=[c[3].met_tokens(constraints) for c in considered])
 
     def _allocate(self, growing: list[tuple], total: int) -> list[tuple[float, int, int, Progress]]:
         """The k next beams of one sentence from its growing candidates (best first), shared out among the
-        banks 0..total (tokens of required phrases written), best first."""
+        banks 0..total (tokens of constraints written), best first."""
         k = self.k
         banks = total + 1
         share = [k // banks] * banks
@@ -160,19 +160,19 @@ class ConstrainedBeamSearch(BeamSearch):
 
     def _logits(self, step: int) -> tuple[Tensor, Tensor]:
         """BeamSearch's logits and log-normaliser (log-probs are never renormalised), with what the phrases
-        rule out at -inf too: all but a glued subword after a banned phrase, a subword gluing onto a phrase
-        just ended, EOS before every phrase is met, all but the required tokens where only they still fit.
+        rule out at -inf too: all but a glued subword after an avoided phrase, a subword gluing onto a phrase
+        just ended, EOS before every phrase is met, all but the constraint tokens where only they still fit.
         Nothing more while a prefix lasts. Only live beams are looked at: a row at -inf has no candidates anyway."""
         k = self.k
         logits, log_norm = super()._logits(step)
         in_prefix_rows = (self._prefix_left(step) > 0).tolist() if self.forced is not None else None
         self.history = history = self.prefix[:, 1:].tolist()  # (n*k) lists: each row's tokens so far
         pieces = next((p.pieces for p in self.phrases if p.pieces), None)
-        if pieces is not None:  # their text, for the last check of banned phrases
+        if pieces is not None:  # their text, for the last check of avoided phrases
             self.texts = ["".join(pieces[t] for t in tokens) for tokens in history]
         row_max, sentences = self.row_max.tolist(), self.sentences.tolist()
         live = (self.scores.reshape(-1) > NEG_INF).tolist()
-        after_ban_rows, only_rows, only_tokens, banned_rows, banned_tokens = [], [], [], [], []
+        after_avoided_rows, only_rows, only_tokens, avoided_rows, avoided_tokens = [], [], [], [], []
         eos_rows, completed_rows = [], []
         for row, state in enumerate(self.states):
             if not live[row]:
@@ -183,26 +183,26 @@ class ConstrainedBeamSearch(BeamSearch):
             phrases = self.phrases[sentences[i]]
             if state.completed:
                 completed_rows.append(row)
-            for token in _banned_next(phrases, history[row]):
-                banned_rows.append(row)
-                banned_tokens.append(token)
-            if any(_ends_in_open_form(forms, history[row]) for forms in phrases.banned_forms):
-                after_ban_rows.append(row)
-            if not phrases.required or state.all_met(phrases.required):
+            for token in _avoided_next(phrases, history[row]):
+                avoided_rows.append(row)
+                avoided_tokens.append(token)
+            if any(_ends_in_open_form(forms, history[row]) for forms in phrases.avoid_forms):
+                after_avoided_rows.append(row)
+            if not phrases.constraints or state.all_met(phrases.constraints):
                 continue
             eos_rows.append(row)
             room = row_max[i] - step  # tokens this row may still write, this one included
-            unwritten = phrases.tokens - state.met_tokens(phrases.required)
-            if unwritten >= room:  # only the required tokens fit (or nothing does: the row dies)
+            unwritten = phrases.tokens - state.met_tokens(phrases.constraints)
+            if unwritten >= room:  # only the constraint tokens fit (or nothing does: the row dies)
                 only_rows.append(row)
-                only_tokens.append(state.next_tokens(phrases.required) if unwritten == room else [])
-        if banned_rows:  # the last subword of a banned phrase's form that ends at a word end (`▁gare.`)
-            logits[banned_rows, banned_tokens] = NEG_INF
-        if after_ban_rows:  # only a subword that makes the banned phrase part of a longer word
-            kept = logits[after_ban_rows]
+                only_tokens.append(state.next_tokens(phrases.constraints) if unwritten == room else [])
+        if avoided_rows:  # the last subword of an avoided phrase's form that ends at a word end (`▁gare.`)
+            logits[avoided_rows, avoided_tokens] = NEG_INF
+        if after_avoided_rows:  # only a subword that makes the avoided phrase part of a longer word
+            kept = logits[after_avoided_rows]
             allowed = torch.full_like(kept, NEG_INF)
             allowed[:, self.glued] = kept[:, self.glued]
-            logits[after_ban_rows] = allowed
+            logits[after_avoided_rows] = allowed
         if completed_rows and self.glued.numel():
             rows = torch.tensor(completed_rows, device=logits.device)
             logits[rows[:, None], self.glued[None, :]] = NEG_INF
@@ -221,21 +221,22 @@ class ConstrainedBeamSearch(BeamSearch):
         return self.forced[1][self.sentences] - step
 
     def _phrase_tokens(self) -> Tensor:
-        """(n*k, E) per row, the tokens that advance one of its required phrases (PAD: none)."""
+        """(n*k, E) per row, the tokens that advance one of its constraints (PAD: none)."""
         k, sentences = self.k, self.sentences.tolist()
-        rows = [state.next_tokens(self.phrases[sentences[row // k]].required) for row, state in enumerate(self.states)]
+        rows = [state.next_tokens(self.phrases[sentences[row // k]].constraints)
+                for row, state in enumerate(self.states)]
         width = max(1, max((len(r) for r in rows), default=0))
         return torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows], dtype=torch.long,
                             device=self.prefix.device)
 
 
-def _banned_next(phrases: Phrases, history: list[int]) -> list[int]:
-    """The subwords that would complete, after `history`, a form of a banned phrase ending at a word end."""
+def _avoided_next(phrases: Phrases, history: list[int]) -> list[int]:
+    """The subwords that would complete, after `history`, a form of an avoided phrase ending at a word end."""
     last = history[-1] if history else None
     found = []
-    for forms in phrases.banned_forms:
-        found += [form[-1] for form in forms.banned_next.get(None, ())]  # one-subword forms: everywhere
-        found += [form[-1] for form in forms.banned_next.get(last, ()) if ends_with(history, form[:-1])]
+    for forms in phrases.avoid_forms:
+        found += [form[-1] for form in forms.closed_after.get(None, ())]  # one-subword forms: everywhere
+        found += [form[-1] for form in forms.closed_after.get(last, ()) if ends_with(history, form[:-1])]
     return found
 
 
@@ -251,14 +252,14 @@ def constrained_search(models: Models, src: Tensor, src_pad_mask: Tensor, max_le
                        observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
     """`ConstrainedBeamSearch` of B sentences, arguments as search.BeamSearch's and each sentence's
     `phrases`. Returns, per sentence, its `options.n_best` hypotheses best first: each contains every
-    required phrase and no banned one (as ids); a sentence whose search finished none gets none. A sentence
+    constraint and no avoided phrase (as ids); a sentence whose search finished none gets none. A sentence
     without phrases (a glossary that found no term in it) is searched by BeamSearch itself, as plain beam
     search searches it. `observer` watches every step of a search of one sentence, each candidate with its
     phrases met and its bank."""
     check_observed(observer, src)
     results: list[list[Hypothesis]] = [[] for _ in phrases]
-    for held in (False, True):
-        rows = [i for i, p in enumerate(phrases) if p.empty != held]
+    for with_phrases in (False, True):
+        rows = [i for i, p in enumerate(phrases) if p.empty != with_phrases]
         if not rows:
             continue
         if len(rows) == len(phrases):
@@ -269,7 +270,7 @@ def constrained_search(models: Models, src: Tensor, src_pad_mask: Tensor, max_le
                     max_lengths.index_select(0, index.to(max_lengths.device)),
                     None if prefixes is None else [prefixes[i] for i in rows])
         sub_src, sub_mask, sub_max, sub_prefixes = part
-        if held:
+        if with_phrases:
             search = ConstrainedBeamSearch(models, sub_src, sub_mask, sub_max, options, [phrases[i] for i in rows],
                                            sub_prefixes, observer)
         else:

@@ -50,7 +50,7 @@ class BeamCandidates:
     """One beam-search step of one sentence, as the search decided it: the c candidates it considered
     best first (beam search: the 2k best (beam, token) pairs), which of them finished and which became
     the next step's beams, and the stopping rule's two sides after the step. Constrained search
-    (constrained.py) adds where each candidate stands with the sentence's required phrases."""
+    (constrained.py) adds where each candidate stands with the sentence's constraints."""
 
     log_probs: Tensor  # (c,) summed log-prob of each candidate (-inf: none)
     tokens: Tensor  # (c,)
@@ -62,8 +62,8 @@ class BeamCandidates:
     bound: float = NEG_INF  # the best score an open beam could still reach
     nth_finished: float = NEG_INF  # the n_best-th finished score so far (-inf: fewer finished)
     stopped: bool = False
-    met: list[list[int]] | None = None  # constrained search: per candidate, the required phrases it has written whole
-    banks: list[int] | None = None  # constrained search: per candidate, its bank (required tokens written)
+    met: list[list[int]] | None = None  # constrained search: per candidate, the constraints it has written whole
+    banks: list[int] | None = None  # constrained search: per candidate, its bank (constraint tokens written)
 
 
 def check_observed(observer: SearchObserver | None, src: Tensor) -> None:
@@ -379,5 +379,6 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
     return BeamSearch(model, src, src_pad_mask, max_lengths, options, prefixes, observer).run()
 
 
-__all__ = ["NEG_INF", "Hypothesis", "Models", "SearchObserver", "BeamCandidates", "check_observed", "max_output_lengths",
-           "forced_tokens", "greedy_search", "sample_search", "Candidates", "BeamSearch", "beam_search"]
+__all__ = ["NEG_INF", "Hypothesis", "Models", "SearchObserver", "BeamCandidates", "check_observed",
+           "max_output_lengths", "forced_tokens", "greedy_search", "sample_search", "Candidates", "BeamSearch",
+           "beam_search"]

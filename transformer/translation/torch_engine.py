@@ -101,9 +101,9 @@ class Translator:
         return min(model.config.max_len for model in self.models)
 
     def translate(self, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None,
-                  constraints: list[list[str]] | None = None) -> list[list[str]]:
+                  text_constraints: list[list[str]] | None = None) -> list[list[str]]:
         """For each text, its `n_best` translations, best first (texts.translate_texts)."""
-        return translate_texts(self, texts, n_best, prefixes=prefixes, constraints=constraints)
+        return translate_texts(self, texts, n_best, prefixes=prefixes, text_constraints=text_constraints)
 
     @contextlib.contextmanager
     def eval_mode(self):

@@ -2,7 +2,7 @@
 translates, with every step recorded — for greedy search the most probable next subwords and the one
 taken, for beam search the live hypotheses, the candidates they grew into and what became of each
 (a beam of the next step, a finished hypothesis with its length penalty and score, or pruned), for
-constrained beam search also the required phrases each candidate has met and its bank — and why the
+constrained beam search also the constraints each candidate has met and its bank — and why the
 winner won. `translate.py --explain`, the web page of serve.py and the walkthrough notebook all show
 this record, and these dataclasses are its one schema: the server's JSON is them (serving/explain.py).
 The search itself is the torch engine's (Translator.search), watched through its `observer` (the methods
@@ -41,8 +41,8 @@ class Candidate:
     fate: str  # LIVE, FINISHED or PRUNED (beam search); CHOSEN or OTHER (greedy search)
     length_penalty: float | None = None  # FINISHED: lp(length with EOS), which the score divides by
     score: float | None = None  # FINISHED: log_prob / length_penalty, what finished hypotheses rank by
-    # Constrained search only (None otherwise): the required phrases written whole, as indices in
-    # SearchTrace.constraints, and the bank, the subwords of required phrases written (those of a phrase
+    # Constrained search only (None otherwise): the constraints written whole, as indices in
+    # SearchTrace.constraints, and the bank, the subwords of constraints written (those of a phrase
     # under way too), which decides the beam slots it competes for.
     met: list[int] | None = None
     bank: int | None = None
@@ -101,7 +101,7 @@ class SearchTrace:
     steps: list[SearchStep] = field(default_factory=list)
     finished: list[Finished] = field(default_factory=list)  # beam search: all of them, in the order they finished
     # Constrained search: the phrases every output contains, as the search held to them (repeats, and phrases
-    # standing inside another, once: phrases.required_once); Candidate.met indexes this list.
+    # standing inside another, once: phrases.constraints_once); Candidate.met indexes this list.
     constraints: list[str] = field(default_factory=list)
     constraint_pieces: list[list[str]] = field(default_factory=list)  # their subwords, as the search writes them
     avoid: list[str] = field(default_factory=list)  # constrained search: the phrases no output contains
@@ -256,14 +256,14 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
     for finished, finished_text in zip(recorder.finished, texts[1:]):
         finished.text = finished_text
     source_piece = tokenizers.source.id_to_token
-    # The phrases as the search held to them (Candidate.met indexes `required`), in words and in subwords.
-    required = [] if phrases is None else [list(ids) for ids in phrases.required]
-    banned = [] if phrases is None else [list(ids) for ids in phrases.banned]
+    # The phrases as the search held to them (Candidate.met indexes `constraints`), in words and in subwords.
+    constraints = [] if phrases is None else [list(ids) for ids in phrases.constraints]
+    avoid = [] if phrases is None else [list(ids) for ids in phrases.avoid]
     return SearchTrace(strategy.name, decode.beam_size, decode.length_penalty, decode.n_best,
-                       decode.max_output_length(len(sources[0]), translator.max_len), sources[0], [source_piece(i) or f"<{i}>" for i in sources[0]],
-                       output, recorder.pieces(output), texts[0], recorder.steps, recorder.finished,
-                       _texts(tokenizers, required), [recorder.pieces(ids) for ids in required],
-                       _texts(tokenizers, banned))
+                       decode.max_output_length(len(sources[0]), translator.max_len), sources[0],
+                       [source_piece(i) or f"<{i}>" for i in sources[0]], output, recorder.pieces(output), texts[0],
+                       recorder.steps, recorder.finished, _texts(tokenizers, constraints),
+                       [recorder.pieces(ids) for ids in constraints], _texts(tokenizers, avoid))
 
 
 def _texts(tokenizers: Tokenizers, phrases: list[list[int]]) -> list[str]:

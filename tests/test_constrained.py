@@ -95,7 +95,7 @@ def test_prefix_and_ensemble():
     (dict(constraints=tuple(f"w{i}" for i in range(MAX_PHRASES + 1))),
      f"constraints has {MAX_PHRASES + 1} phrases, more than the {MAX_PHRASES} a text may have"),
     (dict(constraints=("gare",), avoid=("gare ",)),
-     "avoid 'gare ': also required (constraints); a phrase is required or avoided, not both"),
+     "constraints 'gare' is also avoided (avoid 'gare '); a phrase is required or avoided, not both"),
     (dict(avoid=("x",), sampling=Sampling()), "sampling draws each token at random and cannot be held to "
                                               "phrases: leave out avoid"),
 ])
@@ -191,8 +191,8 @@ def test_cli_constraints_column_glossary_and_jsonl_report(trained_run: Path, cap
                                  "cleaning"),
     ([arg for i in range(MAX_PHRASES + 1) for arg in ("--constraint", f"w{i}")],
      f"--constraint has {MAX_PHRASES + 1} phrases, more than the {MAX_PHRASES} a text may have"),
-    (["--constraint", "gare", "--avoid", "gare"], "--avoid 'gare': also required (--constraint); a phrase is "
-                                                  "required or avoided, not both"),
+    (["--constraint", "gare", "--avoid", "gare"], "--constraint 'gare' is also avoided (--avoid 'gare'); a phrase "
+                                                  "is required or avoided, not both"),
     (["--constraint", "la gare de la ville est grande", "--max-length-a", "0", "--max-length-b", "2"],
      "line 1: --constraint need 17 subwords, more than the 2"),  # the sentence it does not fit is named
     (["--constraint", "gare", "--sample"], "--sample draws each token at random and cannot be held to phrases: "

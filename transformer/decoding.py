@@ -6,18 +6,19 @@ when each is chosen, what it reads and excludes, and which engines run it. The c
 section (config.DecodeConfig is a `DecodeSettings`), translate.py's flags and the API's requests all
 build these objects, and a refusal is a DecodeOptionError that marks the option's generic name
 (errors.option) for each face to call by its own: a YAML key, a flag, a JSON field. What counts as an
-integer or a number in range is values.py's, as for the config. No torch here; it imports only
-errors.py and values.py, so that config.py can build on it.
+integer or a number in range is values.py's, as for the config; what a whole word is, data/text.py's. No
+torch here; it imports only errors.py, values.py and data/text.py, so that config.py can build on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from transformer.data.text import clean_text, whole_words
 from transformer.errors import DecodeOptionError, UserError, option
 from transformer.values import INT64_MAX, check_fields, integer, number, within
 
@@ -154,7 +155,8 @@ class DecodeOptions(DecodeSettings):
         if self.sampling is not None and not isinstance(self.sampling, Sampling):
             raise TypeError(f"sampling must be a Sampling or None, got {self.sampling!r}")  # a caller's bug
         object.__setattr__(self, "constraints", check_phrases(self.constraints, "constraints"))
-        object.__setattr__(self, "avoid", check_phrases(self.avoid, "avoid", self.constraints))
+        object.__setattr__(self, "avoid", check_phrases(self.avoid, "avoid"))
+        check_not_avoided(self.constraints, self.avoid)
         if self.sampling is not None and self.constrained:
             raise DecodeOptionError("sampling", "draws each token at random and cannot be held to phrases: leave "
                                                 f"out {option(self._phrases_option())}")
@@ -196,26 +198,56 @@ class DecodeOptions(DecodeSettings):
         return options
 
 
-def check_phrases(phrases: Any, name: str, constraints: tuple[str, ...] = (), where: str = "") -> tuple[str, ...]:
+class PhraseError(DecodeOptionError):
+    """A constraint or avoided phrase (option `option_name`) no output can hold to; `index`: the text it
+    belongs to (None: the options' phrases, shared by every text), for a face to name its line."""
+
+    def __init__(self, option_name: str, reason: str, index: int | None = None) -> None:
+        super().__init__(option_name, reason)
+        self.index = index
+
+
+def _refuse(name: str, reason: str, where: str, index: int | None) -> None:
+    """A PhraseError naming option `name`, or, with `where` (e.g. "line 3: "), a UserError that says it first."""
+    if where:
+        raise UserError(f"{where}{option(name)} {reason}")
+    raise PhraseError(name, reason, index)
+
+
+def check_phrases(phrases: Any, name: str, where: str = "") -> tuple[str, ...]:
     """`phrases` (target phrases, constraints or avoided ones: option `name`) as a tuple of strings, refused
-    when one is blank, when there are more than MAX_PHRASES, or when one of them is also in `constraints`. The one
-    check of a phrase's text, for the options and for each text's own phrases (`where`: e.g. "line 3: ",
-    said first); whether a phrase has subwords, and fits its output, is the text path's (texts.py)."""
+    when one is blank or when there are more than MAX_PHRASES. The one check of a phrase's text, for the
+    options and for each text's own phrases (`where`: e.g. "line 3: ", said first); whether a phrase has
+    subwords, and fits its output, is the text path's (texts.py)."""
     if isinstance(phrases, str) or not all(isinstance(phrase, str) for phrase in phrases):
         raise TypeError(f"{name} must be a sequence of strings, got {phrases!r}")  # a caller's bug
     phrases = tuple(phrases)
-
-    def refuse(reason: str) -> None:
-        raise DecodeOptionError(name, reason) if not where else UserError(f"{where}{option(name)} {reason}")
-
     if any(not phrase.strip() for phrase in phrases):
-        refuse(f"has an empty or blank phrase: nothing to {'avoid' if name == 'avoid' else 'require'}")
+        _refuse(name, f"has an empty or blank phrase: nothing to {'avoid' if name == 'avoid' else 'require'}",
+                where, None)
     if len(phrases) > MAX_PHRASES:
-        refuse(f"has {len(phrases)} phrases, more than the {MAX_PHRASES} a text may have")
-    both = next((phrase for phrase in phrases if phrase.strip() in {other.strip() for other in constraints}), None)
-    if both is not None:
-        refuse(f"{both!r}: also required ({option('constraints')}); a phrase is required or avoided, not both")
+        _refuse(name, f"has {len(phrases)} phrases, more than the {MAX_PHRASES} a text may have", where, None)
     return phrases
+
+
+def check_not_avoided(constraints: Sequence[str], avoid: Sequence[str], name: str = "constraints", where: str = "",
+                      index: int | None = None) -> None:
+    """The one check that no constraint (option `name`, which the refusal blames) is an avoided phrase or holds
+    one as whole words: no output could contain the one without the other. Compared as cleaned text by the
+    whole-word rule (data.text.whole_words): `l'hôtel` and `l’hôtel` are one phrase, `gare` is in `la gare du
+    Nord` but not in `gares`. For the options (DecodeOptions) and for each text's own constraints (`where`
+    or `index`: which text, as check_phrases and PhraseError say)."""
+    for phrase in constraints:
+        for avoided in avoid:
+            if not clean_text(avoided):  # nothing left of it: phrases.phrase_ids refuses it by its own name
+                continue
+            pattern = whole_words([avoided])
+            if pattern.search(clean_text(phrase)):
+                said = f"{option('avoid')} {avoided!r}"
+                _refuse(name, f"{phrase!r} is also avoided ({said}); a phrase is required or avoided, not both"
+                        if pattern.fullmatch(clean_text(phrase)) else
+                        f"{phrase!r} holds an avoided phrase ({said}); no output can contain one without the other",
+                        where, index)
 
 
 ENGINES = ("torch", "ctranslate2")
@@ -276,7 +308,7 @@ def traced_strategy(options: DecodeOptions) -> Strategy:
     return strategy
 
 
-__all__ = ["MAX_PHRASES", "check_phrases",
+__all__ = ["MAX_PHRASES", "PhraseError", "check_phrases", "check_not_avoided",
            "MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Range", "RANGES",
            "check_option", "Sampling", "DecodeSettings", "SETTINGS", "max_output_length", "DecodeOptions", "ENGINES",
            "Strategy", "STRATEGIES", "strategy_of", "traced_strategy"]

@@ -24,9 +24,9 @@ from transformer.data.text import iter_lines, read_lines
 from transformer.errors import UserError, option
 from transformer.files import atomic_writer
 from transformer.translation.metrics import score
-from transformer.decoding import check_phrases
+from transformer.decoding import PhraseError, check_not_avoided, check_phrases
 from transformer.translation.glossary import Glossary
-from transformer.translation.phrases import PhraseError, met_phrases
+from transformer.translation.phrases import met_phrases
 from transformer.translation.texts import Engine, score_texts, translate_scored, translate_texts
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
@@ -170,11 +170,12 @@ def constraint_columns(lines: Iterable[str]) -> Iterator[tuple[str, list[str]]]:
 
 
 def _checked_phrases(engine: Engine, number: int, phrases: list[str]) -> list[str]:
-    """A line's own constraints, checked as the options' are (decoding.check_phrases) with them."""
+    """A line's own constraints, checked as the options' are (decoding.check_phrases, check_not_avoided) with
+    them."""
     decode = engine.decode
     where = f"line {number}: "
     check_phrases([*decode.constraints, *phrases], "text_constraints", where=where)
-    check_phrases(decode.avoid, "avoid", constraints=(*decode.constraints, *phrases), where=where)
+    check_not_avoided(phrases, decode.avoid, "text_constraints", where=where)
     return phrases
 
 

@@ -18,21 +18,12 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from transformer.data.text import clean_text
+from transformer.data.text import clean_text, whole_words
 from transformer.data.tokenizer import EOS_ID, UNK_ID, Tokenizers
-from transformer.decoding import DecodeOptions
-from transformer.errors import DecodeOptionError, option
+from transformer.decoding import DecodeOptions, PhraseError, check_not_avoided
+from transformer.errors import option
 
 Ids = tuple[int, ...]
-
-
-class PhraseError(DecodeOptionError):
-    """A constraint or avoided phrase (option `option_name`) no output can hold to; `index`: the text it
-    belongs to (None: the options' phrases, shared by every text), for a face to name its line."""
-
-    def __init__(self, option_name: str, reason: str, index: int | None) -> None:
-        super().__init__(option_name, reason)
-        self.index = index
 
 
 @dataclass(frozen=True)
@@ -65,15 +56,16 @@ class Phrases:
     glued: frozenset[int] = frozenset()
     constraint_forms: tuple[Forms, ...] = field(default=(), compare=False)
     avoid_forms: tuple[Forms, ...] = field(default=(), compare=False)
-    # The avoided phrases as text, any case, followed by a non-word character (a word end), and each target
-    # id's text: the last check of a hypothesis, which no spelling in subwords escapes (Forms are the
-    # spellings BPE gives a piece; a model may still write `▁chan` + `ter.`).
+    # The avoided phrases as whole words in any case (data.text.whole_words), and each target id's text: the
+    # last check of a hypothesis, which no spelling in subwords escapes (Forms are the spellings BPE gives a
+    # piece; a model may still write `▁chan` + `ter.`).
     avoid_text: re.Pattern | None = field(default=None, compare=False)
     pieces: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def writes_avoided(self, text: str) -> bool:
-        """Whether `text` (an output's text so far, with what follows it: a space for EOS) holds an avoided
-        phrase as whole words."""
+        """Whether `text` (an output's text so far, with what follows it: a space for EOS, else a word
+        character, since the next subword may still continue the last word) holds an avoided phrase as whole
+        words."""
         return self.avoid_text is not None and self.avoid_text.search(text) is not None
 
     def __post_init__(self) -> None:  # a phrase with no forms given has its own ids as its one form
@@ -297,12 +289,10 @@ def constraints_once(constraints: Sequence[Ids], glued: frozenset[int]) -> tuple
 
 @dataclass(frozen=True)
 class Named:
-    """A phrase as the user gave it, with its ids and where it came from (for messages)."""
+    """A phrase as the user gave it, with its ids."""
 
     text: str
     ids: Ids
-    option_name: str  # constraints, text_constraints or avoid
-    index: int | None  # the text it belongs to (None: the options', shared)
 
 
 def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, limits: Sequence[int | None],
@@ -316,9 +306,8 @@ def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, 
     output may have."""
     vocabulary = target_vocabulary(tokenizers)
     glued, affixes = vocabulary.glued, vocabulary.affixes
-    shared = [Named(p, phrase_ids(tokenizers, p, "constraints"), "constraints", None) for p in decode.constraints]
-    avoid = [Named(p, phrase_ids(tokenizers, p, "avoid"), "avoid", None) for p in decode.avoid]
-    _refuse_avoided_inside_constraints(shared, avoid)
+    shared = [Named(p, phrase_ids(tokenizers, p, "constraints")) for p in decode.constraints]
+    avoid = [Named(p, phrase_ids(tokenizers, p, "avoid")) for p in decode.avoid]
     forms: dict[Ids, Forms] = {}  # by a phrase's ids: each phrase's forms are tokenized once
 
     subwords = _has_vocabulary(tokenizers)  # else a stand-in (the tests' word-level tokenizers): no forms
@@ -332,14 +321,14 @@ def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, 
     avoid_forms = tuple(forms_of(avoid, n.ids) for n in avoid)
     avoid_text, pieces = None, ()
     if avoid and subwords:
-        words = "|".join(re.escape(clean_text(n.text)) for n in avoid)
-        avoid_text = re.compile(rf"(?<!\w)(?:{words})(?=\W)", re.IGNORECASE)  # then a word end
+        avoid_text = whole_words([n.text for n in avoid])
         pieces = vocabulary.pieces
     result = []
     for i in range(count):
-        own = [] if text_constraints is None else [Named(p, phrase_ids(tokenizers, p, "text_constraints", i),
-                                                         "text_constraints", i) for p in text_constraints[i]]
-        _refuse_avoided_inside_constraints(own, avoid)
+        own = [] if text_constraints is None else [Named(p, phrase_ids(tokenizers, p, "text_constraints", i))
+                                                   for p in text_constraints[i]]
+        # The options' own constraints were checked against the avoided phrases as the options were made.
+        check_not_avoided([n.text for n in own], decode.avoid, "text_constraints", index=i)
         prefix = () if prefixes is None else tuple(prefixes[i])
         if prefix and prefix_texts and limits[i] is not None:  # a blank text is not searched: nor its prefix
             _refuse_avoided_in_prefix(prefix_texts[i], avoid, i)
@@ -352,30 +341,11 @@ def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, 
     return result
 
 
-def _whole_words(phrase: str) -> re.Pattern:
-    """`phrase` (cleaned) as whole words, any case: how an avoided phrase is found in text."""
-    return re.compile(rf"(?<!\w){re.escape(clean_text(phrase))}(?!\w)", re.IGNORECASE)
-
-
-def _refuse_avoided_inside_constraints(constraints: list[Named], avoid: list[Named]) -> None:
-    """Compared as cleaned text: `l'hôtel` and `l’hôtel` are one phrase, `gare` is in `la gare du Nord` but
-    not in `gares`."""
-    for phrase in constraints:
-        for avoided in avoid:
-            if _whole_words(avoided.text).search(clean_text(phrase.text)):
-                avoid = f"{option('avoid')} {avoided.text!r}"
-                same = clean_text(phrase.text).casefold() == clean_text(avoided.text).casefold()
-                raise PhraseError(phrase.option_name, f"{phrase.text!r} is also avoided ({avoid}); a phrase is "
-                                  "required or avoided, not both" if same else
-                                  f"{phrase.text!r} holds an avoided phrase ({avoid}); no output can contain one "
-                                  "without the other", phrase.index)
-
-
 def _refuse_avoided_in_prefix(text: str, avoid: list[Named], i: int) -> None:
     """A prefix's last word may still grow into a longer one: only an avoided phrase followed by more of the
     prefix is refused."""
     for avoided in avoid:
-        match = _whole_words(avoided.text).search(clean_text(text))
+        match = whole_words([avoided.text]).search(clean_text(text))
         if match and match.end() < len(clean_text(text)):
             raise PhraseError("avoid", f"{avoided.text!r} is in the target prefix {text!r}, which every output "
                                        "starts with", i)
@@ -398,14 +368,10 @@ def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, option_na
 def met_phrases(output: str, phrases: Sequence[str]) -> list[bool]:
     """Whether each phrase (as given: repeats and phrases inside others included) stands as whole words in
     the `output` text, its first letter in either case: the rule the search holds to (Forms)."""
-    def met(phrase: str) -> bool:
-        phrase = clean_text(phrase)
-        first = f"[{re.escape(phrase[0].lower())}{re.escape(phrase[0].upper())}]" if phrase[0].isalpha() else \
-            re.escape(phrase[0])
-        return re.search(rf"(?<!\w){first}{re.escape(phrase[1:])}(?!\w)", clean_text(output)) is not None
-    return [met(phrase) for phrase in phrases]
+    text = clean_text(output)
+    return [whole_words([phrase], any_case=False).search(text) is not None for phrase in phrases]
 
 
 __all__ = ["PhraseError", "Forms", "Phrases", "Progress", "Affixes", "vocabulary_affixes", "phrase_forms", "ends_with",
-           "target_pieces", "TargetVocabulary", "target_vocabulary", "phrase_ids", "glued_subwords", "whole_word_at", "constraints_once",
-           "sentence_phrases", "met_phrases"]
+           "target_pieces", "TargetVocabulary", "target_vocabulary", "phrase_ids", "glued_subwords", "whole_word_at",
+           "constraints_once", "sentence_phrases", "met_phrases"]

@@ -222,7 +222,7 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
         # Written to a temporary and renamed at the end: a failed run leaves an earlier --output as it was.
         out = stack.enter_context(lines.output_file(args.output, "--output")) if args.output else sys.stdout
         if args.explain:  # the explain module loads only here
-            from transformer.translation.explain import explain_lines
+            from transformer.translation.explain_report import explain_lines
 
             explain_lines(translator, source.lines, out, args.prefix)
             return

@@ -1,4 +1,4 @@
-"""POST /explain (transformer/serving/explain.py, app.py) and the page's step-by-step view of the search:
+"""POST /explain (transformer/serving/explain_response.py, app.py) and the page's step-by-step view of the search:
 the trace it returns is the search /translate runs (its output is /translate's translation, and every
 n-best candidate /translate gives finished in it with the same log-probability), constrained search
 too, each candidate with the phrases it has met and its bank; its answer is the trace's own dataclasses,
@@ -24,7 +24,7 @@ from conftest import train_tiny_run  # noqa: E402
 from test_serve import local_client, running  # noqa: E402
 from transformer.config import Config  # noqa: E402
 from transformer.serving.app import MAX_CHARS, ServerCaps, create_app  # noqa: E402
-from transformer.serving.explain import ExplainResponse  # noqa: E402
+from transformer.serving.explain_response import ExplainResponse  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
 from transformer.translation.trace import (Beam, Candidate, Finished, SearchStep, SearchTrace,  # noqa: E402
                                            TraceSummary, trace_search)

@@ -1,13 +1,15 @@
 """What a translation may ask of its search, checked once, here: `DecodeOptions`, the one typed object
-(beam size, n-best, length penalty, output length, batch size and `Sampling`'s settings) with every
-range the engines compute in `RANGES` and the output-length rule they all apply
-(`DecodeSettings.max_output_length`), and `STRATEGIES`, the decoding methods (greedy, beam, sampling):
-when each is chosen, what it reads and excludes, and which engines run it. The config's decode
-section (config.DecodeConfig is a `DecodeSettings`), translate.py's flags and the API's requests all
-build these objects, and a refusal is a DecodeOptionError that marks the option's generic name
-(errors.option) for each face to call by its own: a YAML key, a flag, a JSON field. What counts as an
-integer or a number in range is values.py's, as for the config; what a whole word is, data/text.py's. No
-torch here; it imports only errors.py, values.py and data/text.py, so that config.py can build on it.
+(beam size, n-best, length penalty, output length, batch size, `Sampling`'s settings and the phrases a
+search holds to) with every range the engines compute in `RANGES`, the one check of phrases
+(`check_phrases`, `check_not_avoided`), the output-length rule every engine applies
+(`RunDecodeSettings.max_output_length`), and `STRATEGIES`, the decoding methods (greedy, beam, sampling,
+constrained): when each is chosen, what it reads and excludes, and which engines run it. A run's decode
+settings (`RunDecodeSettings`; config.DecodeConfig is them read from YAML), translate.py's flags and the
+API's requests all build these objects, and a refusal is a DecodeOptionError that marks the option's
+generic name (errors.option) for each face to call by its own: a YAML key, a flag, a JSON field. What
+counts as an integer or a number in range is values.py's, as for the config; what a whole word is,
+data/text.py's. No torch here; it imports only errors.py, values.py and data/text.py, so that config.py
+can build on it.
 """
 
 from __future__ import annotations
@@ -105,8 +107,9 @@ class Sampling:
 
 
 @dataclass(frozen=True)
-class DecodeSettings:
-    """How a run translates: what the config's decode section holds (config.DecodeConfig)."""
+class RunDecodeSettings:
+    """How a run translates by default: what its config's decode section holds (config.DecodeConfig is these
+    settings read from YAML), and what each translation's DecodeOptions start from."""
 
     beam_size: int = 5  # 1 = greedy search
     length_penalty: float = 1.0  # GNMT alpha: score / ((5 + length) / 6) ** alpha; 0 = none
@@ -124,7 +127,7 @@ class DecodeSettings:
         return max_output_length(source_length, self.max_length_a, self.max_length_b, max_len - 1)
 
 
-SETTINGS = tuple(item.name for item in dataclasses.fields(DecodeSettings))
+SETTINGS = tuple(item.name for item in dataclasses.fields(RunDecodeSettings))
 
 
 def max_output_length(source_length: int, a: float, b: int, hard_cap: int) -> int:
@@ -139,7 +142,7 @@ def max_output_length(source_length: int, a: float, b: int, hard_cap: int) -> in
 
 
 @dataclass(frozen=True)
-class DecodeOptions(DecodeSettings):
+class DecodeOptions(RunDecodeSettings):
     """Everything one translation asks of its search: a run's settings, the candidates per text, and
     sampling (None: search). Each value is checked as the object is made, then the chosen method's
     own rule (`Strategy.n_best_in_beam`); `strategy` is the method that runs."""
@@ -178,7 +181,7 @@ class DecodeOptions(DecodeSettings):
         return bool(self.constraints or self.avoid or self.per_text_constraints)
 
     @classmethod
-    def over(cls, base: DecodeSettings, sampling: Sampling | None = None, n_best: int = 1,
+    def over(cls, base: RunDecodeSettings, sampling: Sampling | None = None, n_best: int = 1,
              constraints: tuple[str, ...] = (), avoid: tuple[str, ...] = (), per_text_constraints: bool = False,
              **given: Any) -> "DecodeOptions":
         """`base` (a run's decode settings) with the `given` ones (beam_size, length_penalty,
@@ -310,5 +313,5 @@ def traced_strategy(options: DecodeOptions) -> Strategy:
 
 __all__ = ["MAX_PHRASES", "PhraseError", "check_phrases", "check_not_avoided",
            "MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Range", "RANGES",
-           "check_option", "Sampling", "DecodeSettings", "SETTINGS", "max_output_length", "DecodeOptions", "ENGINES",
-           "Strategy", "STRATEGIES", "strategy_of", "traced_strategy"]
+           "check_option", "Sampling", "RunDecodeSettings", "SETTINGS", "max_output_length", "DecodeOptions",
+           "ENGINES", "Strategy", "STRATEGIES", "strategy_of", "traced_strategy"]

@@ -1,6 +1,6 @@
 """The HTTP face of a translation engine: `POST /translate` (texts in, translations with their n-best
 scores out; beam, length penalty, target prefixes, phrases and seeded sampling as translate.py's, and,
-when asked, the cross-attention of the best one), `POST /explain` (one text's search step by step, explain.py),
+when asked, the cross-attention of the best one), `POST /explain` (one text's search step by step, explain_response.py),
 `GET /health`, and the web page at `/`. Requests are strict pydantic models that refuse unknown fields
 and wrong types; their decode values build decoding.DecodeOptions, which checks them as translate.py's
 are checked, and then meet the server's own smaller `ServerCaps`. Every refusal is a 4xx JSON
@@ -37,7 +37,7 @@ from transformer.checkpoints.lookup import run_dir_of
 from transformer.decoding import DecodeOptions, Sampling
 from transformer.errors import DecodeOptionError, UserError
 from transformer.serving.batcher import Batcher
-from transformer.serving.explain import ExplainResponse, ExplainWork, explain_texts
+from transformer.serving.explain_response import ExplainResponse, ExplainWork, explain_texts
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
 from transformer.translation.texts import Engine, translate_scored
 from transformer.translation.torch_engine import Translator
@@ -344,14 +344,14 @@ def _message(errors: list[dict]) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _finite(value: Any) -> Any:
+def _text_for_nonfinite(value: Any) -> Any:
     """`value` with every NaN or infinite float (a request's own input, echoed) as its text: JSON has none."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, list):
-        return [_finite(item) for item in value]
+        return [_text_for_nonfinite(item) for item in value]
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: _text_for_nonfinite(item) for key, item in value.items()}
     return value
 
 
@@ -390,7 +390,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = _finite(jsonable_encoder(error.errors(), custom_encoder={Exception: str}))
+        errors = _text_for_nonfinite(jsonable_encoder(error.errors(), custom_encoder={Exception: str}))
         return JSONResponse(status_code=422, content={"error": _message(errors), "detail": errors})
 
     @app.exception_handler(UserError)

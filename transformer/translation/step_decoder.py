@@ -30,7 +30,7 @@ def as_list(models: Models) -> list[Transformer]:
 def max_output_lengths(src_lengths: Tensor, a: float, b: int, hard_cap: int) -> Tensor:
     """(B,) source lengths in subwords (without EOS) -> (B,) int64 longest outputs by decoding.max_output_length,
     for callers of the tensor searches that hold no decode options (the engines ask their options:
-    DecodeSettings.max_output_length). `hard_cap`: model max_len - 1."""
+    RunDecodeSettings.max_output_length). `hard_cap`: model max_len - 1."""
     lengths = [max_output_length(n, a, b, hard_cap) for n in src_lengths.tolist()]
     return torch.tensor(lengths, dtype=torch.long, device=src_lengths.device)
 

@@ -136,7 +136,7 @@ def search_in_batches(engine: Engine, sources: list[list[int]], n_best: int,
 
 def target_prefix_ids(prefixes: list[str], sources: list[list[int]], engine: Engine) -> list[list[int]]:
     """The target ids each prefix is read as (cleaned as every text is), checked to fit the output
-    length of its source (decoding.DecodeSettings.max_output_length); a blank prefix has none, which is
+    length of its source (decoding.RunDecodeSettings.max_output_length); a blank prefix has none, which is
     plain translation."""
     texts = [clean_text(prefix) for prefix in prefixes]
     ids = [row if text else [] for text, row in zip(texts, engine.tokenizers.encode_target(texts))]

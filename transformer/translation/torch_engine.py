@@ -25,7 +25,7 @@ from transformer.checkpoints.layout import TOKENIZER_DIR
 from transformer.checkpoints.lookup import load_decode_config, pinned_checkpoint, run_dir_of
 from transformer.data.batching import make_batch, source_tensor
 from transformer.data.tokenizer import PAD_ID, Tokenizers, load_tokenizers, tokenizer_fingerprint
-from transformer.decoding import DecodeOptions, DecodeSettings, Sampling
+from transformer.decoding import DecodeOptions, RunDecodeSettings, Sampling
 from transformer.errors import CheckpointError, UserError
 from transformer.model import Transformer
 from transformer.runtime import fast_bf16
@@ -156,7 +156,7 @@ class Translator:
         return [row[: len(target) + 1] for row, target in zip(picked, targets)]
 
 
-def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeSettings,
+def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: RunDecodeSettings,
               device: torch.device | str) -> list[str]:
     """The best translation of each text, in input order, by `model` as it is (validation's
     translations: no warning about unknown characters, which would repeat at every validation)."""

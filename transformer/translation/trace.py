@@ -4,7 +4,7 @@ taken, for beam search the live hypotheses, the candidates they grew into and wh
 (a beam of the next step, a finished hypothesis with its length penalty and score, or pruned), for
 constrained beam search also the constraints each candidate has met and its bank — and why the
 winner won. `translate.py --explain`, the web page of serve.py and the walkthrough notebook all show
-this record, and these dataclasses are its one schema: the server's JSON is them (serving/explain.py).
+this record, and these dataclasses are its one schema: the server's JSON is them (serving/explain_response.py).
 The search itself is the torch engine's (Translator.search), watched through its `observer` (the methods
 whose decoding.Strategy is `traced`). No pydantic here: translation runs without the serve extra.
 """
@@ -158,7 +158,7 @@ class SearchTrace:
     def to_dict(self) -> dict:
         """The whole record and its summary as plain JSON values (non-finite floats as None): what the
         server's POST /explain answers, less the source text."""
-        return _finite(dataclasses.asdict(self) | dataclasses.asdict(self.summary()))
+        return _none_for_nonfinite(dataclasses.asdict(self) | dataclasses.asdict(self.summary()))
 
 
 @dataclass
@@ -270,14 +270,14 @@ def _texts(tokenizers: Tokenizers, phrases: list[list[int]]) -> list[str]:
     return tokenizers.decode_target(phrases) if phrases else []
 
 
-def _finite(value):
+def _none_for_nonfinite(value):
     """`value` with every non-finite float replaced by None (JSON has no infinity)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: _none_for_nonfinite(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_finite(item) for item in value]
+        return [_none_for_nonfinite(item) for item in value]
     return value
 
 

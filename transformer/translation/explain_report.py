@@ -1,7 +1,8 @@
-"""What one translation looks like from the inside, for a learner: the subwords and ids, the shape of
-every stage of the real model (read with forward hooks while it runs, `stage_shapes`), and the search
-step by step from the trace of the search that produced the output (trace.py); `render` lays it out
-as text. The torch engine only; no printing here (translate.py --explain prints).
+"""translate.py --explain's report: what one translation looks like from the inside, for a learner: the
+subwords and ids, the shape of every stage of the real model (read with forward hooks while it runs,
+`stage_shapes`), and the search step by step from the trace of the search that produced the output
+(trace.py); `render` lays it out as text. The torch engine only; no printing here (translate.py
+--explain prints).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ FLAGS = {"n_best": "--n-best", "length_penalty": "--length-penalty", "max_length
          "checkpoint": "--checkpoint",
          "ensemble": "--run given more than once", "alignment_layer": "--alignment-layer", "input": "--input",
          "targets": "--targets", "explain": "--explain", "constraints": "--constraint", "avoid": "--avoid",
-         "line_constraints": "the constraints column"}
+         "text_constraints": "the constraints column"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -170,16 +170,16 @@ def check_arguments(args: argparse.Namespace) -> None:
         if per_line:
             raise UserError(f"--explain holds the search to --constraint and --avoid, not to each line's own "
                             f"phrases: leave out {per_line}")
-    held = {"--constraint": bool(args.constraint), "--avoid": bool(args.avoid),
-            "--constraints-column": args.constraints_column, "--glossary": args.glossary is not None}
-    held_flag = next((flag for flag, given in held.items() if given), None)
-    if held_flag:  # what constrained search does not do (yet)
+    phrase_flags = {"--constraint": bool(args.constraint), "--avoid": bool(args.avoid),
+                    "--constraints-column": args.constraints_column, "--glossary": args.glossary is not None}
+    phrase_flag = next((flag for flag, given in phrase_flags.items() if given), None)
+    if phrase_flag:  # what constrained search does not do (yet)
         clashes = {"--attention": args.attention is not None, "--alignment": args.alignment,
                    "--prefix-column": args.prefix_column and args.constraints_column,
                    "--prefix": args.prefix is not None and args.constraints_column}
         clash = next((flag for flag, given in clashes.items() if given), None)
         if clash:
-            raise UserError(f"{held_flag} is constrained beam search, which reads no attention and, with "
+            raise UserError(f"{phrase_flag} is constrained beam search, which reads no attention and, with "
                             f"--constraints-column, no prefix: leave out {clash}")
     if args.targets is not None and args.input is None:
         raise UserError("--targets needs --input, the source of each target line")
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
         # Written to a temporary and renamed at the end: a failed run leaves an earlier --output as it was.
         out = stack.enter_context(lines.output_file(args.output, "--output")) if args.output else sys.stdout
         if args.explain:  # the explain module loads only here
-            from transformer.translation.explain import explain_lines
+            from transformer.translation.explain_report import explain_lines
 
             explain_lines(translator, source.lines, out, args.prefix)
             return
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
              "constraints": "--constraint" if args.constraint or not (args.avoid or args.constraints_column or
                                                                       args.glossary) else
              "--avoid" if args.avoid else "--constraints-column" if args.constraints_column else "--glossary",
-             "line_constraints": "--glossary" if args.glossary and not args.constraints_column
+             "text_constraints": "--glossary" if args.glossary and not args.constraints_column
              else "the constraints column"}
     # Written to a temporary and renamed at the end: an interrupted run leaves an earlier --output as it was.
     interrupted = f"interrupted: --output {args.output} was left as it was" if args.output else "interrupted"

@@ -31,7 +31,8 @@ from transformer.data.tokenizer import BOS_ID, EOS_ID  # noqa: E402
 from transformer.export.hf_tokenizer import import_transformers  # noqa: E402
 from transformer.export.huggingface import max_logit_difference  # noqa: E402
 from transformer.hardware import cpu_model  # noqa: E402
-from transformer.translation.texts import max_output_length, search_texts  # noqa: E402
+from transformer.decoding import max_output_length  # noqa: E402
+from transformer.translation.texts import search_texts  # noqa: E402
 from transformer.translation.torch_engine import load_translator  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from transformer.errors import DecodeOptionError
 from transformer.translation.constrained import constrained_beam_search
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from transformer.translation.glossary import read_glossary
-from transformer.translation.phrases import (PhraseError, Phrases, Progress, met_phrases, phrase_ids, required_once,
+from transformer.translation.phrases import (PhraseError, Phrases, Progress, met_phrases, phrase_ids, constraints_once,
                                              sentence_phrases)
 from transformer.translation.search import beam_search
 
@@ -50,8 +50,8 @@ def test_every_hypothesis_holds_to_its_phrases_and_is_scored_by_the_model(alpha)
         assert [h.score for h in hypotheses] == sorted((h.score for h in hypotheses), reverse=True)
         for h in hypotheses:
             assert len(h.tokens) <= 12
-            assert all(contains(h.tokens, phrase) for phrase in phrases.required)
-            assert not any(contains(h.tokens, phrase) for phrase in phrases.banned)
+            assert all(contains(h.tokens, phrase) for phrase in phrases.constraints)
+            assert not any(contains(h.tokens, phrase) for phrase in phrases.avoid)
             with torch.no_grad():
                 assert abs(h.log_prob - sequence_log_prob(model, source, h.tokens)) < 1e-4
 
@@ -81,8 +81,8 @@ def test_prefix_and_ensemble():
                   search(models[0], sources, [9] * 3, phrases, beam_size=1, prefixes=prefixes)):
         for hypotheses, p, prefix in zip(found, phrases, prefixes):
             tokens = hypotheses[0].tokens
-            assert tokens[:len(prefix)] == prefix and all(contains(tokens, r) for r in p.required)
-            assert not any(contains(tokens, b) for b in p.banned)
+            assert tokens[:len(prefix)] == prefix and all(contains(tokens, r) for r in p.constraints)
+            assert not any(contains(tokens, b) for b in p.avoid)
 
 
 # --------------------------------------------------------------------------- options
@@ -94,7 +94,7 @@ def test_prefix_and_ensemble():
     (dict(constraints=tuple(f"w{i}" for i in range(MAX_PHRASES + 1))),
      f"constraints has {MAX_PHRASES + 1} phrases, more than the {MAX_PHRASES} a text may have"),
     (dict(constraints=("gare",), avoid=("gare ",)),
-     "avoid 'gare ': also required (constraints); a phrase is required or avoided, not both"),
+     "constraints 'gare' is also avoided (avoid 'gare '); a phrase is required or avoided, not both"),
     (dict(avoid=("x",), sampling=Sampling()), "sampling draws each token at random and cannot be held to "
                                               "phrases: leave out avoid"),
 ])
@@ -190,8 +190,8 @@ def test_cli_constraints_column_glossary_and_jsonl_report(trained_run: Path, cap
                                  "cleaning"),
     ([arg for i in range(MAX_PHRASES + 1) for arg in ("--constraint", f"w{i}")],
      f"--constraint has {MAX_PHRASES + 1} phrases, more than the {MAX_PHRASES} a text may have"),
-    (["--constraint", "gare", "--avoid", "gare"], "--avoid 'gare': also required (--constraint); a phrase is "
-                                                  "required or avoided, not both"),
+    (["--constraint", "gare", "--avoid", "gare"], "--constraint 'gare' is also avoided (--avoid 'gare'); a phrase "
+                                                  "is required or avoided, not both"),
     (["--constraint", "la gare de la ville est grande", "--max-length-a", "0", "--max-length-b", "2"],
      "line 1: --constraint need 17 subwords, more than the 2"),  # the sentence it does not fit is named
     (["--constraint", "gare", "--sample"], "--sample draws each token at random and cannot be held to phrases: "
@@ -264,17 +264,17 @@ def test_a_sentence_without_phrases_is_searched_as_plain_beam_search():
 
 
 def test_required_phrases_are_written_once_when_repeated_or_inside_another():
-    assert required_once([(5,), (7, 5, 9), (5,), (8,), (7, 5)], frozenset()) == ((7, 5, 9), (8,))
+    assert constraints_once([(5,), (7, 5, 9), (5,), (8,), (7, 5)], frozenset()) == ((7, 5, 9), (8,))
     # Inside another only as whole words: 5 followed by a glued 9 is part of a longer word, so (7, 5) stays.
-    assert required_once([(5,), (7, 5, 9), (8,), (7, 5)], frozenset({9})) == ((7, 5, 9), (8,), (7, 5))
+    assert constraints_once([(5,), (7, 5, 9), (8,), (7, 5)], frozenset({9})) == ((7, 5, 9), (8,), (7, 5))
     model, sources = tiny_model(9), random_sources(10, 3)
     for phrases in ([(17,), (17,)], [(17,), (16, 17, 18)]):
-        held = Phrases(required_once([tuple(p) for p in phrases], frozenset()))
+        held = Phrases(constraints_once([tuple(p) for p in phrases], frozenset()))
         for hypotheses in search(model, sources, [10] * 3, [held] * 3):
             assert hypotheses[0].tokens.count(17) == 1
 
 
-def test_a_banned_phrase_is_banned_as_whole_words():
+def test_an_avoided_phrase_is_kept_out_as_whole_words():
     """After a banned phrase only a subword continuing its last word may follow (not EOS, not a new word)."""
     model, sources = tiny_model(11), random_sources(12, 6)
     glued = frozenset({18, 19})
@@ -313,11 +313,11 @@ def test_phrases_refuse_what_no_output_can_hold_to(tiny_tokenizers):
     assert caught.value.index == 0
     gare = phrase_ids(tiny_tokenizers, "gare", "constraints")
     prefix = tiny_tokenizers.encode_target(["la gare"])[0]
-    assert phrases(["gare"], prefix_text="la gare", limit=len(prefix))[0].required == (gare,)  # met by the prefix
+    assert phrases(["gare"], prefix_text="la gare", limit=len(prefix))[0].constraints == (gare,)  # met by the prefix
     with pytest.raises(PhraseError, match="after the"):
         phrases(["froid"], prefix_text="la gare", limit=len(prefix))
     # A banned phrase at the very end of a prefix may still become part of a longer word.
-    assert phrases(avoid=["gare"], prefix_text="la gare")[0].banned
+    assert phrases(avoid=["gare"], prefix_text="la gare")[0].avoid
 
 
 def test_cli_a_term_given_twice_is_written_once_and_reported_for_each(trained_run: Path, capsys, tmp_path: Path):
@@ -351,7 +351,7 @@ def test_cli_a_glossary_term_also_avoided_is_refused_by_its_line(trained_run: Pa
     assert user_error(capsys).startswith("--constraint 'la gare' holds an avoided phrase (--avoid 'gare')")
 
 
-def test_a_banned_phrase_is_kept_out_however_the_subwords_spell_it():
+def test_an_avoided_phrase_is_kept_out_however_the_subwords_spell_it():
     """BPE writes a word and its punctuation as one piece (`▁gare.`), and a model may spell a word in other
     subwords than BPE would: the text of every hypothesis is checked, not only the phrase's own ids. Here
     many subwords spell `ab` (` ab`, ` a` + `b`, ` a` + `b.`, …)."""
@@ -367,7 +367,7 @@ def test_a_banned_phrase_is_kept_out_however_the_subwords_spell_it():
     plain = search(model, sources, [12] * 12, [Phrases(((x,),))] * 12, n_best=3)
     assert any(banned_ab.search(text(h.tokens)) for hs in plain for h in hs)  # the model does write it
     glued = frozenset(i for i, piece in enumerate(pieces) if piece[:1].isalnum())
-    phrases = Phrases(((x,),), ((pieces.index(" ab"),),), glued, banned_text=banned_ab, pieces=pieces)
+    phrases = Phrases(((x,),), ((pieces.index(" ab"),),), glued, avoid_text=banned_ab, pieces=pieces)
     held = search(model, sources, [12] * 12, [phrases] * 12, n_best=3)
     assert all(hs for hs in held)
     assert not any(banned_ab.search(text(h.tokens)) for hs in held for h in hs)
@@ -382,5 +382,5 @@ def test_a_required_phrase_is_met_by_its_forms(tiny_tokenizers):
     progress = Progress()
     for at, token in enumerate(written):
         progress = progress.advance(token, phrases, written[:at])
-    assert progress.all_met(phrases.required)
+    assert progress.all_met(phrases.constraints)
     assert met_phrases("La gare.", ["gare", "gar", "la gare", "Gare"]) == [True, False, True, True]

@@ -23,7 +23,7 @@ from conftest import TinyRun
 from transformer.config import DecodeConfig, config_from_dict
 from transformer.decoding import MAX_BEAM, SETTINGS, STRATEGIES, DecodeOptions, Sampling
 from transformer.errors import ConfigError, DecodeOptionError
-from transformer.translation.search import SEARCHES
+from transformer.translation.torch_engine import SEARCHES
 from transformer.translation.texts import translate_texts
 from transformer.translation.torch_engine import Translator
 

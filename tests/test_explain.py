@@ -1,4 +1,4 @@
-"""translate.py --explain and transformer/translation/explain.py: the stage shapes are the model's own
+"""translate.py --explain and transformer/translation/explain_report.py: the stage shapes are the model's own
 tensors, the search shown is the search that translated, and what makes no sense with it is refused."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from conftest import TinyRun
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS_ID, EOS_ID
-from transformer.translation.explain import dimension_sizes, explain, stage_shapes
+from transformer.translation.explain_report import dimension_sizes, explain, stage_shapes
 from transformer.translation.search import beam_search
 from transformer.translation.torch_engine import load_translator
 from transformer.translation.trace import CHOSEN, FINISHED, PRUNED, trace_search

@@ -23,7 +23,7 @@ from transformer.checkpoints import layout
 from transformer.translation.ct2_format import EXPORT_INFO
 from transformer.translation.torch_engine import load_translator
 from transformer.data.text import clean_text
-from transformer.translation.texts import max_output_length
+from transformer.decoding import max_output_length
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

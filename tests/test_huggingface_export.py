@@ -30,7 +30,8 @@ from transformer.export.huggingface import max_logit_difference  # noqa: E402
 from transformer.export.model_card import scores_on_test_split  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
 from transformer.translation.ct2_format import EXPORT_INFO  # noqa: E402
-from transformer.translation.texts import max_output_length, search_texts  # noqa: E402
+from transformer.decoding import max_output_length  # noqa: E402
+from transformer.translation.texts import search_texts  # noqa: E402
 from transformer.translation.torch_engine import load_checkpoint_and_tokenizers, load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

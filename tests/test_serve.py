@@ -161,7 +161,7 @@ BAD_REQUESTS = {
 # The field each refusal names (the first word of its message).
 NAMED = {"an empty constraint": "constraints", "a constraint with no subwords": "constraints",
          "constraints that cannot fit the output": "constraints", "more constraints than the cap": "constraints",
-         "a phrase required and avoided": "avoid", "constraints with alignment": "constraints",
+         "a phrase required and avoided": "constraints", "constraints with alignment": "constraints",
          "constraints with sampling": "sampling", "constraints not a list": "constraints"}
 
 

@@ -1,4 +1,4 @@
-"""POST /explain (transformer/serving/explain.py, app.py) and the page's step-by-step view of the search:
+"""POST /explain (transformer/serving/explain_response.py, app.py) and the page's step-by-step view of the search:
 the trace it returns is the search /translate runs (its output is /translate's translation, and every
 n-best candidate /translate gives finished in it with the same log-probability), constrained search
 too, each candidate with the phrases it has met and its bank; its answer is the trace's own dataclasses,
@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from conftest import TinyRun  # noqa: E402
 from test_serve import local_client, running  # noqa: E402
 from transformer.serving.app import MAX_CHARS, ServerCaps, create_app  # noqa: E402
-from transformer.serving.explain import ExplainResponse  # noqa: E402
+from transformer.serving.explain_response import ExplainResponse  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
 from transformer.translation.trace import (Beam, Candidate, Finished, SearchStep, SearchTrace,  # noqa: E402
                                            TraceSummary, trace_search)
@@ -119,6 +119,18 @@ def test_the_length_penalty_can_be_asked_for(client: TestClient, translator: Tra
     assert raw["finished"][raw["winner"]]["log_prob"] == max(f["log_prob"] for f in raw["finished"])
     default = explain(client, text=text)
     assert default["alpha"] == translator.decode.length_penalty and default["beam_size"] == translator.decode.beam_size
+
+
+def test_translate_takes_every_option_of_a_search_explain_takes(client: TestClient):
+    text = TEXTS[2]
+    for alpha in (0.0, 2.0):
+        assert translate(client, text, length_penalty=alpha)["translation"] == \
+            explain(client, text=text, length_penalty=alpha)["output_text"]
+    for body, error in [({"length_penalty": 11.0}, "length_penalty must be from 0 to 10, got 11.0"),
+                        ({"length_penalty": 0.5, "sampling": {}},
+                         "sampling draws each token at random instead of searching: leave out length_penalty")]:
+        response = client.post("/translate", json={"texts": [text], **body})
+        assert (response.status_code, response.json()["error"]) == (422, error)
 
 
 @pytest.mark.parametrize("beam, n_best", [(2, 1), (3, 2)])

@@ -1,22 +1,26 @@
 """What a translation may ask of its search, checked once, here: `DecodeOptions`, the one typed object
-(beam size, n-best, length penalty, output length, batch size and `Sampling`'s settings) with every
-range the engines compute in `RANGES`, and `STRATEGIES`, the decoding methods (greedy, beam, sampling):
-when each is chosen, what it reads and excludes, and which engines run it. The config's decode
-section (config.DecodeConfig is a `DecodeSettings`), translate.py's flags and the API's requests all
-build these objects, and a refusal is a DecodeOptionError that marks the option's generic name
-(errors.option) for each face to call by its own: a YAML key, a flag, a JSON field. What counts as an
-integer or a number in range is values.py's, as for the config. No torch here; it imports only
-errors.py and values.py, so that config.py can build on it.
+(beam size, n-best, length penalty, output length, batch size, `Sampling`'s settings and the phrases a
+search holds to) with every range the engines compute in `RANGES`, the one check of phrases
+(`check_phrases`, `check_not_avoided`), the output-length rule every engine applies
+(`RunDecodeSettings.max_output_length`), and `STRATEGIES`, the decoding methods (greedy, beam, sampling,
+constrained): when each is chosen, what it reads and excludes, and which engines run it. A run's decode
+settings (`RunDecodeSettings`; config.DecodeConfig is them read from YAML), translate.py's flags and the
+API's requests all build these objects, and a refusal is a DecodeOptionError that marks the option's
+generic name (errors.option) for each face to call by its own: a YAML key, a flag, a JSON field. What
+counts as an integer or a number in range is values.py's, as for the config; what a whole word is,
+data/text.py's. No torch here; it imports only errors.py, values.py and data/text.py, so that config/
+can build on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from transformer.data.text import clean_text, whole_words
 from transformer.errors import DecodeOptionError, UserError, option
 from transformer.values import INT64_MAX, check_fields, integer, number, within
 
@@ -29,7 +33,7 @@ MAX_LENGTH_PENALTY = 10.0
 # logits / temperature must stay finite and nonzero in float32 in both engines; near 0 it is greedy search.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 1e30
 MAX_SEED = 2**32 - 1  # CTranslate2's random generator takes an unsigned 32-bit seed
-# The most phrases one text may require (constraints) or ban (avoid), each: every required phrase adds a bank
+# The most constraints, and the most avoided phrases, one text may have: every constraint adds a bank
 # of beams per step, and the search keeps one state per beam and phrase (translation/constrained.py).
 MAX_PHRASES = 16
 
@@ -103,8 +107,9 @@ class Sampling:
 
 
 @dataclass(frozen=True)
-class DecodeSettings:
-    """How a run translates: what the config's decode section holds (config.DecodeConfig)."""
+class RunDecodeSettings:
+    """How a run translates by default: what its config's decode section holds (config.DecodeConfig is these
+    settings read from YAML), and what each translation's DecodeOptions start from."""
 
     beam_size: int = 5  # 1 = greedy search
     length_penalty: float = 1.0  # GNMT alpha: score / ((5 + length) / 6) ** alpha; 0 = none
@@ -115,12 +120,29 @@ class DecodeSettings:
     def __post_init__(self) -> None:
         _check_fields(self)
 
+    def max_output_length(self, source_length: int, max_len: int) -> int:
+        """The output-length rule every engine and check applies: the most subwords (EOS not counted) an
+        output of a source of `source_length` subwords (without EOS) may have, by a model whose position
+        table holds `max_len` positions (max_output_length with these settings' a and b)."""
+        return max_output_length(source_length, self.max_length_a, self.max_length_b, max_len - 1)
 
-SETTINGS = tuple(item.name for item in dataclasses.fields(DecodeSettings))
+
+SETTINGS = tuple(item.name for item in dataclasses.fields(RunDecodeSettings))
+
+
+def max_output_length(source_length: int, a: float, b: int, hard_cap: int) -> int:
+    """Longest output, in subwords without EOS, of a source of `source_length` subwords (without EOS):
+    floor(a * length) + b, between 1 and `hard_cap` (model max_len - 1: BOS + that many tokens fill the
+    position table)."""
+    # A tiny epsilon, so that e.g. 1.1 * 10 floors to 11 and not to 10.
+    length = source_length * a + 1e-9
+    if not length < hard_cap:  # also a product too large for a float, which no floor takes
+        return hard_cap
+    return min(max(math.floor(length) + b, 1), hard_cap)
 
 
 @dataclass(frozen=True)
-class DecodeOptions(DecodeSettings):
+class DecodeOptions(RunDecodeSettings):
     """Everything one translation asks of its search: a run's settings, the candidates per text, and
     sampling (None: search). Each value is checked as the object is made, then the chosen method's
     own rule (`Strategy.n_best_in_beam`); `strategy` is the method that runs."""
@@ -136,7 +158,8 @@ class DecodeOptions(DecodeSettings):
         if self.sampling is not None and not isinstance(self.sampling, Sampling):
             raise TypeError(f"sampling must be a Sampling or None, got {self.sampling!r}")  # a caller's bug
         object.__setattr__(self, "constraints", check_phrases(self.constraints, "constraints"))
-        object.__setattr__(self, "avoid", check_phrases(self.avoid, "avoid", self.constraints))
+        object.__setattr__(self, "avoid", check_phrases(self.avoid, "avoid"))
+        check_not_avoided(self.constraints, self.avoid)
         if self.sampling is not None and self.constrained:
             raise DecodeOptionError("sampling", "draws each token at random and cannot be held to phrases: leave "
                                                 f"out {option(self._phrases_option())}")
@@ -150,15 +173,15 @@ class DecodeOptions(DecodeSettings):
 
     def _phrases_option(self) -> str:
         """The option that gave phrases, for a refusal to name."""
-        return "constraints" if self.constraints else "avoid" if self.avoid else "line_constraints"
+        return "constraints" if self.constraints else "avoid" if self.avoid else "text_constraints"
 
     @property
     def constrained(self) -> bool:
-        """Whether the search is held to phrases, required or banned."""
+        """Whether the search is held to phrases: constraints or avoided ones."""
         return bool(self.constraints or self.avoid or self.per_text_constraints)
 
     @classmethod
-    def over(cls, base: DecodeSettings, sampling: Sampling | None = None, n_best: int = 1,
+    def over(cls, base: RunDecodeSettings, sampling: Sampling | None = None, n_best: int = 1,
              constraints: tuple[str, ...] = (), avoid: tuple[str, ...] = (), per_text_constraints: bool = False,
              **given: Any) -> "DecodeOptions":
         """`base` (a run's decode settings) with the `given` ones (beam_size, length_penalty,
@@ -178,26 +201,56 @@ class DecodeOptions(DecodeSettings):
         return options
 
 
-def check_phrases(phrases: Any, name: str, required: tuple[str, ...] = (), where: str = "") -> tuple[str, ...]:
-    """`phrases` (target phrases required or banned: option `name`) as a tuple of strings, refused when
-    one is blank, when there are more than MAX_PHRASES, or when one of them is also `required`. The one
-    check of a phrase's text, for the options and for each text's own phrases (`where`: e.g. "line 3: ",
-    said first); whether a phrase has subwords, and fits its output, is the text path's (texts.py)."""
+class PhraseError(DecodeOptionError):
+    """A constraint or avoided phrase (option `option_name`) no output can hold to; `index`: the text it
+    belongs to (None: the options' phrases, shared by every text), for a face to name its line."""
+
+    def __init__(self, option_name: str, reason: str, index: int | None = None) -> None:
+        super().__init__(option_name, reason)
+        self.index = index
+
+
+def _refuse(name: str, reason: str, where: str, index: int | None) -> None:
+    """A PhraseError naming option `name`, or, with `where` (e.g. "line 3: "), a UserError that says it first."""
+    if where:
+        raise UserError(f"{where}{option(name)} {reason}")
+    raise PhraseError(name, reason, index)
+
+
+def check_phrases(phrases: Any, name: str, where: str = "") -> tuple[str, ...]:
+    """`phrases` (target phrases, constraints or avoided ones: option `name`) as a tuple of strings, refused
+    when one is blank or when there are more than MAX_PHRASES. The one check of a phrase's text, for the
+    options and for each text's own phrases (`where`: e.g. "line 3: ", said first); whether a phrase has
+    subwords, and fits its output, is the text path's (texts.py)."""
     if isinstance(phrases, str) or not all(isinstance(phrase, str) for phrase in phrases):
         raise TypeError(f"{name} must be a sequence of strings, got {phrases!r}")  # a caller's bug
     phrases = tuple(phrases)
-
-    def refuse(reason: str) -> None:
-        raise DecodeOptionError(name, reason) if not where else UserError(f"{where}{option(name)} {reason}")
-
     if any(not phrase.strip() for phrase in phrases):
-        refuse(f"has an empty or blank phrase: nothing to {'avoid' if name == 'avoid' else 'require'}")
+        _refuse(name, f"has an empty or blank phrase: nothing to {'avoid' if name == 'avoid' else 'require'}",
+                where, None)
     if len(phrases) > MAX_PHRASES:
-        refuse(f"has {len(phrases)} phrases, more than the {MAX_PHRASES} a text may have")
-    both = next((phrase for phrase in phrases if phrase.strip() in {other.strip() for other in required}), None)
-    if both is not None:
-        refuse(f"{both!r}: also required ({option('constraints')}); a phrase is required or avoided, not both")
+        _refuse(name, f"has {len(phrases)} phrases, more than the {MAX_PHRASES} a text may have", where, None)
     return phrases
+
+
+def check_not_avoided(constraints: Sequence[str], avoid: Sequence[str], name: str = "constraints", where: str = "",
+                      index: int | None = None) -> None:
+    """The one check that no constraint (option `name`, which the refusal blames) is an avoided phrase or holds
+    one as whole words: no output could contain the one without the other. Compared as cleaned text by the
+    whole-word rule (data.text.whole_words): `l'hôtel` and `l’hôtel` are one phrase, `gare` is in `la gare du
+    Nord` but not in `gares`. For the options (DecodeOptions) and for each text's own constraints (`where`
+    or `index`: which text, as check_phrases and PhraseError say)."""
+    for phrase in constraints:
+        for avoided in avoid:
+            if not clean_text(avoided):  # nothing left of it: phrases.phrase_ids refuses it by its own name
+                continue
+            pattern = whole_words([avoided])
+            if pattern.search(clean_text(phrase)):
+                said = f"{option('avoid')} {avoided!r}"
+                _refuse(name, f"{phrase!r} is also avoided ({said}); a phrase is required or avoided, not both"
+                        if pattern.fullmatch(clean_text(phrase)) else
+                        f"{phrase!r} holds an avoided phrase ({said}); no output can contain one without the other",
+                        where, index)
 
 
 ENGINES = ("torch", "ctranslate2")
@@ -258,7 +311,7 @@ def traced_strategy(options: DecodeOptions) -> Strategy:
     return strategy
 
 
-__all__ = ["MAX_PHRASES", "check_phrases",
+__all__ = ["MAX_PHRASES", "PhraseError", "check_phrases", "check_not_avoided",
            "MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Range", "RANGES",
-           "check_option", "Sampling", "DecodeSettings", "SETTINGS", "DecodeOptions", "ENGINES", "Strategy",
-           "STRATEGIES", "strategy_of", "traced_strategy"]
+           "check_option", "Sampling", "RunDecodeSettings", "SETTINGS", "max_output_length", "DecodeOptions",
+           "ENGINES", "Strategy", "STRATEGIES", "strategy_of", "traced_strategy"]

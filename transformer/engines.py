@@ -17,7 +17,7 @@ from typing import Any, Callable
 from transformer.checkpoints.layout import STATE_FILE
 from transformer.checkpoints.lookup import find_checkpoint, load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
-from transformer.decoding import DecodeOptions, DecodeSettings, Sampling, Strategy, traced_strategy
+from transformer.decoding import DecodeOptions, RunDecodeSettings, Sampling, Strategy, traced_strategy
 from transformer.errors import EngineUnavailableError, ExportCacheError, UserError, option
 from transformer.hardware import cpu_flags, parse_device
 from transformer.translation.ct2_format import INSTALL_HINT, read_export_info
@@ -55,7 +55,7 @@ class EngineRequest:
     explain: bool = False  # the search is traced step by step and the model's stages read (torch engine)
     constraints: tuple[str, ...] = ()  # target phrases every output must contain (decoding.DecodeOptions)
     avoid: tuple[str, ...] = ()  # target phrases no output may contain
-    per_text_constraints: bool = False  # each text brings its own required phrases too
+    per_text_constraints: bool = False  # each text brings its own constraints too
     device_key: str = option("device")  # the device setting's name in errors
 
     def __post_init__(self) -> None:
@@ -80,7 +80,7 @@ class EngineRequest:
             traced_strategy(options)
         return options
 
-    def run_settings(self) -> DecodeSettings:
+    def run_settings(self) -> RunDecodeSettings:
         """The decode settings of the run this request translates with: those a CTranslate2 export given
         as its checkpoint records, else its run's config."""
         info = None if self.checkpoint is None else read_export_info(self.checkpoint)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from transformer.data.formats import FORMATS, formats_reading
-from transformer.decoding import SETTINGS, DecodeSettings
+from transformer.decoding import SETTINGS, RunDecodeSettings
 from transformer.errors import ConfigError, DecodeOptionError
 from transformer.values import BOUNDS, Unexpected, bounded, check_fields, check_value
 
@@ -345,9 +345,9 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class DecodeConfig(DecodeSettings):
+class DecodeConfig(RunDecodeSettings):
     """Translation: greedy (beam_size 1) or beam search. The keys, their defaults and their ranges are
-    decoding.DecodeSettings': the ranges every engine computes, so that a config translate.py would
+    decoding.RunDecodeSettings': the ranges every engine computes, so that a config translate.py would
     refuse is refused here, before any work, with the same limits."""
 
     SECTION: ClassVar[str] = "decode"

@@ -1,4 +1,5 @@
 """Text as the model reads it: the one cleaning that training, validation and translation share,
+what a whole word is in cleaned text (`whole_words`: a glossary's terms, constraints and avoided phrases),
 and the one way translate.py splits input into lines. Imports nothing heavy, so translate.py can
 use it without loading `datasets`.
 
@@ -9,8 +10,10 @@ clean on its own (a Hugging Face export). The tokenizers this package trains lea
 
 from __future__ import annotations
 
+import re
 import sys
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Iterator
 
@@ -44,6 +47,23 @@ def clean_text(text: str) -> str:
     if not text.isprintable():  # only then can it hold an invisible character (or a non-ASCII space)
         text = "".join(ch for ch in text if not is_invisible(ch))
     return " ".join(text.translate(_APOSTROPHE_TABLE).split())  # split() knows every Unicode space
+
+
+def whole_words(phrases: Sequence[str], any_case: bool = True) -> re.Pattern:
+    """The one whole-word rule: a pattern that finds any of `phrases`, each cleaned as every text is, where
+    it stands as whole words in cleaned text, with no word character (letter, digit, underscore) right
+    before or after it (\\b is not enough: a phrase may start or end with a non-word character, "C++",
+    "U.S."). `any_case`: in any case (a glossary's source terms, avoided phrases); else as written but for
+    its first letter, in either case, as a search meets a constraint (translation/phrases.py, Forms)."""
+    def spelled(phrase: str) -> str:
+        phrase = clean_text(phrase)
+        if any_case or not phrase[:1].isalpha():
+            return re.escape(phrase)
+        first = phrase[0]
+        return f"[{re.escape(first.lower())}{re.escape(first.upper())}]{re.escape(phrase[1:])}"
+
+    words = "|".join(spelled(phrase) for phrase in phrases)
+    return re.compile(rf"(?<!\w)(?:{words})(?!\w)", re.IGNORECASE if any_case else 0)
 
 
 def clean_text_normalizer() -> "Normalizer":
@@ -106,4 +126,5 @@ def read_lines(path: Path, what: str) -> list[str]:
         raise UserError(f"cannot read {what} {path}: {error.strerror or error}") from None
 
 
-__all__ = ["APOSTROPHES", "is_invisible", "clean_text", "clean_text_normalizer", "iter_lines", "read_lines"]
+__all__ = ["APOSTROPHES", "is_invisible", "clean_text", "whole_words", "clean_text_normalizer", "iter_lines",
+           "read_lines"]

@@ -1,6 +1,6 @@
 """The HTTP face of a translation engine: `POST /translate` (texts in, translations with their n-best
-scores out; beam, target prefixes and seeded sampling as translate.py's, and, when asked, the
-cross-attention of the best one), `POST /explain` (one text's search step by step, explain.py),
+scores out; beam, length penalty, target prefixes, phrases and seeded sampling as translate.py's, and,
+when asked, the cross-attention of the best one), `POST /explain` (one text's search step by step, explain_response.py),
 `GET /health`, and the web page at `/`. Requests are strict pydantic models that refuse unknown fields
 and wrong types; their decode values build decoding.DecodeOptions, which checks them as translate.py's
 are checked, and then meet the server's own smaller `ServerCaps`. Every refusal is a 4xx JSON
@@ -37,7 +37,7 @@ from transformer.checkpoints.lookup import run_dir_of
 from transformer.decoding import DecodeOptions, Sampling
 from transformer.errors import DecodeOptionError, UserError
 from transformer.serving.batcher import Batcher
-from transformer.serving.explain import ExplainResponse, ExplainWork, explain_texts
+from transformer.serving.explain_response import ExplainResponse, ExplainWork, explain_texts
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
 from transformer.translation.texts import Engine, translate_scored
 from transformer.translation.torch_engine import Translator
@@ -96,18 +96,20 @@ class SamplingRequest(BaseModel):
     seed: int = Field(default=0, description="the same request with the same seed draws the same samples")
 
 
-class PhrasesRequest(BaseModel):
-    """The phrases a search holds to (constrained beam search, torch engine), as /translate and /explain
-    take them; the package checks them (decoding.check_phrases, phrases.phrase_ids)."""
+class SearchRequest(BaseModel):
+    """What a request may ask of its search beyond the beam and n-best, as /translate and /explain both take
+    it: the length penalty and the phrases it holds to (constrained beam search, torch engine); the package
+    checks them (decoding.DecodeOptions, decoding.check_phrases, phrases.phrase_ids)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)  # strict: "2" is not a beam, "yes" not a bool
 
+    length_penalty: float | None = Field(default=None, description="the GNMT alpha (default: the run's)")
     constraints: list[Text] = Field(default=[], description="target phrases every translation contains "
                                                             "(constrained beam search, torch engine)")
     avoid: list[Text] = Field(default=[], description="target phrases no translation contains")
 
 
-class TranslateRequest(PhrasesRequest):
+class TranslateRequest(SearchRequest):
     """What to translate and how. Types are checked here, the server's own limits on texts and characters
     too; the decode values are the package's to check (decoding.DecodeOptions), then ServerCaps'."""
 
@@ -127,12 +129,11 @@ class TranslateRequest(PhrasesRequest):
         return self
 
 
-class ExplainRequest(PhrasesRequest):
+class ExplainRequest(SearchRequest):
     """One text whose search is shown step by step, with /translate's options of a search (checked alike)."""
 
     text: Text
     beam: int | None = Field(default=None, description="beam size (default: the run's; 1: greedy)")
-    length_penalty: float | None = Field(default=None, description="the GNMT alpha (default: the run's)")
     n_best: int = Field(default=1, description="finished hypotheses beam search keeps before it may stop, as "
                                                "/translate's n_best")
     prefix: Text = Field(default="", description="the translation starts with it")
@@ -199,9 +200,10 @@ class Translations:
         seeded = work.options.strategy.seeded
         on_torch = work.alignment or seeded or "ctranslate2" not in work.options.strategy.engines
         engine = self.torch_engine if on_torch else self.engine
-        # Seeded: a new Translator, with a new generator seeded by the request. Constrained: the phrases
-        # are the client's, any number of sets of them, so a cache keyed by them would grow without end.
-        if seeded or work.options.constrained:
+        # Seeded: a new Translator, with a new generator seeded by the request. Constrained, or at a length
+        # penalty of the request's own: the phrases and the number are the client's, any number of them, so
+        # a cache keyed by them would grow without end.
+        if seeded or work.options.constrained or work.options.length_penalty != engine.decode.length_penalty:
             return dataclasses.replace(engine, decode=work.options)
         # n-best is given with each call: engines differ by the rest (at most one per beam).
         options = dataclasses.replace(work.options, n_best=1)
@@ -342,14 +344,14 @@ def _message(errors: list[dict]) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _finite(value: Any) -> Any:
+def _text_for_nonfinite(value: Any) -> Any:
     """`value` with every NaN or infinite float (a request's own input, echoed) as its text: JSON has none."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, list):
-        return [_finite(item) for item in value]
+        return [_text_for_nonfinite(item) for item in value]
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: _text_for_nonfinite(item) for key, item in value.items()}
     return value
 
 
@@ -388,7 +390,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = _finite(jsonable_encoder(error.errors(), custom_encoder={Exception: str}))
+        errors = _text_for_nonfinite(jsonable_encoder(error.errors(), custom_encoder={Exception: str}))
         return JSONResponse(status_code=422, content={"error": _message(errors), "detail": errors})
 
     @app.exception_handler(UserError)
@@ -424,7 +426,8 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
     async def translate(request: TranslateRequest, http: Request) -> TranslateResponse:
         sampling = None if request.sampling is None else Sampling(**request.sampling.model_dump())
         options = DecodeOptions.over(engine.decode, sampling, request.n_best, tuple(request.constraints),
-                                     tuple(request.avoid), beam_size=request.beam)
+                                     tuple(request.avoid), beam_size=request.beam,
+                                     length_penalty=request.length_penalty)
         caps.check(beam_size=request.beam, n_best=request.n_best)
         seeded = options.strategy.seeded
         if (request.alignment or seeded) and torch_engine is None:

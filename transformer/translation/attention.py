@@ -22,7 +22,7 @@ from torch import Tensor
 from transformer.data.batching import pad_rows, source_tensor
 from transformer.data.tokenizer import BOS_ID, EOS, EOS_ID
 from transformer.model import Transformer
-from transformer.translation.texts import decode_outputs, max_output_length, output_log_probs, search_texts
+from transformer.translation.texts import decode_outputs, output_log_probs, search_texts
 
 if TYPE_CHECKING:
     from transformer.translation.torch_engine import Translator
@@ -181,13 +181,12 @@ def translate_with_attention(engine: Translator, texts: list[str], n_best: int |
     log_probs = output_log_probs(engine, ids, results) if with_scores else [[None] * len(r) for r in results]
     tokenizers, config = engine.tokenizers, engine.decode
     translations = decode_outputs(tokenizers, results)
-    hard_cap = engine.max_len - 1
     produced: list[tuple[int, list[int], bool]] = []  # (text index, output with its EOS, ended)
     for i, (source, outputs) in enumerate(zip(ids, results)):
         if source:
             # Beam search ends every hypothesis with EOS (decoding.Strategy.ends_with_eos); the other
             # methods stop without one only when the output reached its maximum length.
-            longest = max_output_length(len(source), config.max_length_a, config.max_length_b, hard_cap)
+            longest = config.max_output_length(len(source), engine.max_len)
             for output in outputs:
                 ended = config.strategy.ends_with_eos or len(output) < longest
                 produced.append((i, output + [EOS_ID] if ended else output, ended))

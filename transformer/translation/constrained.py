@@ -1,8 +1,10 @@
 """Lexically constrained beam search on the torch engine: outputs that contain given target phrases
-(dynamic beam allocation, Post & Vilar, 2018) and never contain banned ones, over a batch of sentences
-at once, each with its own phrases. The model's side of a step and the stopping rule are search.py's
-BeamSearch; what differs is here: which candidates a step considers, and which of them become beams.
-No text here: phrases arrive as target ids (phrases.py reads them as they appear inside a sentence).
+(dynamic beam allocation, Post & Vilar, 2018) and never contain avoided ones, over a batch of sentences
+at once, each with its own phrases. The model's side of a step, its top-k, the length limit, finishing
+and the stopping rule are search.py's BeamSearch; what differs is here, in the hooks it overrides: what a
+step rules out (`_logits`), and which candidates it considers and which of them become beams
+(`_next_beams`). No text here: phrases arrive as target ids (phrases.py reads them as they appear inside
+a sentence).
 """
 
 from __future__ import annotations
@@ -13,116 +15,114 @@ import torch
 from torch import Tensor
 
 from transformer.data.tokenizer import EOS_ID, PAD_ID
+from transformer.decoding import DecodeOptions
 from transformer.translation.phrases import Forms, Phrases, Progress, ends_with
-from transformer.translation.search import (NEG_INF, BeamCandidates, BeamSearch, Hypothesis, Models, SearchObserver,
-                                            _check_observed, beam_search)
-from transformer.translation.texts import gnmt_length_penalty
+from transformer.translation.search import (NEG_INF, BeamCandidates, BeamSearch, Candidates, Hypothesis, Models,
+                                            SearchObserver, check_observed)
 
 
 class ConstrainedBeamSearch(BeamSearch):
     """BeamSearch with phrases (search.BeamSearch says the rest: rows, the 2k candidates, the exact stop).
 
     Each step a sentence considers its 2k best (beam, token) candidates, each live beam's own best token,
-    and the tokens that advance one of a beam's required phrases, however improbable: that is how a phrase
+    and the tokens that advance one of a beam's constraints, however improbable: that is how a phrase
     the model would not write enters the beam (Post & Vilar's three sources). Those that end in EOS
     finish, which a beam may do only once every phrase is met. The others are grouped in banks by how
-    many required tokens they have written, and the k next beams are shared out among the banks
+    many constraint tokens they have written, and the k next beams are shared out among the banks
     (dynamic beam allocation): each bank gets k // banks slots, the fullest banks the rest, and slots a
     bank cannot fill go to the best candidates left. So hypotheses that have met more phrases are not
     crowded out by likelier ones that have met fewer.
 
     A phrase is written as whole words: it starts with a word start (phrases.phrase_ids), and the subword after it
-    may not glue onto its last word. A beam whose remaining length just fits its unwritten required tokens may only
-    write them, so that every live beam can still finish; one that cannot fit them is dropped. A banned phrase is
-    banned as whole words: once a beam has written it, the next subword must glue onto its last word (making it part
-    of a longer one), so EOS, a space or punctuation cannot follow it. While a sentence's prefix is forced nothing
-    else is ruled out (phrases.py refuses a prefix holding a banned phrase); the prefix's tokens count towards the
-    required phrases. Log-probs are the model's, never renormalised, so scores and the stopping bound (exact: an
-    open beam, met or not, can only lose log-probability) are those of BeamSearch.
+    may not glue onto its last word. A beam whose remaining length just fits its unwritten constraint tokens may
+    only write them, so that every live beam can still finish; one that cannot fit them is dropped. An avoided
+    phrase is kept out as whole words: once a beam has written it, the next subword must glue onto its last word
+    (making it part of a longer one), so EOS, a space or punctuation cannot follow it. While a sentence's prefix is
+    forced nothing else is ruled out (phrases.py refuses a prefix holding an avoided phrase); the prefix's tokens
+    count towards the constraints. Log-probs are the model's, never renormalised, so scores and the stopping bound
+    (exact: an open beam, met or not, can only lose log-probability) are those of BeamSearch.
     """
 
-    def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
-                 max_lengths: Tensor, n_best: int, phrases: Sequence[Phrases],
-                 prefixes: Sequence[Sequence[int]] | None = None, observer: SearchObserver | None = None) -> None:
-        super().__init__(models, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, prefixes, observer)
+    def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor, options: DecodeOptions,
+                 phrases: Sequence[Phrases], prefixes: Sequence[Sequence[int]] | None = None,
+                 observer: SearchObserver | None = None) -> None:
+        super().__init__(models, src, src_pad_mask, max_lengths, options, prefixes, observer)
         if len(phrases) != src.shape[0]:
             raise ValueError(f"{src.shape[0]} sentences but {len(phrases)} sets of phrases")
         self.phrases = list(phrases)
-        self.states: list[Progress] = [Progress()] * (src.shape[0] * beam_size)  # one per row
-        self.history: list[list[int]] = []  # each row's tokens so far, read once a step (_masked_logits)
-        self.texts: list[str] = []  # and their text, where a sentence bans phrases
+        self.states: list[Progress] = [Progress()] * (src.shape[0] * self.k)  # one per row
+        self.next_states: list[Progress] = []  # those of the beams `_next_beams` chose, which `_advance` keeps
+        self.history: list[list[int]] = []  # each row's tokens so far, read once a step (_logits)
+        self.texts: list[str] = []  # and their text, where a sentence avoids phrases
         glued = sorted(set().union(*(p.glued for p in phrases))) if phrases else []
         self.glued = torch.tensor(glued, dtype=torch.long, device=src.device)
 
-    def step(self, step: int) -> bool:
+    def _next_beams(self, step: int, found: Candidates, logits: Tensor, log_norm: Tensor
+                    ) -> tuple[Tensor, Tensor, BeamCandidates | None]:
+        """Each sentence's candidates: its 2k best (`found`), each live beam's own best token, and the tokens
+        that advance one of a beam's constraints (Post & Vilar's three sources), at their log-probs in
+        `logits` (what this step rules out at -inf). Every EOS one finishes (only beams that met every phrase
+        may end), and `_allocate` shares the next beams out among the others' banks."""
         k, n = self.k, self.scores.shape[0]
-        logits, log_norm = self._masked_logits(step)  # (n*k, V) with what this step rules out at -inf, (n*k, 1)
-        width = min(2 * k, logits.shape[-1])
-        top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
         row_scores = self.scores.reshape(-1, 1)  # (n*k, 1)
-        summed = (row_scores + top_logits - log_norm).view(n, k * width)
-        best, index = summed.topk(min(2 * k, k * width), dim=1)  # (n, 2k) the best candidates of each sentence
-        best_rows = self.beam_offset[:n] + index // width
-        best_tokens = top_tokens.view(n, k * width).gather(1, index)
-        # Each beam's own best token, and the tokens that advance its phrases (Post & Vilar's three sources).
-        extra = torch.cat([top_tokens[:, :1], self._phrase_tokens()], dim=1)  # (n*k, 1 + E)
-        extra_scores = (row_scores + logits.gather(1, extra) - log_norm).masked_fill(extra == PAD_ID, NEG_INF)
+        extra = torch.cat([found.top_tokens[:, :1], self._phrase_tokens()], dim=1)  # (n*k, 1 + E)
+        extra_scores = (row_scores + (logits.gather(1, extra) - log_norm)).masked_fill(extra == PAD_ID, NEG_INF)
         per_row = extra.shape[1]
-        best, best_rows, best_tokens = best.tolist(), best_rows.tolist(), best_tokens.tolist()
+        best, best_rows, best_tokens = found.log_probs.tolist(), found.origin.tolist(), found.tokens.tolist()
         extra_scores, extra = extra_scores.view(n, -1).tolist(), extra.view(n, -1).tolist()
-        penalty = gnmt_length_penalty(float(step + 1), self.alpha)
-        new_scores, origin, next_tokens = [], [], []
-        states: list[Progress] = []
+        penalty = self._length_penalty(step)
+        new_scores, origin, next_tokens, self.next_states = [], [], [], []
         for i in range(n):
-            sentence = int(self.sentences[i])
-            phrases = self.phrases[sentence]
+            phrases = self.phrases[int(self.sentences[i])]
             pool = {(row, token): score for score, row, token in zip(best[i], best_rows[i], best_tokens[i])
                     if score > NEG_INF}
             for column, score in enumerate(extra_scores[i]):
                 if score > NEG_INF:
                     pool.setdefault((i * k + column // per_row, extra[i][column]), score)
-            finished, growing = [], []
-            for (row, token), score in sorted(pool.items(), key=lambda item: -item[1]):
-                if phrases.banned_text is not None and phrases.writes_banned(
-                        self.texts[row] + (" " if token == EOS_ID else phrases.pieces[token] + "_")):
-                    continue  # a banned phrase spelled in other subwords than its forms
-                if token == EOS_ID:  # the mask lets only beams that met every phrase end
-                    finished.append((score, row))
-                else:
-                    state = self.states[row].advance(token, phrases, self.history[row])
-                    growing.append((score, row, token, state, state.met_tokens(phrases.required)))
+            finished, growing = self._sort_out(pool, phrases)
             if finished:  # every EOS candidate finishes: each met all its phrases, rare enough to keep them all
-                histories = self.prefix[[row for _, row in finished], 1:].tolist()
-                self._keep_finished({i: [Hypothesis(history, score / penalty, score)
-                                         for (score, _), history in zip(finished, histories)]})
+                self._finish(penalty, [i] * len(finished), [row for _, row in finished], [s for s, _ in finished])
             chosen = self._allocate(growing, phrases.tokens)
             chosen += [(NEG_INF, i * k, EOS_ID, Progress())] * (k - len(chosen))  # an unfilled slot: no beam
             for score, row, token, state in chosen:
                 new_scores.append(score)
                 origin.append(row)
                 next_tokens.append(token)
-                states.append(state)
+                self.next_states.append(state)
         device = self.scores.device
         self.scores = torch.tensor(new_scores, device=device).view(n, k)
-        bound, done = self._stopped()
-        if self.observer is not None:  # one sentence: the loop's last is the only one
-            self.observer.beam_step(step, self.prefix, row_scores[:k, 0], self._observed(
-                finished, growing, chosen, phrases, penalty, float(bound[0]), bool(done[0])))
-        if bool(done.all()):
-            return True
+        seen = None if self.observer is None else self._observed(finished, growing, chosen, phrases, penalty)
+        return (torch.tensor(origin, device=device).view(n, k), torch.tensor(next_tokens, device=device).view(n, k),
+                seen)
+
+    def _sort_out(self, pool: dict[tuple[int, int], float], phrases: Phrases) -> tuple[list[tuple], list[tuple]]:
+        """A sentence's candidates, best first, as (score, row) that end in EOS and (score, row, token, progress,
+        bank) that grow; a candidate whose text holds an avoided phrase, however its subwords spell it, is neither."""
+        finished, growing = [], []
+        for (row, token), score in sorted(pool.items(), key=lambda item: -item[1]):
+            if phrases.avoid_text is not None and phrases.writes_avoided(
+                    self.texts[row] + (" " if token == EOS_ID else phrases.pieces[token] + "_")):
+                continue  # an avoided phrase spelled in other subwords than its forms
+            if token == EOS_ID:  # the mask lets only beams that met every phrase end
+                finished.append((score, row))
+            else:
+                state = self.states[row].advance(token, phrases, self.history[row])
+                growing.append((score, row, token, state, state.met_tokens(phrases.constraints)))
+        return finished, growing
+
+    def _advance(self, done: Tensor, origin: Tensor, tokens: Tensor) -> None:
+        """BeamSearch's, and the chosen beams' progress through their phrases kept with them."""
+        k = self.k
         keep = (~done).nonzero().squeeze(1).tolist()
-        self.states = [states[i * k + slot] for i in keep for slot in range(k)]
-        # origin holds the rows of this step; BeamSearch._advance gathers them after dropping stopped sentences
-        self._advance(done, torch.tensor(origin, device=device).view(n, k),
-                      torch.tensor(next_tokens, device=device).view(n, k))
-        return False
+        self.states = [self.next_states[i * k + slot] for i in keep for slot in range(k)]
+        super()._advance(done, origin, tokens)
 
     def _observed(self, finished: list[tuple[float, int]], growing: list[tuple], chosen: list[tuple],
-                  phrases: Phrases, penalty: float, bound: float, stopped: bool) -> BeamCandidates:
-        """The step of the observed sentence as `step` decided it: every candidate it considered, best
+                  phrases: Phrases, penalty: float) -> BeamCandidates:
+        """The step of the observed sentence as `_next_beams` decided it: every candidate it considered, best
         first (the EOS ones, which all finish, and the `growing` ones, of which those `_allocate` has
         `chosen` are the next beams), each with the phrases it has written whole and its bank."""
-        required = phrases.required
+        constraints = phrases.constraints
         considered = [(score, row, EOS_ID, self.states[row]) for score, row in finished]
         considered += [(score, row, token, state) for score, row, token, state, _ in growing]
         considered.sort(key=lambda c: -c[0])  # stable: the pool's order among equal scores
@@ -135,13 +135,12 @@ class ConstrainedBeamSearch(BeamSearch):
             torch.tensor([c[2] == EOS_ID for c in considered], dtype=torch.bool, device=device),
             torch.tensor([i for i, c in enumerate(considered) if (c[1], c[2]) in kept], dtype=torch.long,
                          device=device),
-            penalty, bound, float(self.worst_kept[0]), stopped,
-            met=[[j for j in range(len(required)) if c[3].met >> j & 1] for c in considered],
-            banks=[c[3].met_tokens(required) for c in considered])
+            penalty, met=[[j for j in range(len(constraints)) if c[3].met >> j & 1] for c in considered],
+            banks=[c[3].met_tokens(constraints) for c in considered])
 
     def _allocate(self, growing: list[tuple], total: int) -> list[tuple[float, int, int, Progress]]:
         """The k next beams of one sentence from its growing candidates (best first), shared out among the
-        banks 0..total (tokens of required phrases written), best first."""
+        banks 0..total (tokens of constraints written), best first."""
         k = self.k
         banks = total + 1
         share = [k // banks] * banks
@@ -159,22 +158,21 @@ class ConstrainedBeamSearch(BeamSearch):
         chosen.sort(key=lambda c: -c[0])
         return [(score, row, token, state) for score, row, token, state, _ in chosen]
 
-    def _masked_logits(self, step: int) -> tuple[Tensor, Tensor]:
-        """(n*k, V) the model's next-token logits with what this step rules out at -inf, and (n*k, 1) their
-        log-normaliser from before (log-probs are never renormalised, as in BeamSearch): other tokens while a prefix
-        lasts, all but a glued subword after a banned phrase, a subword gluing onto a phrase just ended, EOS before
-        every phrase is met, all but the required tokens where only they still fit, all but EOS at the max length.
-        Only live beams are looked at: a row at -inf has no candidates anyway."""
+    def _logits(self, step: int) -> tuple[Tensor, Tensor]:
+        """BeamSearch's logits and log-normaliser (log-probs are never renormalised), with what the phrases
+        rule out at -inf too: all but a glued subword after an avoided phrase, a subword gluing onto a phrase
+        just ended, EOS before every phrase is met, all but the constraint tokens where only they still fit.
+        Nothing more while a prefix lasts. Only live beams are looked at: a row at -inf has no candidates anyway."""
         k = self.k
-        logits, log_norm = self._logits(step)
+        logits, log_norm = super()._logits(step)
         in_prefix_rows = (self._prefix_left(step) > 0).tolist() if self.forced is not None else None
         self.history = history = self.prefix[:, 1:].tolist()  # (n*k) lists: each row's tokens so far
         pieces = next((p.pieces for p in self.phrases if p.pieces), None)
-        if pieces is not None:  # their text, for the last check of banned phrases
+        if pieces is not None:  # their text, for the last check of avoided phrases
             self.texts = ["".join(pieces[t] for t in tokens) for tokens in history]
         row_max, sentences = self.row_max.tolist(), self.sentences.tolist()
         live = (self.scores.reshape(-1) > NEG_INF).tolist()
-        after_ban_rows, only_rows, only_tokens, banned_rows, banned_tokens = [], [], [], [], []
+        after_avoided_rows, only_rows, only_tokens, avoided_rows, avoided_tokens = [], [], [], [], []
         eos_rows, completed_rows = [], []
         for row, state in enumerate(self.states):
             if not live[row]:
@@ -185,26 +183,26 @@ class ConstrainedBeamSearch(BeamSearch):
             phrases = self.phrases[sentences[i]]
             if state.completed:
                 completed_rows.append(row)
-            for token in _banned_next(phrases, history[row]):
-                banned_rows.append(row)
-                banned_tokens.append(token)
-            if any(_ends_in_open_form(forms, history[row]) for forms in phrases.banned_forms):
-                after_ban_rows.append(row)
-            if not phrases.required or state.all_met(phrases.required):
+            for token in _avoided_next(phrases, history[row]):
+                avoided_rows.append(row)
+                avoided_tokens.append(token)
+            if any(_ends_in_open_form(forms, history[row]) for forms in phrases.avoid_forms):
+                after_avoided_rows.append(row)
+            if not phrases.constraints or state.all_met(phrases.constraints):
                 continue
             eos_rows.append(row)
             room = row_max[i] - step  # tokens this row may still write, this one included
-            unwritten = phrases.tokens - state.met_tokens(phrases.required)
-            if unwritten >= room:  # only the required tokens fit (or nothing does: the row dies)
+            unwritten = phrases.tokens - state.met_tokens(phrases.constraints)
+            if unwritten >= room:  # only the constraint tokens fit (or nothing does: the row dies)
                 only_rows.append(row)
-                only_tokens.append(state.next_tokens(phrases.required) if unwritten == room else [])
-        if banned_rows:  # the last subword of a banned phrase's form that ends at a word end (`▁gare.`)
-            logits[banned_rows, banned_tokens] = NEG_INF
-        if after_ban_rows:  # only a subword that makes the banned phrase part of a longer word
-            kept = logits[after_ban_rows]
+                only_tokens.append(state.next_tokens(phrases.constraints) if unwritten == room else [])
+        if avoided_rows:  # the last subword of an avoided phrase's form that ends at a word end (`▁gare.`)
+            logits[avoided_rows, avoided_tokens] = NEG_INF
+        if after_avoided_rows:  # only a subword that makes the avoided phrase part of a longer word
+            kept = logits[after_avoided_rows]
             allowed = torch.full_like(kept, NEG_INF)
             allowed[:, self.glued] = kept[:, self.glued]
-            logits[after_ban_rows] = allowed
+            logits[after_avoided_rows] = allowed
         if completed_rows and self.glued.numel():
             rows = torch.tensor(completed_rows, device=logits.device)
             logits[rows[:, None], self.glued[None, :]] = NEG_INF
@@ -216,11 +214,6 @@ class ConstrainedBeamSearch(BeamSearch):
             for j, tokens in enumerate(only_tokens):
                 allowed[j, tokens] = kept[j, tokens]
             logits[only_rows] = allowed
-        at_max = (self.row_max <= step).repeat_interleave(k)  # (n*k,) rows that already hold max tokens
-        if bool(at_max.any()):
-            only_eos = torch.full_like(logits, NEG_INF)
-            only_eos[:, EOS_ID] = logits[:, EOS_ID]
-            logits = torch.where(at_max[:, None], only_eos, logits)
         return logits, log_norm
 
     def _prefix_left(self, step: int) -> Tensor:
@@ -228,21 +221,22 @@ class ConstrainedBeamSearch(BeamSearch):
         return self.forced[1][self.sentences] - step
 
     def _phrase_tokens(self) -> Tensor:
-        """(n*k, E) per row, the tokens that advance one of its required phrases (PAD: none)."""
+        """(n*k, E) per row, the tokens that advance one of its constraints (PAD: none)."""
         k, sentences = self.k, self.sentences.tolist()
-        rows = [state.next_tokens(self.phrases[sentences[row // k]].required) for row, state in enumerate(self.states)]
+        rows = [state.next_tokens(self.phrases[sentences[row // k]].constraints)
+                for row, state in enumerate(self.states)]
         width = max(1, max((len(r) for r in rows), default=0))
         return torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows], dtype=torch.long,
                             device=self.prefix.device)
 
 
-def _banned_next(phrases: Phrases, history: list[int]) -> list[int]:
-    """The subwords that would complete, after `history`, a form of a banned phrase ending at a word end."""
+def _avoided_next(phrases: Phrases, history: list[int]) -> list[int]:
+    """The subwords that would complete, after `history`, a form of an avoided phrase ending at a word end."""
     last = history[-1] if history else None
     found = []
-    for forms in phrases.banned_forms:
-        found += [form[-1] for form in forms.banned_next.get(None, ())]  # one-subword forms: everywhere
-        found += [form[-1] for form in forms.banned_next.get(last, ()) if ends_with(history, form[:-1])]
+    for forms in phrases.avoid_forms:
+        found += [form[-1] for form in forms.closed_after.get(None, ())]  # one-subword forms: everywhere
+        found += [form[-1] for form in forms.closed_after.get(last, ()) if ends_with(history, form[:-1])]
     return found
 
 
@@ -253,49 +247,47 @@ def _ends_in_open_form(forms: Forms, history: list[int]) -> bool:
 
 
 @torch.inference_mode()
-def constrained_beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
-                            max_lengths: Tensor, n_best: int, phrases: Sequence[Phrases],
-                            prefixes: Sequence[Sequence[int]] | None = None,
-                            observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
-    """`ConstrainedBeamSearch` of B sentences, arguments as search.beam_search's and each sentence's
-    `phrases`. Returns, per sentence, its `n_best` hypotheses best first: each contains every required
-    phrase and no banned one (as ids); a sentence whose search finished none gets none. A sentence without
-    phrases (a glossary that found no term in it) is searched by BeamSearch itself, as plain beam search
-    searches it. `observer` watches every step of a search of one sentence, each candidate with its
+def constrained_search(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor, options: DecodeOptions,
+                       phrases: Sequence[Phrases], prefixes: Sequence[Sequence[int]] | None = None,
+                       observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
+    """`ConstrainedBeamSearch` of B sentences, arguments as search.BeamSearch's and each sentence's
+    `phrases`. Returns, per sentence, its `options.n_best` hypotheses best first: each contains every
+    constraint and no avoided phrase (as ids); a sentence whose search finished none gets none. A sentence
+    without phrases (a glossary that found no term in it) is searched by BeamSearch itself, as plain beam
+    search searches it. `observer` watches every step of a search of one sentence, each candidate with its
     phrases met and its bank."""
-    _check_observed(observer, src)
-    with_phrases = [i for i, p in enumerate(phrases) if not p.empty]
-    without = [i for i, p in enumerate(phrases) if p.empty]
+    check_observed(observer, src)
     results: list[list[Hypothesis]] = [[] for _ in phrases]
-    for rows, search in ((without, _plain_search), (with_phrases, _constrained_search)):
+    for with_phrases in (False, True):
+        rows = [i for i, p in enumerate(phrases) if p.empty != with_phrases]
         if not rows:
             continue
         if len(rows) == len(phrases):
-            found = search(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases, prefixes,
-                           observer)
+            part = src, src_pad_mask, max_lengths, prefixes
         else:
             index = torch.tensor(rows, device=src.device)
-            found = search(model, src.index_select(0, index), src_pad_mask.index_select(0, index), beam_size,
-                           length_penalty, max_lengths.index_select(0, index.to(max_lengths.device)), n_best,
-                           [phrases[i] for i in rows], None if prefixes is None else [prefixes[i] for i in rows],
-                           observer)
-        for i, hypotheses in zip(rows, found):
+            part = (src.index_select(0, index), src_pad_mask.index_select(0, index),
+                    max_lengths.index_select(0, index.to(max_lengths.device)),
+                    None if prefixes is None else [prefixes[i] for i in rows])
+        sub_src, sub_mask, sub_max, sub_prefixes = part
+        if with_phrases:
+            search = ConstrainedBeamSearch(models, sub_src, sub_mask, sub_max, options, [phrases[i] for i in rows],
+                                           sub_prefixes, observer)
+        else:
+            search = BeamSearch(models, sub_src, sub_mask, sub_max, options, sub_prefixes, observer)
+        for i, hypotheses in zip(rows, search.run()):
             results[i] = hypotheses
     return results
 
 
-def _plain_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
-                  max_lengths: Tensor, n_best: int, phrases: Sequence[Phrases],
-                  prefixes: Sequence[Sequence[int]] | None, observer: SearchObserver | None) -> list[list[Hypothesis]]:
-    return beam_search(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, prefixes, observer)
+def constrained_beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
+                            max_lengths: Tensor, n_best: int, phrases: Sequence[Phrases],
+                            prefixes: Sequence[Sequence[int]] | None = None,
+                            observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
+    """`constrained_search` with these settings, for callers that hold no decode options (tests, notebooks),
+    arguments as search.beam_search's."""
+    options = DecodeOptions(beam_size=beam_size, length_penalty=length_penalty, n_best=n_best)
+    return constrained_search(model, src, src_pad_mask, max_lengths, options, phrases, prefixes, observer)
 
 
-def _constrained_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
-                        max_lengths: Tensor, n_best: int, phrases: Sequence[Phrases],
-                        prefixes: Sequence[Sequence[int]] | None, observer: SearchObserver | None
-                        ) -> list[list[Hypothesis]]:
-    return ConstrainedBeamSearch(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, phrases,
-                                 prefixes, observer).run()
-
-
-__all__ = ["Phrases", "ConstrainedBeamSearch", "constrained_beam_search"]
+__all__ = ["Phrases", "ConstrainedBeamSearch", "constrained_search", "constrained_beam_search"]

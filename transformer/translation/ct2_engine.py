@@ -20,7 +20,7 @@ from transformer.decoding import DecodeOptions, Sampling
 from transformer.errors import CheckpointError, ConfigError, EngineUnavailableError
 from transformer.hardware import parse_device
 from transformer.translation.ct2_format import EXPORT_TOKENIZER_DIR, import_ctranslate2, read_export_info
-from transformer.translation.texts import gnmt_length_penalty, max_output_length, translate_texts
+from transformer.translation.texts import gnmt_length_penalty, translate_texts
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,7 @@ class CTranslate2Translator:
         decode = self.decode
         tokens = [[self._source_tokens[i] for i in ids] for ids in sources]
         targets = None if prefixes is None else [[self._target_tokens[i] for i in ids] or None for ids in prefixes]
-        limits = [max_output_length(len(ids), decode.max_length_a, decode.max_length_b, self.max_len - 1)
-                  for ids in sources]
+        limits = [decode.max_output_length(len(ids), self.max_len) for ids in sources]
         return CT2_SEARCHES[decode.strategy.name](self, tokens, targets, limits, n_best)
 
     def _greedy(self, tokens: list[list[str]], targets: list[list[str] | None] | None, limits: list[int],

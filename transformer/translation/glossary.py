@@ -1,6 +1,7 @@
 """A glossary: a TSV file of `source term<TAB>target term` lines, read once and checked line by line,
-and the target terms a text calls for (its source terms found as whole words, case-insensitively, in
-the text as the input cleaning leaves it), which constrained search then requires. No torch here.
+and the target terms a text calls for (its source terms found as whole words in any case, by the one
+whole-word rule, data.text.whole_words), which constrained search then holds to as constraints. No torch
+here.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformer.data.text import clean_text, read_lines
+from transformer.data.text import clean_text, read_lines, whole_words
+from transformer.decoding import PhraseError
 from transformer.errors import UserError
 
 
@@ -18,7 +20,7 @@ class Entry:
     source: str  # as cleaned
     target: str  # as written in the file (the text path cleans and tokenizes it)
     line: int  # 1-based, for messages
-    pattern: re.Pattern = field(repr=False, compare=False)  # the source term as whole words, case-folded
+    pattern: re.Pattern = field(repr=False, compare=False)  # the source term as whole words, in any case
 
 
 @dataclass(frozen=True)
@@ -27,16 +29,11 @@ class Glossary:
     entries: tuple[Entry, ...]
 
     def targets_of(self, text: str) -> list[str]:
-        """The target terms whose source term `text` contains as whole words, case-insensitively after
-        the input cleaning, in file order, each once."""
-        cleaned = clean_text(text).casefold()
+        """The target terms whose source term `text` contains as whole words, in any case, after the input
+        cleaning, in file order, each once."""
+        cleaned = clean_text(text)
         found = [entry.target for entry in self.entries if entry.pattern.search(cleaned)]
         return list(dict.fromkeys(found))
-
-
-def _whole_words(term: str) -> re.Pattern:
-    # \b is not enough: a term may start or end with a non-word character ("C++", "U.S.").
-    return re.compile(r"(?<!\w)" + re.escape(term.casefold()) + r"(?!\w)")
 
 
 def read_glossary(path: Path) -> Glossary:
@@ -56,7 +53,7 @@ def read_glossary(path: Path) -> Glossary:
             raise UserError(f"{path}, line {number}: more than one tab: expected a source term, a tab, then the "
                             "target term")
         source = clean_text(source)
-        entries.append(Entry(source, target, number, _whole_words(source)))
+        entries.append(Entry(source, target, number, whole_words([source])))
     return Glossary(path, tuple(entries))
 
 
@@ -64,7 +61,7 @@ def check_terms(glossary: Glossary, engine) -> None:
     """Refuse, naming its line, a target term that no output can contain (phrases.phrase_ids) or that the
     engine's options avoid (compared as subwords, so after the input cleaning); before any translating,
     so that a bad line stops the run before its work."""
-    from transformer.translation.phrases import PhraseError, sentence_phrases
+    from transformer.translation.phrases import sentence_phrases
 
     entries = glossary.entries
     try:  # each term as one text's own phrase, all at once: the vocabulary is read once

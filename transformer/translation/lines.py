@@ -24,9 +24,9 @@ from transformer.data.text import iter_lines, read_lines
 from transformer.errors import UserError, option
 from transformer.files import atomic_writer, remove_file_leftovers
 from transformer.translation.metrics import score
-from transformer.decoding import check_phrases
+from transformer.decoding import PhraseError, check_not_avoided, check_phrases
 from transformer.translation.glossary import Glossary
-from transformer.translation.phrases import PhraseError, met_phrases
+from transformer.translation.phrases import met_phrases
 from transformer.translation.texts import Engine, score_texts, translate_scored, translate_texts
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
@@ -115,7 +115,7 @@ def _json_line(record: dict) -> str:
 def _records(sources: list[str], prefixes: list[str] | None, translations: list[list[tuple]],
              met: list[list[tuple[str, bool]]] | None = None) -> list[str]:
     """One JSON object per source: its translation and score, its n-best list (text, score, and the
-    alignment when one was made) and, when one was given, its prefix; with `met`, each required phrase
+    alignment when one was made) and, when one was given, its prefix; with `met`, each constraint
     and whether the translation contains it."""
     lines = []
     for i, (source, candidates) in enumerate(zip(sources, translations)):
@@ -173,26 +173,27 @@ def constraint_columns(lines: Iterable[str]) -> Iterator[tuple[str, list[str]]]:
 
 
 def _checked_phrases(engine: Engine, number: int, phrases: list[str]) -> list[str]:
-    """A line's own required phrases, checked as the options' are (decoding.check_phrases) with them."""
+    """A line's own constraints, checked as the options' are (decoding.check_phrases, check_not_avoided) with
+    them."""
     decode = engine.decode
     where = f"line {number}: "
-    check_phrases([*decode.constraints, *phrases], "line_constraints", where=where)
-    check_phrases(decode.avoid, "avoid", required=(*decode.constraints, *phrases), where=where)
+    check_phrases([*decode.constraints, *phrases], "text_constraints", where=where)
+    check_not_avoided(phrases, decode.avoid, "text_constraints", where=where)
     return phrases
 
 
 def _search_chunk(translator: Engine, chunk: list[str], n_best: int, prefixes: list[str] | None,
-                  constraints: list[list[str]] | None, jsonl: bool, first: int) -> tuple[list[str], list[str]]:
+                  text_constraints: list[list[str]] | None, jsonl: bool, first: int) -> tuple[list[str], list[str]]:
     """(output lines, best translations) of a chunk whose first line is input line `first`, searched
     with the chunk's prefixes and phrases; a phrase no output can hold to is refused naming its line."""
     try:
         if jsonl and translator.decode.constrained:
-            from transformer.translation.texts import search_texts_held, decode_outputs, output_log_probs
+            from transformer.translation.texts import decode_outputs, output_log_probs, search_texts_and_phrases
 
-            sources, results, _ = search_texts_held(translator, chunk, n_best, True, prefixes, constraints)
+            sources, results, _ = search_texts_and_phrases(translator, chunk, n_best, True, prefixes, text_constraints)
             texts = decode_outputs(translator.tokenizers, results)
             scored = [list(zip(c, p)) for c, p in zip(texts, output_log_probs(translator, sources, results))]
-            names = [[*translator.decode.constraints, *(constraints[i] if constraints else [])]
+            names = [[*translator.decode.constraints, *(text_constraints[i] if text_constraints else [])]
                      for i in range(len(chunk))]
             met = [list(zip(names[i], met_phrases(texts[i][0], names[i]) if sources[i] else [False] * len(names[i])))
                    for i in range(len(chunk))]
@@ -200,8 +201,7 @@ def _search_chunk(translator: Engine, chunk: list[str], n_best: int, prefixes: l
         if jsonl:
             scored = translate_scored(translator, chunk, n_best, prefixes)
             return _records(chunk, prefixes, scored), [c[0][0] for c in scored]
-        held = {} if constraints is None else {"constraints": constraints}
-        candidates = translate_texts(translator, chunk, n_best, prefixes=prefixes, **held)
+        candidates = translate_texts(translator, chunk, n_best, prefixes=prefixes, text_constraints=text_constraints)
         # A search may finish fewer than n_best (constraints, a tiny vocabulary): empty columns keep each line's count.
         return ["\t".join(c + [""] * (n_best - len(c))) for c in candidates], [c[0] for c in candidates]
     except PhraseError as error:
@@ -236,16 +236,17 @@ def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_be
     for pairs in chunks(items, chunk_size):
         chunk = [source for source, _ in pairs]
         prefixes = [prefix_text for _, prefix_text in pairs] if with_prefixes else None
-        constraints = None
+        text_constraints = None
         if with_phrases:
-            constraints = [_checked_phrases(translator, number, [*(own if constraints_column else []),
-                                                                 *(glossary.targets_of(source) if glossary else [])])
-                           for number, (source, own) in enumerate(pairs, start=first)]
+            text_constraints = [
+                _checked_phrases(translator, number, [*(own if constraints_column else []),
+                                                      *(glossary.targets_of(source) if glossary else [])])
+                for number, (source, own) in enumerate(pairs, start=first)]
         if inspect:
             output, best = _inspect_chunk(translator, chunk, n_best, first, attention_dir, alignment_layer,
                                           prefixes, jsonl)
         else:
-            output, best = _search_chunk(translator, chunk, n_best, prefixes, constraints, jsonl, first)
+            output, best = _search_chunk(translator, chunk, n_best, prefixes, text_constraints, jsonl, first)
         out.write("".join(line + "\n" for line in output))
         written.extend(best)
         first += len(chunk)

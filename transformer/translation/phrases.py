@@ -4,10 +4,11 @@ length, and the progress a hypothesis makes through them, which constrained sear
 these checks share. No torch here: the text path (texts.py) builds a sentence's `Phrases` before any
 search.
 
-Phrases are whole words: a required phrase is met by any of its forms (`gare`, `▁gare.`, `Gare`) that no
-subword glued onto it makes a longer word, and an avoided phrase is banned where it stands as whole words
-(`gare`, `gare.`), not where it begins a longer word (`gares`). Required phrases are deduplicated by their
-ids, and one standing as whole words inside another is dropped: writing the longer one meets both.
+Phrases are whole words: a constraint (a phrase every output contains) is met by any of its forms (`gare`,
+`▁gare.`, `Gare`) that no subword glued onto it makes a longer word, and an avoided phrase is kept out where
+it stands as whole words (`gare`, `gare.`), not where it begins a longer word (`gares`). Constraints are
+deduplicated by their ids, and one standing as whole words inside another is dropped: writing the longer one
+meets both.
 """
 
 from __future__ import annotations
@@ -17,21 +18,12 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from transformer.data.text import clean_text
+from transformer.data.text import clean_text, whole_words
 from transformer.data.tokenizer import EOS_ID, UNK_ID, Tokenizers
-from transformer.decoding import DecodeOptions
-from transformer.errors import DecodeOptionError, option
+from transformer.decoding import DecodeOptions, PhraseError, check_not_avoided
+from transformer.errors import option
 
 Ids = tuple[int, ...]
-
-
-class PhraseError(DecodeOptionError):
-    """A required or banned phrase (option `option_name`) no output can hold to; `index`: the text it
-    belongs to (None: the options' phrases, shared by every text), for a face to name its line."""
-
-    def __init__(self, option_name: str, reason: str, index: int | None) -> None:
-        super().__init__(option_name, reason)
-        self.index = index
 
 
 @dataclass(frozen=True)
@@ -43,56 +35,57 @@ class Forms:
     nothing, or punctuation the vocabulary holds after a word (`.`, `?`), after it: each tokenized as the
     whole piece. `ending` finds the forms by their last subword; `closed` ones end at a word end (with
     their punctuation), the others end where the next subword decides (one that glues on makes a longer
-    word). `banned_next` finds the closed forms by the subword before their last (None: one-subword forms),
+    word). `closed_after` finds the closed forms by the subword before their last (None: one-subword forms),
     so that a search can rule out the last subword of each form a hypothesis is one subword from."""
 
     ending: dict[int, tuple[tuple[Ids, bool], ...]] = field(default_factory=dict)
-    banned_next: dict[int | None, tuple[Ids, ...]] = field(default_factory=dict)
+    closed_after: dict[int | None, tuple[Ids, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Phrases:
-    """The phrases of one sentence, as target ids: each output must contain every `required` one and
-    none of the `banned` ones (as whole words). `required` and `banned` are each phrase as written alone
-    (what a search writes to meet a required phrase); their `Forms` are what meets or breaks them."""
+    """The phrases of one sentence, as target ids: each output must contain every one of `constraints` and
+    none of `avoid` (as whole words). Both hold each phrase as written alone (what a search writes to meet
+    a constraint); their `Forms` are what meets or breaks them."""
 
-    required: tuple[Ids, ...] = ()
-    banned: tuple[Ids, ...] = ()
+    constraints: tuple[Ids, ...] = ()
+    avoid: tuple[Ids, ...] = ()
     # Subwords that would glue onto the word before them (no word start, a letter or digit first): never
-    # right after a required phrase, which would else end inside a longer word ("voulais" + "ais"); and
-    # the only ones allowed right after a banned phrase, which is then no longer a whole word.
+    # right after a constraint, which would else end inside a longer word ("voulais" + "ais"); and
+    # the only ones allowed right after an avoided phrase, which is then no longer a whole word.
     glued: frozenset[int] = frozenset()
-    required_forms: tuple[Forms, ...] = field(default=(), compare=False)
-    banned_forms: tuple[Forms, ...] = field(default=(), compare=False)
-    # The banned phrases as text, any case, followed by a non-word character (a word end), and each target
-    # id's text: the last check of a hypothesis, which no spelling in subwords escapes (Forms are the
-    # spellings BPE gives a piece; a model may still write `▁chan` + `ter.`).
-    banned_text: re.Pattern | None = field(default=None, compare=False)
+    constraint_forms: tuple[Forms, ...] = field(default=(), compare=False)
+    avoid_forms: tuple[Forms, ...] = field(default=(), compare=False)
+    # The avoided phrases as whole words in any case (data.text.whole_words), and each target id's text: the
+    # last check of a hypothesis, which no spelling in subwords escapes (Forms are the spellings BPE gives a
+    # piece; a model may still write `▁chan` + `ter.`).
+    avoid_text: re.Pattern | None = field(default=None, compare=False)
     pieces: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
-    def writes_banned(self, text: str) -> bool:
-        """Whether `text` (an output's text so far, with what follows it: a space for EOS) holds a banned
-        phrase as whole words."""
-        return self.banned_text is not None and self.banned_text.search(text) is not None
+    def writes_avoided(self, text: str) -> bool:
+        """Whether `text` (an output's text so far, with what follows it: a space for EOS, else a word
+        character, since the next subword may still continue the last word) holds an avoided phrase as whole
+        words."""
+        return self.avoid_text is not None and self.avoid_text.search(text) is not None
 
     def __post_init__(self) -> None:  # a phrase with no forms given has its own ids as its one form
-        if len(self.required_forms) != len(self.required):
-            object.__setattr__(self, "required_forms", tuple(_own_form(ids) for ids in self.required))
-        if len(self.banned_forms) != len(self.banned):
-            object.__setattr__(self, "banned_forms", tuple(_own_form(ids) for ids in self.banned))
+        if len(self.constraint_forms) != len(self.constraints):
+            object.__setattr__(self, "constraint_forms", tuple(_own_form(ids) for ids in self.constraints))
+        if len(self.avoid_forms) != len(self.avoid):
+            object.__setattr__(self, "avoid_forms", tuple(_own_form(ids) for ids in self.avoid))
 
     @property
     def tokens(self) -> int:
-        return sum(len(phrase) for phrase in self.required)
+        return sum(len(phrase) for phrase in self.constraints)
 
     @property
     def empty(self) -> bool:
-        return not self.required and not self.banned
+        return not self.constraints and not self.avoid
 
 
 @dataclass(frozen=True)
 class Progress:
-    """How far one hypothesis is through its sentence's required phrases: a bit per phrase met, the phrase
+    """How far one hypothesis is through its sentence's constraints: a bit per phrase met, the phrase
     it is in the middle of (-1: none) with the tokens of it written so far, and the phrase its last token
     completed (-1: none)."""
 
@@ -103,7 +96,7 @@ class Progress:
 
     @property
     def completed(self) -> bool:
-        """The last token ended a required phrase: a glued subword now would end it inside a longer word."""
+        """The last token ended a constraint: a glued subword now would end it inside a longer word."""
         return self.just_met >= 0
 
     def advance(self, token: int, phrases: Phrases, history: Sequence[int]) -> "Progress":
@@ -112,44 +105,44 @@ class Progress:
         is also met by any of its forms (Forms: `gare.` as one subword). A glued subword right after an
         open form takes the phrase back (it was not a whole word): the search never writes one there, but a
         forced prefix may."""
-        required = phrases.required
+        constraints = phrases.constraints
         if self.completed and token in phrases.glued:
             return Progress(self.met & ~(1 << self.just_met))
-        for j, forms in enumerate(phrases.required_forms):
+        for j, forms in enumerate(phrases.constraint_forms):
             if self.met >> j & 1:
                 continue
             for form, closed in forms.ending.get(token, ()):
                 if ends_with(history, form[:-1]):
                     return Progress(self.met | 1 << j, just_met=-1 if closed else j)
         if self.current >= 0:
-            phrase = required[self.current]
+            phrase = constraints[self.current]
             if phrase[self.position] == token:
                 if self.position + 1 == len(phrase):
                     return Progress(self.met | 1 << self.current, just_met=self.current)
                 return Progress(self.met, self.current, self.position + 1)
-        for j, phrase in enumerate(required):
+        for j, phrase in enumerate(constraints):
             if not self.met >> j & 1 and phrase[0] == token:
                 return (Progress(self.met | 1 << j, just_met=j) if len(phrase) == 1 else
                         Progress(self.met, j, 1))
         return Progress(self.met) if self.current >= 0 or self.completed else self
 
-    def met_tokens(self, required: tuple[Ids, ...]) -> int:
-        """The bank: tokens of required phrases written (whole phrases met, and the one under way)."""
-        return sum(len(p) for j, p in enumerate(required) if self.met >> j & 1) + self.position
+    def met_tokens(self, constraints: tuple[Ids, ...]) -> int:
+        """The bank: tokens of constraints written (whole phrases met, and the one under way)."""
+        return sum(len(p) for j, p in enumerate(constraints) if self.met >> j & 1) + self.position
 
     def met_count(self) -> int:
-        """Whole required phrases met."""
+        """Whole constraints met."""
         return bin(self.met).count("1")
 
-    def all_met(self, required: tuple[Ids, ...]) -> bool:
-        return self.met == (1 << len(required)) - 1
+    def all_met(self, constraints: tuple[Ids, ...]) -> bool:
+        return self.met == (1 << len(constraints)) - 1
 
-    def next_tokens(self, required: tuple[Ids, ...]) -> list[int]:
-        """The tokens that advance a required phrase: the next of the one under way, or the first of each
+    def next_tokens(self, constraints: tuple[Ids, ...]) -> list[int]:
+        """The tokens that advance a constraint: the next of the one under way, or the first of each
         phrase not yet met."""
         if self.current >= 0:
-            return [required[self.current][self.position]]
-        return list(dict.fromkeys(p[0] for j, p in enumerate(required) if not self.met >> j & 1))
+            return [constraints[self.current][self.position]]
+        return list(dict.fromkeys(p[0] for j, p in enumerate(constraints) if not self.met >> j & 1))
 
 
 def phrase_ids(tokenizers: Tokenizers, phrase: str, name: str, index: int | None = None) -> Ids:
@@ -230,16 +223,16 @@ def phrase_forms(tokenizers: Tokenizers, text: str, canonical: Ids, affixes: Aff
               for after in ("", *affixes.after)]
     encoded = tokenizers.encode_target([piece for piece, _ in pieces])
     ending: dict[int, dict[Ids, bool]] = {canonical[-1]: {canonical: False}}
-    banned_next: dict[int | None, dict[Ids, None]] = {}
+    closed_after: dict[int | None, dict[Ids, None]] = {}
     for ids, (_, closed) in zip(encoded, pieces):
         ids = tuple(ids)
         if not ids or UNK_ID in ids:
             continue
         ending.setdefault(ids[-1], {}).setdefault(ids, closed)
         if closed:
-            banned_next.setdefault(ids[-2] if len(ids) > 1 else None, {})[ids] = None
+            closed_after.setdefault(ids[-2] if len(ids) > 1 else None, {})[ids] = None
     return Forms({token: tuple(forms.items()) for token, forms in ending.items()},
-                 {token: tuple(forms) for token, forms in banned_next.items()})
+                 {token: tuple(forms) for token, forms in closed_after.items()})
 
 
 def target_pieces(tokenizers: Tokenizers) -> tuple[str, ...]:
@@ -285,39 +278,36 @@ def whole_word_at(ids: Sequence[int], phrase: Ids, glued: frozenset[int]) -> int
     return None
 
 
-def required_once(required: Sequence[Ids], glued: frozenset[int]) -> tuple[Ids, ...]:
-    """The required phrases without repeats, and without a phrase that stands as whole words inside another
+def constraints_once(constraints: Sequence[Ids], glued: frozenset[int]) -> tuple[Ids, ...]:
+    """The constraints without repeats, and without a phrase that stands as whole words inside another
     (writing the longer one meets it; `gare` in `gares du Nord` does not), in their first order. Without
     this, `gare` required twice (a flag and a glossary) or beside `la gare` made the search write it twice."""
-    unique = list(dict.fromkeys(required))
+    unique = list(dict.fromkeys(constraints))
     return tuple(p for p in unique
                  if not any(q != p and len(q) > len(p) and whole_word_at(q, p, glued) is not None for q in unique))
 
 
 @dataclass(frozen=True)
 class Named:
-    """A phrase as the user gave it, with its ids and where it came from (for messages)."""
+    """A phrase as the user gave it, with its ids."""
 
     text: str
     ids: Ids
-    option_name: str  # constraints, line_constraints or avoid
-    index: int | None  # the text it belongs to (None: the options', shared)
 
 
 def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, limits: Sequence[int | None],
-                     required: Sequence[Sequence[str]] | None, prefixes: Sequence[Sequence[int]] | None,
+                     text_constraints: Sequence[Sequence[str]] | None, prefixes: Sequence[Sequence[int]] | None,
                      prefix_texts: Sequence[str] | None = None) -> list[Phrases]:
-    """For each of `count` texts, its Phrases: the options' required and banned phrases with the text's own
-    `required` ones (None: none), as target ids. `limits`: each text's output length (None: a blank text,
+    """For each of `count` texts, its Phrases: the options' constraints and avoided phrases with the text's
+    own `text_constraints` (None: none), as target ids. `limits`: each text's output length (None: a blank text,
     not searched); `prefixes`: each text's forced target ids (None: none). A PhraseError, naming the text's
     index where the text is to blame, when no output could hold to them: an avoided phrase inside a
-    required one or inside the prefix, or required phrases that with the prefix need more subwords than the
+    constraint or inside the prefix, or constraints that with the prefix need more subwords than the
     output may have."""
     vocabulary = target_vocabulary(tokenizers)
     glued, affixes = vocabulary.glued, vocabulary.affixes
-    shared = [Named(p, phrase_ids(tokenizers, p, "constraints"), "constraints", None) for p in decode.constraints]
-    banned = [Named(p, phrase_ids(tokenizers, p, "avoid"), "avoid", None) for p in decode.avoid]
-    _refuse_avoided_inside_required(shared, banned)
+    shared = [Named(p, phrase_ids(tokenizers, p, "constraints")) for p in decode.constraints]
+    avoid = [Named(p, phrase_ids(tokenizers, p, "avoid")) for p in decode.avoid]
     forms: dict[Ids, Forms] = {}  # by a phrase's ids: each phrase's forms are tokenized once
 
     subwords = _has_vocabulary(tokenizers)  # else a stand-in (the tests' word-level tokenizers): no forms
@@ -328,53 +318,34 @@ def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, 
                 if subwords else _own_form(ids)
         return forms[ids]
 
-    banned_forms = tuple(forms_of(banned, n.ids) for n in banned)
-    banned_text, pieces = None, ()
-    if banned and subwords:
-        words = "|".join(re.escape(clean_text(n.text)) for n in banned)
-        banned_text = re.compile(rf"(?<!\w)(?:{words})(?=\W)", re.IGNORECASE)  # then a word end
+    avoid_forms = tuple(forms_of(avoid, n.ids) for n in avoid)
+    avoid_text, pieces = None, ()
+    if avoid and subwords:
+        avoid_text = whole_words([n.text for n in avoid])
         pieces = vocabulary.pieces
     result = []
     for i in range(count):
-        own = [] if required is None else [Named(p, phrase_ids(tokenizers, p, "line_constraints", i),
-                                                 "line_constraints", i) for p in required[i]]
-        _refuse_avoided_inside_required(own, banned)
+        own = [] if text_constraints is None else [Named(p, phrase_ids(tokenizers, p, "text_constraints", i))
+                                                   for p in text_constraints[i]]
+        # The options' own constraints were checked against the avoided phrases as the options were made.
+        check_not_avoided([n.text for n in own], decode.avoid, "text_constraints", index=i)
         prefix = () if prefixes is None else tuple(prefixes[i])
         if prefix and prefix_texts and limits[i] is not None:  # a blank text is not searched: nor its prefix
-            _refuse_avoided_in_prefix(prefix_texts[i], banned, i)
-        held = required_once([n.ids for n in shared + own], glued)
-        phrases = Phrases(held, tuple(n.ids for n in banned), glued,
-                          tuple(forms_of(shared + own, ids) for ids in held), banned_forms, banned_text, pieces)
-        if limits[i] is not None and phrases.required:
-            _refuse_what_cannot_fit(phrases, prefix, limits[i], "line_constraints" if own else "constraints", i)
+            _refuse_avoided_in_prefix(prefix_texts[i], avoid, i)
+        constraints = constraints_once([n.ids for n in shared + own], glued)
+        phrases = Phrases(constraints, tuple(n.ids for n in avoid), glued,
+                          tuple(forms_of(shared + own, ids) for ids in constraints), avoid_forms, avoid_text, pieces)
+        if limits[i] is not None and phrases.constraints:
+            _refuse_what_cannot_fit(phrases, prefix, limits[i], "text_constraints" if own else "constraints", i)
         result.append(phrases)
     return result
 
 
-def _whole_words(phrase: str) -> re.Pattern:
-    """`phrase` (cleaned) as whole words, any case: how an avoided phrase is found in text."""
-    return re.compile(rf"(?<!\w){re.escape(clean_text(phrase))}(?!\w)", re.IGNORECASE)
-
-
-def _refuse_avoided_inside_required(required: list[Named], banned: list[Named]) -> None:
-    """Compared as cleaned text: `l'hôtel` and `l’hôtel` are one phrase, `gare` is in `la gare du Nord` but
-    not in `gares`."""
-    for phrase in required:
-        for avoided in banned:
-            if _whole_words(avoided.text).search(clean_text(phrase.text)):
-                avoid = f"{option('avoid')} {avoided.text!r}"
-                same = clean_text(phrase.text).casefold() == clean_text(avoided.text).casefold()
-                raise PhraseError(phrase.option_name, f"{phrase.text!r} is also avoided ({avoid}); a phrase is "
-                                  "required or avoided, not both" if same else
-                                  f"{phrase.text!r} holds an avoided phrase ({avoid}); no output can contain one "
-                                  "without the other", phrase.index)
-
-
-def _refuse_avoided_in_prefix(text: str, banned: list[Named], i: int) -> None:
-    """A prefix's last word may still grow into a longer one: only a banned phrase followed by more of the
+def _refuse_avoided_in_prefix(text: str, avoid: list[Named], i: int) -> None:
+    """A prefix's last word may still grow into a longer one: only an avoided phrase followed by more of the
     prefix is refused."""
-    for avoided in banned:
-        match = _whole_words(avoided.text).search(clean_text(text))
+    for avoided in avoid:
+        match = whole_words([avoided.text]).search(clean_text(text))
         if match and match.end() < len(clean_text(text)):
             raise PhraseError("avoid", f"{avoided.text!r} is in the target prefix {text!r}, which every output "
                                        "starts with", i)
@@ -386,7 +357,7 @@ def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, option_na
     progress = Progress()
     for at, token in enumerate(prefix):
         progress = progress.advance(token, phrases, prefix[:at])
-    unwritten = phrases.tokens - progress.met_tokens(phrases.required)
+    unwritten = phrases.tokens - progress.met_tokens(phrases.constraints)
     need = len(prefix) + unwritten
     if need > limit:
         after = f" after the {len(prefix)} of the target prefix" if prefix else ""
@@ -397,14 +368,10 @@ def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, option_na
 def met_phrases(output: str, phrases: Sequence[str]) -> list[bool]:
     """Whether each phrase (as given: repeats and phrases inside others included) stands as whole words in
     the `output` text, its first letter in either case: the rule the search holds to (Forms)."""
-    def met(phrase: str) -> bool:
-        phrase = clean_text(phrase)
-        first = f"[{re.escape(phrase[0].lower())}{re.escape(phrase[0].upper())}]" if phrase[0].isalpha() else \
-            re.escape(phrase[0])
-        return re.search(rf"(?<!\w){first}{re.escape(phrase[1:])}(?!\w)", clean_text(output)) is not None
-    return [met(phrase) for phrase in phrases]
+    text = clean_text(output)
+    return [whole_words([phrase], any_case=False).search(text) is not None for phrase in phrases]
 
 
 __all__ = ["PhraseError", "Forms", "Phrases", "Progress", "Affixes", "vocabulary_affixes", "phrase_forms", "ends_with",
-           "target_pieces", "TargetVocabulary", "target_vocabulary", "phrase_ids", "glued_subwords", "whole_word_at", "required_once",
-           "sentence_phrases", "met_phrases"]
+           "target_pieces", "TargetVocabulary", "target_vocabulary", "phrase_ids", "glued_subwords", "whole_word_at",
+           "constraints_once", "sentence_phrases", "met_phrases"]

@@ -1,8 +1,8 @@
-"""The torch engine's decoding methods over a batch of source id tensors, one decoder step at a time,
-by one model or an ensemble, optionally forced to start with given target prefixes: greedy search,
-sampling (`_token_by_token`, one token a row each step, chosen by the method) and beam search
-(`BeamSearch`, fairseq's 2k candidates), and `SEARCHES`, which runs each method of
-decoding.STRATEGIES that the torch engine runs. The model's side of a step (the cache, ensembles,
+"""The torch engine's searches over a batch of source id tensors, one decoder step at a time, by one
+model or an ensemble, optionally forced to start with given target prefixes: greedy search, sampling
+(`_token_by_token`, one token a row each step, chosen by the method) and beam search (`BeamSearch`,
+fairseq's 2k candidates, whose hooks constrained.py builds on). Which search runs a decoding method is
+the torch engine's table (torch_engine.SEARCHES). The model's side of a step (the cache, ensembles,
 prefixes) is step_decoder.py's; no text and no tokenizers here (texts.py, torch_engine.py).
 """
 
@@ -50,7 +50,7 @@ class BeamCandidates:
     """One beam-search step of one sentence, as the search decided it: the c candidates it considered
     best first (beam search: the 2k best (beam, token) pairs), which of them finished and which became
     the next step's beams, and the stopping rule's two sides after the step. Constrained search
-    (constrained.py) adds where each candidate stands with the sentence's required phrases."""
+    (constrained.py) adds where each candidate stands with the sentence's constraints."""
 
     log_probs: Tensor  # (c,) summed log-prob of each candidate (-inf: none)
     tokens: Tensor  # (c,)
@@ -58,14 +58,16 @@ class BeamCandidates:
     finishing: Tensor  # (c,) bool: ends in EOS and finished here (beam search: among the k best)
     kept: Tensor  # (k,) indices of the candidates that are the next step's beams (-inf ones excepted)
     length_penalty: float  # lp(step + 1): what a hypothesis finishing at this step is divided by
-    bound: float  # the best score an open beam could still reach
-    nth_finished: float  # the n_best-th finished score so far (-inf: fewer finished)
-    stopped: bool
-    met: list[list[int]] | None = None  # constrained search: per candidate, the required phrases it has written whole
-    banks: list[int] | None = None  # constrained search: per candidate, its bank (required tokens written)
+    # The stopping rule's two sides after the step, and whether it stopped (set by BeamSearch.step).
+    bound: float = NEG_INF  # the best score an open beam could still reach
+    nth_finished: float = NEG_INF  # the n_best-th finished score so far (-inf: fewer finished)
+    stopped: bool = False
+    met: list[list[int]] | None = None  # constrained search: per candidate, the constraints it has written whole
+    banks: list[int] | None = None  # constrained search: per candidate, its bank (constraint tokens written)
 
 
-def _check_observed(observer: SearchObserver | None, src: Tensor) -> None:
+def check_observed(observer: SearchObserver | None, src: Tensor) -> None:
+    """Refuse an observer of more than one sentence: a trace is one sentence's search."""
     if observer is not None and src.shape[0] != 1:
         raise ValueError(f"a search is observed one sentence at a time, not {src.shape[0]}")
 
@@ -132,7 +134,7 @@ def greedy_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths:
     included. A sentence stops at EOS or at its max length, and then leaves the working batch.
     `observer` watches every step of a search of one sentence.
     """
-    _check_observed(observer, src)
+    check_observed(observer, src)
     return _token_by_token(model, src, src_pad_mask, max_lengths, lambda logits: logits.argmax(-1), prefixes,
                            observer=observer)
 
@@ -182,8 +184,8 @@ def sample_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths:
 
 
 @dataclass
-class _Candidates:
-    """The 2k best (beam, token) candidates of each working sentence, best first: all (n, 2k)."""
+class Candidates:
+    """The 2k best (beam, token) candidates of each working sentence, best first: all (n, 2k) but `top_tokens`."""
 
     log_probs: Tensor  # summed log-prob (-inf: no candidate)
     index: Tensor  # column in the sentence's k * width candidates: beam = index // width
@@ -191,14 +193,16 @@ class _Candidates:
     tokens: Tensor
     is_eos: Tensor  # ends in EOS (and is a candidate at all)
     width: int  # candidates taken from each beam
+    top_tokens: Tensor  # (n*k, width) each row's best next tokens, best first
 
 
 class BeamSearch:
-    """Beam search over B sentences at once, k = beam_size rows each (the model, or each of an
-    ensemble, in eval mode); `run` steps until every sentence has stopped, and each `step` reads:
-    the next-token log-probs of every live beam (`_next_tokens`), the 2k best (beam, token) candidates
-    of each sentence (`_candidates`), those that finish (`_finish`), the next beams (`_next_beams`),
-    the stopping rule (`_stopped`), and the move to the next step (`_advance`).
+    """Beam search over B sentences at once, k = options.beam_size rows each (the model, or each of an
+    ensemble, in eval mode); `run` steps until every sentence has stopped. Each `step` reads the next-token
+    logits of every live beam with what the step rules out (`_logits`), the 2k best (beam, token) candidates
+    of each sentence (`_candidates`), which of them finish and which become the next beams (`_next_beams`),
+    the stopping rule (`_stopped`), and the move to the next step (`_advance`). A search that holds to more
+    (constrained.py) overrides `_logits`, `_next_beams` and `_advance`, and finishes hypotheses with `_finish`.
 
     Each step ranks the 2k best candidates of a sentence by summed float32 log-prob (fairseq's and
     Marian's rule). Those among the first k that end in EOS leave as finished hypotheses, scored
@@ -217,12 +221,12 @@ class BeamSearch:
     token's log-probability (fairseq's prefix_tokens), so the prefix is scored like any other tokens.
     """
 
-    def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int, length_penalty: float,
-                 max_lengths: Tensor, n_best: int, prefixes: Sequence[Sequence[int]] | None = None,
+    def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
+                 options: DecodeOptions, prefixes: Sequence[Sequence[int]] | None = None,
                  observer: SearchObserver | None = None) -> None:
-        _check_observed(observer, src)
-        batch, device, k = src.shape[0], src.device, beam_size
-        self.k, self.alpha, self.n_best, self.observer = k, length_penalty, n_best, observer
+        check_observed(observer, src)
+        batch, device, k = src.shape[0], src.device, options.beam_size
+        self.k, self.alpha, self.n_best, self.observer = k, options.length_penalty, options.n_best, observer
         self.row_max = max_lengths.to(device)  # (n,) the most tokens of each working sentence's output
         check_lengths(self.row_max, prefixes)
         self.forced = forced_tokens(prefixes, device)
@@ -246,43 +250,24 @@ class BeamSearch:
 
     def step(self, step: int) -> bool:
         """Fill output position `step` of every working sentence; True once every sentence has stopped."""
-        row_log_probs, row_tokens = self._next_tokens(step)
-        found = self._candidates(row_log_probs, row_tokens)
-        finishing, penalty = self._finish(step, found)
+        logits, log_norm = self._logits(step)
+        found = self._candidates(logits, log_norm)
         live_scores = self.scores
-        kept, origin, tokens = self._next_beams(found)
+        origin, tokens, seen = self._next_beams(step, found, logits, log_norm)
         bound, done = self._stopped()
-        if self.observer is not None:
-            self.observer.beam_step(step, self.prefix, live_scores[0], BeamCandidates(
-                found.log_probs[0], found.tokens[0], found.index[0] // found.width, finishing[0], kept[0], penalty,
-                float(bound[0]), float(self.worst_kept[0]), bool(done[0])))
+        if seen is not None:  # observed: one sentence
+            seen.bound, seen.nth_finished, seen.stopped = float(bound[0]), float(self.worst_kept[0]), bool(done[0])
+            self.observer.beam_step(step, self.prefix, live_scores[0], seen)
         if bool(done.all()):
             return True
         self._advance(done, origin, tokens)
         return False
 
-    def _next_tokens(self, step: int) -> tuple[Tensor, Tensor]:
-        """The (n*k, width) best next tokens of every row and their log-probs, width = min(2k, V): the 2k
-        best (beam, token) pairs of a sentence are among the 2k best tokens of each of its beams, so
-        only those are normalised and ranked, not all n*k*V. A row in its prefix has only the prefix
-        token; a row at its max length only EOS, in its first slot."""
-        k = self.k
-        logits, log_norm = self._logits(step)
-        width = min(2 * k, logits.shape[-1])
-        top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
-        row_log_probs = top_logits - log_norm
-        at_max = (self.row_max <= step).repeat_interleave(k)  # (n*k,) rows that already hold max tokens
-        if bool(at_max.any()):
-            only_eos = torch.full_like(row_log_probs, NEG_INF)
-            only_eos[:, :1] = logits[:, EOS_ID: EOS_ID + 1] - log_norm
-            row_log_probs = torch.where(at_max[:, None], only_eos, row_log_probs)
-            top_tokens = torch.where(at_max[:, None], torch.full_like(top_tokens, EOS_ID), top_tokens)
-        return row_log_probs, top_tokens
-
     def _logits(self, step: int) -> tuple[Tensor, Tensor]:
-        """(n*k, V) every row's next-token logits, only the prefix token left (at its own logit) where a
-        prefix lasts, and (n*k, 1) their log-normaliser over the whole vocabulary, taken before: a forced
-        token keeps the model's log-probability."""
+        """(n*k, V) every row's next-token logits with what this step rules out at -inf: all but the prefix
+        token (at its own logit) where a prefix lasts, all but EOS where a row holds its max tokens; and
+        (n*k, 1) their log-normaliser over the whole vocabulary, taken before: a forced token, and the EOS
+        that ends a row at its max length, keep the model's log-probability."""
         k = self.k
         logits = self.decoder.logits(self.prefix).float()  # (n*k, V)
         log_norm = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n*k, 1)
@@ -292,7 +277,61 @@ class BeamSearch:
             only_forced = torch.full_like(logits, NEG_INF).scatter(1, token, logits.gather(1, token))
             in_prefix = (step < forced_lengths[self.sentences]).repeat_interleave(k)[:, None]  # (n*k, 1)
             logits = torch.where(in_prefix, only_forced, logits)
+        at_max = (self.row_max <= step).repeat_interleave(k)  # (n*k,) rows that already hold max tokens
+        if bool(at_max.any()):
+            rows = at_max.nonzero().squeeze(1)
+            eos = logits[rows, EOS_ID]
+            logits[rows] = NEG_INF
+            logits[rows, EOS_ID] = eos
         return logits, log_norm
+
+    def _candidates(self, logits: Tensor, log_norm: Tensor) -> Candidates:
+        """The 2k best (beam, token) candidates of each sentence by summed log-prob (fairseq's BeamSearch.step).
+        They are among the width = min(2k, V) best tokens of each of its beams, so only those are
+        normalised and ranked, not all n*k*V."""
+        k, n = self.k, self.scores.shape[0]
+        width = min(2 * k, logits.shape[-1])
+        top_logits, top_tokens = logits.topk(width, dim=-1)  # (n*k, width)
+        row_log_probs = top_logits - log_norm
+        # (n, k, 1) + (n, k, width) -> (n, k*width): beam b's candidates at columns b*width ... b*width + width - 1
+        summed = (self.scores[:, :, None] + row_log_probs.view(n, k, width)).view(n, k * width)
+        log_probs, index = summed.topk(min(2 * k, k * width), dim=1)  # (n, 2k), best first
+        origin = self.beam_offset[:n] + index // width  # (n, 2k) working row each candidate extends
+        tokens = top_tokens.view(n, k * width).gather(1, index)  # (n, 2k)
+        is_eos = (tokens == EOS_ID) & (log_probs > NEG_INF)
+        return Candidates(log_probs, index, origin, tokens, is_eos, width, top_tokens)
+
+    def _next_beams(self, step: int, found: Candidates, logits: Tensor, log_norm: Tensor
+                    ) -> tuple[Tensor, Tensor, BeamCandidates | None]:
+        """Finish the EOS candidates among the k best (one beyond them is beaten by k others), and make the
+        k best candidates that do not end in EOS, in rank order (a stable sort moves the EOS ones behind),
+        the next step's beams and scores; fewer than k such (a tiny vocabulary, max length) leave -inf.
+        Returns the (n, k) rows they extend and their tokens, and, when observed, the step as decided."""
+        finishing = found.is_eos.clone()
+        finishing[:, self.k:] = False
+        penalty = self._length_penalty(step)
+        if bool(finishing.any()):
+            which, _ = finishing.nonzero().unbind(1)  # (f,) the working sentence of each finishing candidate
+            self._finish(penalty, which.tolist(), found.origin[finishing], found.log_probs[finishing].tolist())
+        kept = torch.sort(found.is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :self.k]  # (n, k)
+        self.scores = found.log_probs.masked_fill(found.is_eos, NEG_INF).gather(1, kept)  # (n, k)
+        seen = None if self.observer is None else BeamCandidates(
+            found.log_probs[0], found.tokens[0], found.index[0] // found.width, finishing[0], kept[0], penalty)
+        return found.origin.gather(1, kept), found.tokens.gather(1, kept), seen
+
+    def _length_penalty(self, step: int) -> float:
+        """lp(step + 1): what a hypothesis finishing at `step` is divided by (its length counts its EOS)."""
+        return gnmt_length_penalty(float(step + 1), self.alpha)
+
+    def _finish(self, penalty: float, which: list[int], rows: Tensor | list[int], log_probs: list[float]) -> None:
+        """Keep candidates that end in EOS as finished hypotheses, each sentence's n_best best: candidate j of
+        working sentence which[j], extending row rows[j], with summed log-prob log_probs[j], scored
+        log_prob / `penalty` (this step's `_length_penalty`)."""
+        histories = self.prefix[rows, 1:].tolist()
+        new: dict[int, list[Hypothesis]] = {}
+        for i, history, log_prob in zip(which, histories, log_probs):
+            new.setdefault(i, []).append(Hypothesis(history, log_prob / penalty, log_prob))
+        self._keep_finished(new)
 
     def _keep_finished(self, finished: dict[int, list[Hypothesis]]) -> None:
         """Add each working sentence's newly finished hypotheses to its kept ones, which stay its n_best best
@@ -304,42 +343,6 @@ class BeamSearch:
             del kept[self.n_best:]
             if len(kept) == self.n_best:
                 self.worst_kept[i] = kept[-1].score
-
-    def _candidates(self, row_log_probs: Tensor, row_tokens: Tensor) -> _Candidates:
-        """The 2k best (beam, token) candidates of each sentence by summed log-prob (fairseq's BeamSearch.step)."""
-        k, n, width = self.k, self.scores.shape[0], row_log_probs.shape[1]
-        # (n, k, 1) + (n, k, width) -> (n, k*width): beam b's candidates at columns b*width ... b*width + width - 1
-        summed = (self.scores[:, :, None] + row_log_probs.view(n, k, width)).view(n, k * width)
-        log_probs, index = summed.topk(min(2 * k, k * width), dim=1)  # (n, 2k), best first
-        origin = self.beam_offset[:n] + index // width  # (n, 2k) working row each candidate extends
-        tokens = row_tokens.view(n, k * width).gather(1, index)  # (n, 2k)
-        is_eos = (tokens == EOS_ID) & (log_probs > NEG_INF)
-        return _Candidates(log_probs, index, origin, tokens, is_eos, width)
-
-    def _finish(self, step: int, found: _Candidates) -> tuple[Tensor, float]:
-        """Keep the EOS candidates among the k best as finished hypotheses (one beyond them is beaten by
-        k others), each sentence's n_best best; returns which finished (n, 2k) and lp(step + 1), their
-        common length penalty (all of this step's have length step + 1 with EOS)."""
-        finishing = found.is_eos.clone()
-        finishing[:, self.k:] = False
-        penalty = gnmt_length_penalty(float(step + 1), self.alpha)
-        if bool(finishing.any()):
-            which, _ = finishing.nonzero().unbind(1)  # (f,) the working sentence of each finishing candidate
-            histories = self.prefix[found.origin[finishing], 1:].tolist()
-            log_prob_list = found.log_probs[finishing].tolist()
-            new: dict[int, list[Hypothesis]] = {}
-            for i, history, log_prob in zip(which.tolist(), histories, log_prob_list):
-                new.setdefault(i, []).append(Hypothesis(history, log_prob / penalty, log_prob))
-            self._keep_finished(new)
-        return finishing, penalty
-
-    def _next_beams(self, found: _Candidates) -> tuple[Tensor, Tensor, Tensor]:
-        """The k best candidates that do not end in EOS, in rank order (a stable sort moves the EOS ones
-        behind), as the next step's scores; returns which candidates they are (n, k), the rows they
-        extend and their tokens. Fewer than k such (a tiny vocabulary, max length) leave -inf."""
-        kept = torch.sort(found.is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :self.k]  # (n, k)
-        self.scores = found.log_probs.masked_fill(found.is_eos, NEG_INF).gather(1, kept)  # (n, k)
-        return kept, found.origin.gather(1, kept), found.tokens.gather(1, kept)
 
     def _stopped(self) -> tuple[Tensor, Tensor]:
         """(n,) the best score an open beam could still reach, and whether each sentence has stopped."""
@@ -365,64 +368,17 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
                 length_penalty: float, max_lengths: Tensor, n_best: int = 1,
                 prefixes: Sequence[Sequence[int]] | None = None,
                 observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
-    """`BeamSearch` of B sentences: src (B, S), src_pad_mask (B, S) True at padding, max_lengths (B,)
-    >= 1 the most tokens an output may have (EOS not counted), 1 <= n_best <= beam_size
-    (decoding.DecodeOptions). Returns, per sentence, its `n_best` hypotheses best first. `prefixes`:
-    as greedy_search's. `observer` watches every step of a search of one sentence."""
+    """`BeamSearch` of B sentences with these settings, for callers that hold no decode options (tests,
+    notebooks): src (B, S), src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most tokens an
+    output may have (EOS not counted), 1 <= n_best <= beam_size (checked by decoding.DecodeOptions).
+    Returns, per sentence, its `n_best` hypotheses best first. `prefixes`: as greedy_search's. `observer`
+    watches every step of a search of one sentence."""
     if src.shape[0] == 0:
         return []
-    return BeamSearch(model, src, src_pad_mask, beam_size, length_penalty, max_lengths, n_best, prefixes,
-                      observer).run()
+    options = DecodeOptions(beam_size=beam_size, length_penalty=length_penalty, n_best=n_best)
+    return BeamSearch(model, src, src_pad_mask, max_lengths, options, prefixes, observer).run()
 
 
-# --------------------------------------------------------------------------- the torch engine's methods
-
-
-class Search(Protocol):
-    """How the torch engine runs one decoding method: per sentence, its options.n_best outputs best first
-    (id lists without BOS/EOS). `generator`: the seeded method's random numbers; `observer`: a traced
-    method's watcher (decoding.Strategy); `phrases`: each sentence's phrases.Phrases (the constrained method)."""
-
-    def __call__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
-                 options: DecodeOptions, prefixes: Sequence[Sequence[int]] | None = None,
-                 generator: torch.Generator | None = None, observer: SearchObserver | None = None,
-                 phrases: Sequence | None = None) -> list[list[list[int]]]: ...
-
-
-def _greedy(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
-            phrases=None):
-    return [[tokens] for tokens in greedy_search(models, src, src_pad_mask, max_lengths, prefixes, observer)]
-
-
-def _beam(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
-          phrases=None):
-    hypotheses = beam_search(models, src, src_pad_mask, options.beam_size, options.length_penalty, max_lengths,
-                             options.n_best, prefixes, observer)
-    return [[h.tokens for h in sentence] for sentence in hypotheses]
-
-
-def _sampling(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
-              phrases=None):
-    s = options.sampling
-    return sample_search(models, src, src_pad_mask, max_lengths, generator, options.n_best, s.top_k, s.top_p,
-                         s.temperature, prefixes)
-
-
-def _constrained(models, src, src_pad_mask, max_lengths, options, prefixes=None, generator=None, observer=None,
-                 phrases=None):
-    # Imported here: constrained.py builds on this module's BeamSearch.
-    from transformer.translation.constrained import constrained_beam_search
-
-    if phrases is None:  # the options' phrases would be ignored: the text path tokenizes them (texts.text_phrases)
-        raise ValueError("constrained search needs each sentence's phrases")
-    hypotheses = constrained_beam_search(models, src, src_pad_mask, options.beam_size, options.length_penalty,
-                                         max_lengths, options.n_best, phrases, prefixes, observer)
-    return [[h.tokens for h in sentence] for sentence in hypotheses]
-
-
-# decoding.STRATEGIES' methods as the torch engine runs them, by name.
-SEARCHES: dict[str, Search] = {"greedy": _greedy, "beam": _beam, "sampling": _sampling, "constrained": _constrained}
-
-
-__all__ = ["Hypothesis", "Models", "SearchObserver", "BeamCandidates", "max_output_lengths", "forced_tokens",
-           "greedy_search", "sample_search", "BeamSearch", "beam_search", "Search", "SEARCHES"]
+__all__ = ["NEG_INF", "Hypothesis", "Models", "SearchObserver", "BeamCandidates", "check_observed",
+           "max_output_lengths", "forced_tokens", "greedy_search", "sample_search", "Candidates", "BeamSearch",
+           "beam_search"]

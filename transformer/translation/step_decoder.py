@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from transformer.data.tokenizer import BOS_ID, PAD_ID
+from transformer.decoding import max_output_length
 from transformer.model import Transformer
-from transformer.translation.texts import max_output_length
 
 NEVER_EMITTED = [PAD_ID, BOS_ID]  # their logits are set to -inf at every step
 
@@ -28,8 +28,9 @@ def as_list(models: Models) -> list[Transformer]:
 
 
 def max_output_lengths(src_lengths: Tensor, a: float, b: int, hard_cap: int) -> Tensor:
-    """(B,) source lengths in subwords (without EOS) -> (B,) int64 longest outputs, floor(a * len) + b,
-    between 1 and `hard_cap` (pass model max_len - 1: BOS + that many tokens fills the position table)."""
+    """(B,) source lengths in subwords (without EOS) -> (B,) int64 longest outputs by decoding.max_output_length,
+    for callers of the tensor searches that hold no decode options (the engines ask their options:
+    RunDecodeSettings.max_output_length). `hard_cap`: model max_len - 1."""
     lengths = [max_output_length(n, a, b, hard_cap) for n in src_lengths.tolist()]
     return torch.tensor(lengths, dtype=torch.long, device=src_lengths.device)
 

@@ -1,17 +1,16 @@
 """The one road from text to text that every engine shares: clean once, warn about characters the
 tokenizer never saw, encode, truncate to the position table, search length-sorted batches with the
 engine's `search` (optionally from target prefixes, or sampling), detokenize; and the one road from
-(source, target) texts to scores through the engine's `score`. Also the output-length rule and the
-GNMT length penalty, which both engines' searches follow. No torch here, so that the CTranslate2
-engine starts without it; the searches themselves live with their engines (search.py,
-torch_engine.py, ct2_engine.py).
+(source, target) texts to scores through the engine's `score`. Also the GNMT length penalty, which
+both engines' searches follow (the output-length rule is the decode settings', decoding.py). No torch
+here, so that the CTranslate2 engine starts without it; the searches themselves live with their
+engines (search.py, torch_engine.py, ct2_engine.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -57,17 +56,6 @@ def gnmt_length_penalty(length: Length, alpha: float) -> Length:
     """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016, Section 7); `length`
     counts the EOS. alpha = 0 gives 1, so scores are raw log-probability sums."""
     return ((5.0 + length) / 6.0) ** alpha
-
-
-def max_output_length(source_length: int, a: float, b: int, hard_cap: int) -> int:
-    """Longest output, in subwords without EOS, of a source of `source_length` subwords (without EOS):
-    floor(a * length) + b, between 1 and `hard_cap` (model max_len - 1: BOS + that many tokens fill the
-    position table)."""
-    # A tiny epsilon, so that e.g. 1.1 * 10 floors to 11 and not to 10.
-    length = source_length * a + 1e-9
-    if not length < hard_cap:  # also a product too large for a float, which no floor takes
-        return hard_cap
-    return min(max(math.floor(length) + b, 1), hard_cap)
 
 
 def truncate_sources(ids: list[list[int]], limit: int) -> list[list[int]]:
@@ -132,8 +120,10 @@ def search_in_batches(engine: Engine, sources: list[list[int]], n_best: int,
     unfinished = 0
     for chunk in length_sorted_batches(sources, engine.decode.batch_size):
         chunk_prefixes = None if prefixes is None else [prefixes[i] for i in chunk]
-        held = {} if phrases is None else {"phrases": [phrases[i] for i in chunk]}  # only an engine that takes them
-        for i, output in zip(chunk, engine.search([sources[i] for i in chunk], n_best, chunk_prefixes, **held)):
+        # Phrases only to an engine whose method holds to them.
+        chunk_phrases = {} if phrases is None else {"phrases": [phrases[i] for i in chunk]}
+        searched = engine.search([sources[i] for i in chunk], n_best, chunk_prefixes, **chunk_phrases)
+        for i, output in zip(chunk, searched):
             # A beam whose every hypothesis the model rules out (a forced prefix token it gives no
             # probability) finishes nothing; every reader of these results takes a first output.
             unfinished += not output
@@ -146,28 +136,28 @@ def search_in_batches(engine: Engine, sources: list[list[int]], n_best: int,
 
 def target_prefix_ids(prefixes: list[str], sources: list[list[int]], engine: Engine) -> list[list[int]]:
     """The target ids each prefix is read as (cleaned as every text is), checked to fit the output
-    length of its source (max_output_length); a blank prefix has none, which is plain translation."""
+    length of its source (decoding.RunDecodeSettings.max_output_length); a blank prefix has none, which is
+    plain translation."""
     texts = [clean_text(prefix) for prefix in prefixes]
     ids = [row if text else [] for text, row in zip(texts, engine.tokenizers.encode_target(texts))]
     decode = engine.decode
     for source, prefix, text in zip(sources, ids, texts):
         if source and prefix:
-            limit = max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
+            limit = decode.max_output_length(len(source), engine.max_len)
             if len(prefix) > limit:
                 raise UserError(f"the target prefix {text!r} has {len(prefix)} subwords, more than the {limit} "
                                 "an output of its source may have")
     return ids
 
 
-def text_phrases(engine: Engine, sources: list[list[int]], required: list[list[str]] | None,
+def text_phrases(engine: Engine, sources: list[list[int]], text_constraints: list[list[str]] | None,
                  prefix_ids: list[list[int]] | None = None, prefixes: list[str] | None = None) -> list:
-    """For each source, its phrases.Phrases under the engine's options, with the text's own `required`
-    phrases (None: none), checked against its output length and its prefix (`prefix_ids`, read from the
-    `prefixes` texts); a PhraseError names the text's index (phrases.sentence_phrases)."""
+    """For each source, its phrases.Phrases under the engine's options, with the text's own
+    `text_constraints` (None: none), checked against its output length and its prefix (`prefix_ids`, read
+    from the `prefixes` texts); a PhraseError names the text's index (phrases.sentence_phrases)."""
     decode = engine.decode
-    limits = [max_output_length(len(source), decode.max_length_a, decode.max_length_b, engine.max_len - 1)
-              if source else None for source in sources]
-    return sentence_phrases(engine.tokenizers, decode, len(sources), limits, required, prefix_ids, prefixes)
+    limits = [decode.max_output_length(len(source), engine.max_len) if source else None for source in sources]
+    return sentence_phrases(engine.tokenizers, decode, len(sources), limits, text_constraints, prefix_ids, prefixes)
 
 
 def candidates_per_text(engine: Engine, n_best: int | None) -> int:
@@ -177,27 +167,28 @@ def candidates_per_text(engine: Engine, n_best: int | None) -> int:
 
 
 def search_texts(engine: Engine, texts: list[str], n_best: int | None = None, warn_unknown: bool = True,
-                 prefixes: list[str] | None = None, constraints: list[list[str]] | None = None
+                 prefixes: list[str] | None = None, text_constraints: list[list[str]] | None = None
                  ) -> tuple[list[list[int]], list[list[list[int]]]]:
     """`translate_texts` before detokenization: the source ids each text was read as (without EOS),
     and for each text its `n_best` output id lists best first (without BOS/EOS)."""
-    return search_texts_held(engine, texts, n_best, warn_unknown, prefixes, constraints)[:2]
+    return search_texts_and_phrases(engine, texts, n_best, warn_unknown, prefixes, text_constraints)[:2]
 
 
-def search_texts_held(engine: Engine, texts: list[str], n_best: int | None = None, warn_unknown: bool = True,
-                      prefixes: list[str] | None = None, constraints: list[list[str]] | None = None
-                      ) -> tuple[list[list[int]], list[list[list[int]]], list | None]:
+def search_texts_and_phrases(engine: Engine, texts: list[str], n_best: int | None = None, warn_unknown: bool = True,
+                             prefixes: list[str] | None = None, text_constraints: list[list[str]] | None = None
+                             ) -> tuple[list[list[int]], list[list[list[int]]], list | None]:
     """`search_texts`, and each text's phrases.Phrases (None: the search holds to none)."""
     n_best = candidates_per_text(engine, n_best)
     if prefixes is not None and len(prefixes) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(prefixes)} prefixes")
-    if constraints is not None and len(constraints) != len(texts):
-        raise ValueError(f"{len(texts)} texts but {len(constraints)} constraint lists")
-    if constraints is not None and not engine.decode.per_text_constraints:
+    if text_constraints is not None and len(text_constraints) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(text_constraints)} constraint lists")
+    if text_constraints is not None and not engine.decode.per_text_constraints:
         raise ValueError("texts bring their own constraints, but the decode options say they do not")  # a caller's bug
     sources = source_ids(texts, engine.tokenizers, engine.max_len - 1, warn_unknown)
     prefix_ids = None if prefixes is None else target_prefix_ids(prefixes, sources, engine)
-    phrases = text_phrases(engine, sources, constraints, prefix_ids, prefixes) if engine.decode.constrained else None
+    phrases = (text_phrases(engine, sources, text_constraints, prefix_ids, prefixes) if engine.decode.constrained
+               else None)
     return sources, search_in_batches(engine, sources, n_best, prefix_ids, phrases), phrases
 
 
@@ -209,14 +200,14 @@ def decode_outputs(tokenizers: Tokenizers, results: list[list[list[int]]]) -> li
 
 
 def translate_texts(engine: Engine, texts: list[str], n_best: int | None = None, warn_unknown: bool = True,
-                    prefixes: list[str] | None = None, constraints: list[list[str]] | None = None
+                    prefixes: list[str] | None = None, text_constraints: list[list[str]] | None = None
                     ) -> list[list[str]]:
     """For each text, its `n_best` translations best first (None: the engine's decode.n_best; at most the
     beam size unless sampling), in input order; the result does not depend on the batching. Blank texts translate to "".
-    `prefixes`: one per text, a text its translation must start with ("" for none). `constraints`: one list
-    per text, target phrases its translations must contain besides the options' (decode.per_text_constraints)."""
+    `prefixes`: one per text, a text its translation must start with ("" for none). `text_constraints`: one
+    list per text, the constraints of that text besides the options' (decode.per_text_constraints)."""
     return decode_outputs(engine.tokenizers, search_texts(engine, texts, n_best, warn_unknown, prefixes,
-                                                          constraints)[1])
+                                                          text_constraints)[1])
 
 
 @dataclass(frozen=True)
@@ -286,8 +277,8 @@ def output_log_probs(engine: Engine, sources: list[list[int]], results: list[lis
     return [[next(scores).log_prob if sources[i] else None for _ in outputs] for i, outputs in enumerate(results)]
 
 
-__all__ = ["search_texts_held", "text_phrases",
-           "Engine", "PairScore", "gnmt_length_penalty", "max_output_length", "truncate_sources",
+__all__ = ["search_texts_and_phrases", "text_phrases",
+           "Engine", "PairScore", "gnmt_length_penalty", "truncate_sources",
            "warn_unknown_characters", "source_ids", "length_sorted_batches", "search_in_batches", "target_prefix_ids",
            "candidates_per_text", "search_texts", "decode_outputs", "translate_texts", "score_ids", "score_texts",
            "translate_scored", "output_log_probs"]

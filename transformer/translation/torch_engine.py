@@ -1,8 +1,9 @@
 """The torch engine: load a trained run, or an ensemble of runs that share their tokenizer files, for
 translation (rebuild each model from its checkpoint, load the run's own tokenizers, refusing files
 that differ from those it was trained with); search batches of source ids with it, by the decoding
-method its options choose (search.SEARCHES), and score target ids by teacher forcing. Text goes
-through texts.py, as with every engine; the tensor searches are in search.py.
+method its options choose (`SEARCHES`: which search of search.py or constrained.py runs each method of
+decoding.STRATEGIES that this engine runs), watched step by step when traced (trace.py), and score
+target ids by teacher forcing. Text goes through texts.py, as with every engine.
 """
 
 from __future__ import annotations
@@ -13,25 +14,64 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints.layout import TOKENIZER_DIR
 from transformer.checkpoints.lookup import load_decode_config, pinned_checkpoint, run_dir_of
 from transformer.data.batching import make_batch, source_tensor
 from transformer.data.tokenizer import PAD_ID, Tokenizers, load_tokenizers, tokenizer_fingerprint
-from transformer.decoding import DecodeOptions, DecodeSettings, Sampling
+from transformer.decoding import DecodeOptions, RunDecodeSettings, Sampling
 from transformer.errors import CheckpointError, UserError
 from transformer.model import Transformer
 from transformer.runtime import fast_bf16
+from transformer.translation.constrained import constrained_search
 from transformer.translation.quantize import quantize_int8
-from transformer.translation.search import SEARCHES
-from transformer.translation.step_decoder import max_output_lengths
+from transformer.translation.search import BeamSearch, Models, SearchObserver, greedy_search, sample_search
 from transformer.translation.texts import translate_texts
 
 log = logging.getLogger(__name__)
+
+
+class Search(Protocol):
+    """How the torch engine runs one decoding method: per sentence, its options.n_best outputs best first
+    (id lists without BOS/EOS). `options` arrive whole; `prefixes`: forced target ids; `generator`: the
+    seeded method's random numbers; `observer`: a traced method's watcher (decoding.Strategy); `phrases`:
+    each sentence's phrases.Phrases (the constrained method)."""
+
+    def __call__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
+                 options: DecodeOptions, prefixes: list[list[int]] | None, generator: torch.Generator | None,
+                 observer: SearchObserver | None, phrases: list | None) -> list[list[list[int]]]: ...
+
+
+def _greedy(models, src, src_pad_mask, max_lengths, options, prefixes, generator, observer, phrases):
+    return [[tokens] for tokens in greedy_search(models, src, src_pad_mask, max_lengths, prefixes, observer)]
+
+
+def _beam(models, src, src_pad_mask, max_lengths, options, prefixes, generator, observer, phrases):
+    found = BeamSearch(models, src, src_pad_mask, max_lengths, options, prefixes, observer).run()
+    return [[h.tokens for h in sentence] for sentence in found]
+
+
+def _sampling(models, src, src_pad_mask, max_lengths, options, prefixes, generator, observer, phrases):
+    s = options.sampling
+    return sample_search(models, src, src_pad_mask, max_lengths, generator, n_samples=options.n_best, top_k=s.top_k,
+                         top_p=s.top_p, temperature=s.temperature, prefixes=prefixes)
+
+
+def _constrained(models, src, src_pad_mask, max_lengths, options, prefixes, generator, observer, phrases):
+    if phrases is None:  # the options' phrases would be ignored: the text path tokenizes them (texts.text_phrases)
+        raise ValueError("constrained search needs each sentence's phrases")
+    found = constrained_search(models, src, src_pad_mask, max_lengths, options, phrases, prefixes, observer)
+    return [[h.tokens for h in sentence] for sentence in found]
+
+
+# decoding.STRATEGIES' methods as the torch engine runs them, by name.
+SEARCHES: dict[str, Search] = {"greedy": _greedy, "beam": _beam, "sampling": _sampling, "constrained": _constrained}
 
 
 @dataclass
@@ -61,9 +101,9 @@ class Translator:
         return min(model.config.max_len for model in self.models)
 
     def translate(self, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None,
-                  constraints: list[list[str]] | None = None) -> list[list[str]]:
+                  text_constraints: list[list[str]] | None = None) -> list[list[str]]:
         """For each text, its `n_best` translations, best first (texts.translate_texts)."""
-        return translate_texts(self, texts, n_best, prefixes=prefixes, constraints=constraints)
+        return translate_texts(self, texts, n_best, prefixes=prefixes, text_constraints=text_constraints)
 
     @contextlib.contextmanager
     def eval_mode(self):
@@ -86,20 +126,20 @@ class Translator:
         return self._generator
 
     def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None,
-               phrases: list | None = None) -> list[list[list[int]]]:
+               phrases: list | None = None, observer: SearchObserver | None = None) -> list[list[list[int]]]:
         """Source id lists (no EOS) -> for each, its `n_best` output id lists best first, by the method
-        the decode options choose (decoding.STRATEGIES, run by search.SEARCHES); each output starts with
-        its prefix when `prefixes` are given, and holds to its phrases.Phrases when `phrases` are."""
+        the decode options choose (decoding.STRATEGIES, run by SEARCHES); each output starts with its
+        prefix when `prefixes` are given, and holds to its phrases.Phrases when `phrases` are. `observer`
+        watches every step of a traced method's search of one sentence (trace.py)."""
         options = self.decode if n_best == self.decode.n_best else dataclasses.replace(self.decode, n_best=n_best)
         strategy = options.strategy
         with self.eval_mode():
             src, src_pad_mask = source_tensor(sources)
             src, src_pad_mask = src.to(self.device), src_pad_mask.to(self.device)
-            max_lengths = max_output_lengths(torch.tensor([len(ids) for ids in sources]), options.max_length_a,
-                                             options.max_length_b, self.max_len - 1)
+            max_lengths = torch.tensor([options.max_output_length(len(ids), self.max_len) for ids in sources])
             generator = self.generator() if strategy.seeded else None
             return SEARCHES[strategy.name](self.models, src, src_pad_mask, max_lengths, options, prefixes, generator,
-                                           phrases=phrases)
+                                           observer, phrases)
 
     def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
         """Teacher-forced log-probabilities of each target's tokens and its EOS, over the whole vocabulary
@@ -116,7 +156,7 @@ class Translator:
         return [row[: len(target) + 1] for row, target in zip(picked, targets)]
 
 
-def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: DecodeSettings,
+def translate(texts: list[str], model: Transformer, tokenizers: Tokenizers, config: RunDecodeSettings,
               device: torch.device | str) -> list[str]:
     """The best translation of each text, in input order, by `model` as it is (validation's
     translations: no warning about unknown characters, which would repeat at every validation)."""

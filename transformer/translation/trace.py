@@ -2,11 +2,11 @@
 translates, with every step recorded — for greedy search the most probable next subwords and the one
 taken, for beam search the live hypotheses, the candidates they grew into and what became of each
 (a beam of the next step, a finished hypothesis with its length penalty and score, or pruned), for
-constrained beam search also the required phrases each candidate has met and its bank — and why the
+constrained beam search also the constraints each candidate has met and its bank — and why the
 winner won. `translate.py --explain`, the web page of serve.py and the walkthrough notebook all show
-this record, and these dataclasses are its one schema: the server's JSON is them (serving/explain.py).
-The search itself is search.py's, watched through its `observer` (the methods whose decoding.Strategy
-is `traced`). No pydantic here: translation runs without the serve extra.
+this record, and these dataclasses are its one schema: the server's JSON is them (serving/explain_response.py).
+The search itself is the torch engine's (Translator.search), watched through its `observer` (the methods
+whose decoding.Strategy is `traced`). No pydantic here: translation runs without the serve extra.
 """
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
-from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import EOS_ID, Tokenizers
 from transformer.decoding import STRATEGIES, traced_strategy
 from transformer.errors import UserError
-from transformer.translation.search import SEARCHES, BeamCandidates
-from transformer.translation.step_decoder import max_output_lengths
+from transformer.translation.search import BeamCandidates
 from transformer.translation.texts import source_ids, target_prefix_ids, text_phrases
 from transformer.translation.torch_engine import Translator
 
@@ -44,8 +41,8 @@ class Candidate:
     fate: str  # LIVE, FINISHED or PRUNED (beam search); CHOSEN or OTHER (greedy search)
     length_penalty: float | None = None  # FINISHED: lp(length with EOS), which the score divides by
     score: float | None = None  # FINISHED: log_prob / length_penalty, what finished hypotheses rank by
-    # Constrained search only (None otherwise): the required phrases written whole, as indices in
-    # SearchTrace.constraints, and the bank, the subwords of required phrases written (those of a phrase
+    # Constrained search only (None otherwise): the constraints written whole, as indices in
+    # SearchTrace.constraints, and the bank, the subwords of constraints written (those of a phrase
     # under way too), which decides the beam slots it competes for.
     met: list[int] | None = None
     bank: int | None = None
@@ -104,7 +101,7 @@ class SearchTrace:
     steps: list[SearchStep] = field(default_factory=list)
     finished: list[Finished] = field(default_factory=list)  # beam search: all of them, in the order they finished
     # Constrained search: the phrases every output contains, as the search held to them (repeats, and phrases
-    # standing inside another, once: phrases.required_once); Candidate.met indexes this list.
+    # standing inside another, once: phrases.constraints_once); Candidate.met indexes this list.
     constraints: list[str] = field(default_factory=list)
     constraint_pieces: list[list[str]] = field(default_factory=list)  # their subwords, as the search writes them
     avoid: list[str] = field(default_factory=list)  # constrained search: the phrases no output contains
@@ -161,7 +158,7 @@ class SearchTrace:
     def to_dict(self) -> dict:
         """The whole record and its summary as plain JSON values (non-finite floats as None): what the
         server's POST /explain answers, less the source text."""
-        return _finite(dataclasses.asdict(self) | dataclasses.asdict(self.summary()))
+        return _none_for_nonfinite(dataclasses.asdict(self) | dataclasses.asdict(self.summary()))
 
 
 @dataclass
@@ -249,43 +246,38 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
     # The phrases as the translator's own text path reads them, checked alike (texts.text_phrases).
     phrases = text_phrases(translator, sources, None, prefixes, [prefix])[0] if decode.constrained else None
     recorder = _Recorder(tokenizers)
-    with translator.eval_mode():
-        src, src_pad_mask = source_tensor(sources)
-        src, src_pad_mask = src.to(translator.device), src_pad_mask.to(translator.device)
-        max_lengths = max_output_lengths(torch.tensor([len(sources[0])]), decode.max_length_a, decode.max_length_b,
-                                         translator.max_len - 1)
-        outputs = SEARCHES[strategy.name](translator.models, src, src_pad_mask, max_lengths, decode, prefixes,
-                                          observer=recorder, phrases=None if phrases is None else [phrases])[0]
-        # A beam search whose every hypothesis was ruled out finished nothing: its steps still show why.
-        output = outputs[0] if outputs else []
+    outputs = translator.search(sources, decode.n_best, prefixes, None if phrases is None else [phrases],
+                                recorder)[0]
+    # A beam search whose every hypothesis was ruled out finished nothing: its steps still show why.
+    output = outputs[0] if outputs else []
     if recorder.steps:
         recorder.steps[-1].stopped = True  # also when the maximum length, not an EOS, ended it
     texts = tokenizers.decode_target([output] + [f.tokens for f in recorder.finished])
     for finished, finished_text in zip(recorder.finished, texts[1:]):
         finished.text = finished_text
     source_piece = tokenizers.source.id_to_token
-    # The phrases as the search held to them (Candidate.met indexes `required`), in words and in subwords.
-    required = [] if phrases is None else [list(ids) for ids in phrases.required]
-    banned = [] if phrases is None else [list(ids) for ids in phrases.banned]
+    # The phrases as the search held to them (Candidate.met indexes `constraints`), in words and in subwords.
+    constraints = [] if phrases is None else [list(ids) for ids in phrases.constraints]
+    avoid = [] if phrases is None else [list(ids) for ids in phrases.avoid]
     return SearchTrace(strategy.name, decode.beam_size, decode.length_penalty, decode.n_best,
-                       int(max_lengths[0]), sources[0], [source_piece(i) or f"<{i}>" for i in sources[0]],
-                       output, recorder.pieces(output), texts[0], recorder.steps, recorder.finished,
-                       _texts(tokenizers, required), [recorder.pieces(ids) for ids in required],
-                       _texts(tokenizers, banned))
+                       decode.max_output_length(len(sources[0]), translator.max_len), sources[0],
+                       [source_piece(i) or f"<{i}>" for i in sources[0]], output, recorder.pieces(output), texts[0],
+                       recorder.steps, recorder.finished, _texts(tokenizers, constraints),
+                       [recorder.pieces(ids) for ids in constraints], _texts(tokenizers, avoid))
 
 
 def _texts(tokenizers: Tokenizers, phrases: list[list[int]]) -> list[str]:
     return tokenizers.decode_target(phrases) if phrases else []
 
 
-def _finite(value):
+def _none_for_nonfinite(value):
     """`value` with every non-finite float replaced by None (JSON has no infinity)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: _none_for_nonfinite(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_finite(item) for item in value]
+        return [_none_for_nonfinite(item) for item in value]
     return value
 
 

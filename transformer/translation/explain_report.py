@@ -1,7 +1,8 @@
-"""What one translation looks like from the inside, for a learner: the subwords and ids, the shape of
-every stage of the real model (read with forward hooks while it runs, `stage_shapes`), and the search
-step by step from the trace of the search that produced the output (trace.py); `render` lays it out
-as text. The torch engine only; no printing here (translate.py --explain prints).
+"""translate.py --explain's report: what one translation looks like from the inside, for a learner: the
+subwords and ids, the shape of every stage of the real model (read with forward hooks while it runs,
+`stage_shapes`), and the search step by step from the trace of the search that produced the output
+(trace.py); `render` lays it out as text. The torch engine only; no printing here (translate.py
+--explain prints).
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from torch import Tensor, nn
 
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID
-from transformer.decoding import STRATEGIES
+from transformer.decoding import STRATEGIES, PhraseError
 from transformer.errors import UserError
 from transformer.model import Transformer
-from transformer.translation.phrases import PhraseError
 from transformer.translation.torch_engine import Translator
 from transformer.translation.texts import gnmt_length_penalty
 from transformer.translation.trace import (CHOSEN, FINISHED, LIVE, PRUNED, Candidate, SearchStep, SearchTrace,
@@ -305,19 +305,19 @@ def _render_greedy(trace: SearchTrace) -> list[str]:
 
 
 def _met(candidate: Candidate, trace: SearchTrace) -> str:
-    """How many required phrases a candidate of constrained search has written whole, and which."""
+    """How many constraints a candidate of constrained search has written whole, and which."""
     count = f"{len(candidate.met)}/{len(trace.constraints)}"
     return " ".join([count, *(trace.constraints[j] for j in candidate.met)])
 
 
 def _render_beam_step(step: SearchStep, trace: SearchTrace, pruned_shown: int = 2) -> list[str]:
     live = len(step.beams)
-    held = bool(trace.constraints)  # constrained search: each candidate's phrases met and bank
+    constrained = bool(trace.constraints)  # constrained search: each candidate's phrases met and bank
     considered = "continuations it considered" if trace.held_to_phrases else "best continuations"
     out = [f"  Step {step.step + 1}: {live} live hypothes{'is' if live == 1 else 'es'}; "
            f"the {len(step.candidates)} {considered}:"]
     rows = [["", "fate", "log-prob", "= hypothesis's", "+ log p(subword)", "hypothesis + subword",
-             *(["met", "bank"] if held else []), ""]]
+             *(["met", "bank"] if constrained else []), ""]]
     pruned = [c for c in step.candidates if c.fate == PRUNED]
     for candidate in step.candidates:
         if candidate.fate == PRUNED:
@@ -328,11 +328,11 @@ def _render_beam_step(step: SearchStep, trace: SearchTrace, pruned_shown: int = 
             extra = f"score {candidate.score:.3f} = {candidate.log_prob:.3f} / lp {candidate.length_penalty:.3f}"
         rows.append(["", candidate.fate, f"{candidate.log_prob:.3f}", f"{beam.log_prob:.3f}",
                      f"{candidate.token_log_prob:.3f}", f"{_text(beam.pieces) or BOS} + {candidate.piece}",
-                     *([_met(candidate, trace), str(candidate.bank)] if held else []), extra])
-    out += _table(rows, right={2, 3, 4, 7} if held else {2, 3, 4}, indent="  ")
+                     *([_met(candidate, trace), str(candidate.bank)] if constrained else []), extra])
+    out += _table(rows, right={2, 3, 4, 7} if constrained else {2, 3, 4}, indent="  ")
     if pruned:
         shown = ", ".join(f"{_text(step.beams[c.beam].pieces) or BOS} + {c.piece} ({c.log_prob:.3f}"
-                          + (f", bank {c.bank})" if held else ")") for c in pruned[:pruned_shown])
+                          + (f", bank {c.bank})" if constrained else ")") for c in pruned[:pruned_shown])
         more = f", and {len(pruned) - pruned_shown} more" if len(pruned) > pruned_shown else ""
         out.append(f"      pruned: {shown}{more}")
     if step.bound is not None:
@@ -371,8 +371,8 @@ def _render_beam(trace: SearchTrace) -> list[str]:
 
 def _render_constrained(trace: SearchTrace) -> list[str]:
     k, total = trace.beam_size, sum(len(pieces) for pieces in trace.constraint_pieces)
-    required = "; ".join(f"{phrase!r} ({' '.join(pieces)})" for phrase, pieces in
-                         zip(trace.constraints, trace.constraint_pieces)) or "none"
+    constraints = "; ".join(f"{phrase!r} ({' '.join(pieces)})" for phrase, pieces in
+                            zip(trace.constraints, trace.constraint_pieces)) or "none"
     avoided = ", ".join(map(repr, trace.avoid)) or "none"
     banks = (f"The others sit in banks by the subwords of required phrases they have written (bank 0 to {total}; "
              "met: the phrases written whole), and the k next hypotheses are shared out among the banks, so that "
@@ -380,7 +380,7 @@ def _render_constrained(trace: SearchTrace) -> list[str]:
              "pruned." if total else f"The {k} best of the others live on; the rest are pruned.")
     return _prose(f"3. The search, step by step: constrained beam search, beam k = {k}, length penalty alpha = "
                   f"{trace.alpha:g}, at most {trace.max_length} output subwords",
-                  f"Required phrases (their subwords): {required}. Avoided phrases: {avoided}.",
+                  f"Required phrases (their subwords): {constraints}. Avoided phrases: {avoided}.",
                   "Beam search held to phrases (dynamic beam allocation, Post & Vilar, 2018). Each step extends "
                   "every live hypothesis by one subword; the candidates are the "
                   f"{2 * k} (2k) (hypothesis, subword) pairs with the highest log-prob, each hypothesis's own most "

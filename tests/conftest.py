@@ -8,10 +8,12 @@ Everything is written under pytest's tmp dirs, including datasets' cache: no tes
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Protocol
 
@@ -113,6 +115,44 @@ def tiny_settings(data_path: Path, **sections: dict) -> dict:
     for section, values in sections.items():
         settings[section].update(values)
     return settings
+
+
+def _worker_locks(config: pytest.Config) -> Path | None:
+    """The stem of the lock files the xdist workers of this run share; None outside xdist."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return None
+    return Path(tempfile.gettempdir()) / f"transformer-tests-{workerinput['testrunuid']}"
+
+
+def pytest_sessionfinish(session: pytest.Session):
+    """A worker that is done removes the lock files: a worker still running makes them again if it needs them."""
+    if (base := _worker_locks(session.config)) is not None:
+        for suffix in (".turnstile", ".cores"):
+            Path(f"{base}{suffix}").unlink(missing_ok=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under xdist, a test marked `alone` runs while the other worker waits: a readers-writer lock over
+    the workers of this run, every other test a reader. The turnstile keeps a waiting `alone` test from
+    being passed by the other worker's next tests."""
+    base = _worker_locks(item.config)
+    if base is None:  # one process: nothing runs beside the test
+        yield
+        return
+    alone = item.get_closest_marker("alone") is not None
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.cores", "a") as cores:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(cores, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(cores, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)

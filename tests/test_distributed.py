@@ -145,6 +145,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory, half_budget_config: Path
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # torchrun's two ranks need both cores
 def test_two_ranks_with_half_the_budget_train_what_one_process_trains(one_process: Path, two_ranks):
     run_dir, _ = two_ranks
     one_loss, two_loss = scalars(one_process, "train/smoothed_loss"), scalars(run_dir, "train/smoothed_loss")
@@ -161,6 +162,7 @@ def test_two_ranks_with_half_the_budget_train_what_one_process_trains(one_proces
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # torchrun's two ranks need both cores
 def test_a_rank_with_no_sentence_in_a_step_still_joins_the_gradient_reduction(tmp_path: Path, tiny_csv: Path):
     """Global batches of 2 tokens hold one sentence each (every pair is longer), so rank 1's shard of
     every batch is empty: it trains on nothing, runs its zero-weight pass, and the two ranks learn
@@ -175,6 +177,7 @@ def test_a_rank_with_no_sentence_in_a_step_still_joins_the_gradient_reduction(tm
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # torchrun's two ranks need both cores
 def test_only_rank_0_writes_the_run_directory_and_logs_at_info(one_process: Path, two_ranks):
     run_dir, stderr = two_ranks
 
@@ -194,6 +197,7 @@ def test_only_rank_0_writes_the_run_directory_and_logs_at_info(one_process: Path
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # torchrun's two ranks need both cores
 def test_sigterm_to_torchrun_stops_both_ranks_with_a_checkpoint_then_resume_matches(
         tmp_path: Path, half_budget_config: Path, one_process: Path):
     run_dir, log = tmp_path / "run", tmp_path / "stopped.log"
@@ -278,6 +282,7 @@ def assert_every_rank_stopped_with_one_line(stderr: dict[int, str], codes: dict[
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # torchrun's two ranks need both cores
 def test_a_missing_data_file_stops_both_ranks_with_one_line_each(tmp_path: Path):
     config = write_config(tmp_path / "missing.yaml", tmp_path / "missing.csv", BUDGET // 2)
     stderr, codes = run_2_ranks_to_failure(tmp_path, ["train.py"], config, tmp_path / "run")
@@ -285,6 +290,7 @@ def test_a_missing_data_file_stops_both_ranks_with_one_line_each(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # torchrun's two ranks need both cores
 def test_a_changed_config_on_resume_stops_both_ranks_with_one_line_each(tmp_path: Path, tiny_csv: Path):
     run_dir = tmp_path / "run"
     first = write_config(tmp_path / "first.yaml", tiny_csv, BUDGET, max_steps=2)
@@ -296,6 +302,7 @@ def test_a_changed_config_on_resume_stops_both_ranks_with_one_line_each(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # torchrun's two ranks need both cores
 def test_a_full_disk_at_a_checkpoint_stops_both_ranks_at_that_step(tmp_path: Path, half_budget_config: Path):
     script = tmp_path / "full_disk.py"
     script.write_text(FULL_DISK_AT_SAVE.format(root=str(ROOT)), encoding="utf-8")

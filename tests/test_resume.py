@@ -243,6 +243,7 @@ def test_signal_finishes_the_step_saves_and_exits_0_then_resume_gives_identical_
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a real clock's budget: another test beside it would move the steps it measures
 def test_a_time_budgeted_run_killed_between_its_measurements_re_estimates_at_the_recorded_step(
         tmp_path: Path, tiny_csv: Path, capsys):
     """max_minutes becomes steps at the first measurement, which also fixes the step of the second one;

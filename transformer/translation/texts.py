@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar

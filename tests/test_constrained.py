@@ -384,3 +384,19 @@ def test_a_required_phrase_is_met_by_its_forms(tiny_tokenizers):
         progress = progress.advance(token, phrases, written[:at])
     assert progress.all_met(phrases.constraints)
     assert met_phrases("La gare.", ["gare", "gar", "la gare", "Gare"]) == [True, False, True, True]
+
+
+def test_cli_a_glossary_that_matches_nothing_leaves_a_beam_1_translation_as_it_was(trained_run: Path, capsys,
+                                                                                     tmp_path: Path):
+    """Issue 58: with beam 1, a line without glossary terms was searched by beam search with one hypothesis and
+    the length penalty, not by greedy search, and came out changed (`C'est soupliie.` grew `êtes moi. ...`)."""
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("zeppelin\tdirigeable\n", encoding="utf-8")
+    lines = ["I'm cold.", "Where is the station?", "What day is it today?", "Go.", "It's supple.",
+             "I don't know.", "He is my friend.", "Come here."]
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--beam", "1", "--length-penalty", "2",
+                     *lines) == 0
+    plain = capsys.readouterr().out.splitlines()
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--beam", "1", "--length-penalty", "2",
+                     "--glossary", str(glossary), *lines) == 0
+    assert capsys.readouterr().out.splitlines() == plain

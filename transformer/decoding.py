@@ -175,6 +175,11 @@ class DecodeOptions(RunDecodeSettings):
         """The option that gave phrases, for a refusal to name."""
         return "constraints" if self.constraints else "avoid" if self.avoid else "text_constraints"
 
+    def without_phrases(self) -> "DecodeOptions":
+        """These options held to no phrases: how a text with none (a glossary that matches nothing in it) is
+        translated, by the method they choose then (`strategy`: greedy search at beam 1, else beam search)."""
+        return dataclasses.replace(self, constraints=(), avoid=(), per_text_constraints=False)
+
     @property
     def constrained(self) -> bool:
         """Whether the search is held to phrases: constraints or avoided ones."""

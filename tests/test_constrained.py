@@ -400,3 +400,21 @@ def test_cli_a_glossary_that_matches_nothing_leaves_a_beam_1_translation_as_it_w
     assert translate(trained_run, "--engine", "torch", "--quiet", "--beam", "1", "--length-penalty", "2",
                      "--glossary", str(glossary), *lines) == 0
     assert capsys.readouterr().out.splitlines() == plain
+
+
+def test_cli_max_length_b_is_advised_only_where_raising_it_can_help(trained_run: Path, capsys):
+    """Issue 58: phrases longer than the model writes in any output (max_len - 1, which no option raises) were
+    told `(--max-length-b raises it)` with --max-length-b already 100000."""
+    words = ("la gare est à la maison il fait chaud oui non je suis un garçon son père bonjour salut froid "
+             "faim jour elle a dit les raisons où est ma sœur le cœur").split()
+    phrases = [arg for i in range(16) for arg in ("--constraint", " ".join(words[i:] + words[:i]))]
+    assert translate(trained_run, "--engine", "torch", "--max-length-b", "100000", *phrases, "I'm cold.") == 2
+    error = user_error(capsys)
+    assert re.fullmatch(r"line 1: --constraint need \d+ subwords, more than the 511 the model writes in any "
+                        r"output \(its max_len, 512, counts BOS\)", error), error
+    # Where the source's limit is below the model's, raising it helps, and the flag is named.
+    assert translate(trained_run, "--engine", "torch", "--max-length-a", "0", "--max-length-b", "1", "--constraint",
+                     "la gare", "I'm cold.") == 2
+    error = user_error(capsys)
+    assert re.fullmatch(r"line 1: --constraint need \d+ subwords, more than the 1 an output of this source may "
+                        r"have \(--max-length-b raises it\)", error), error

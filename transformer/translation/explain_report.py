@@ -194,7 +194,7 @@ def explain_lines(translator: Translator, lines: Iterable[str], out: TextIO, pre
             except PhraseError as error:  # this line's phrases or prefix: name it, as translation does
                 if error.index is None:
                     raise
-                raise UserError(f"line {number}: {Exception.__str__(error)}") from None
+                raise error.at(f"line {number}: ") from None
             out.write(("" if first else "\n") + render(explained) + "\n")
             out.flush()
             first = False

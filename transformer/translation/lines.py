@@ -207,7 +207,7 @@ def _search_chunk(translator: Engine, chunk: list[str], n_best: int, prefixes: l
     except PhraseError as error:
         if error.index is None:
             raise
-        raise UserError(f"line {first + error.index}: {Exception.__str__(error)}") from None  # its options marked
+        raise error.at(f"line {first + error.index}: ") from None  # its options marked
 
 
 def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_best: int, chunk_size: int,

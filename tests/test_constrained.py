@@ -22,6 +22,7 @@ from transformer.errors import DecodeOptionError
 from transformer.translation.constrained import constrained_beam_search
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from transformer.translation.glossary import read_glossary
+from transformer.translation.lines import constraint_columns
 from transformer.translation.phrases import (PhraseError, Phrases, Progress, met_phrases, phrase_ids, constraints_once,
                                              sentence_phrases)
 from transformer.translation.search import beam_search
@@ -120,6 +121,40 @@ def test_glossary_terms_match_whole_words_in_any_case(tmp_path: Path):
     assert glossary.targets_of("Where is the STATION?") == ["gare"]
     assert glossary.targets_of("Stations and tomatoes.") == []
     assert glossary.targets_of("Tom\u00a0writes C++.") == ["Tom", "C++"]
+
+
+def test_the_longest_glossary_match_wins(tmp_path: Path):
+    """Issue 58: `bank` inside a matching `river bank` called for `banque` beside `rive`."""
+    path = tmp_path / "terms.tsv"
+    path.write_text("bank\tbanque\nriver bank\trive\nbank account\tcompte bancaire\nriver\tfleuve\n"
+                    "bank stock\tactions\n", encoding="utf-8")
+    glossary = read_glossary(path)
+    assert glossary.targets_of("We sat on the River Bank.") == ["rive"]
+    # Of two overlapping matches the longer wins, and of two as long the leftmost.
+    assert glossary.targets_of("The river bank account.") == ["compte bancaire", "fleuve"]
+    assert glossary.targets_of("The river bank stock.") == ["rive"]
+    assert glossary.targets_of("The river bank is near the bank.") == ["banque", "rive"]  # each match its own
+    assert glossary.targets_of("The bank account, by the river.") == ["compte bancaire", "fleuve"]
+
+
+def test_an_empty_trailing_cell_is_no_term_nor_phrase(tmp_path: Path):
+    """Issue 58: a spreadsheet exports `source<TAB>phrase<TAB>`; the empty last cell is no phrase."""
+    path = tmp_path / "terms.tsv"
+    path.write_bytes(b"station\tgare\t\ncold\tfroid\t\t\n")
+    glossary = read_glossary(path)
+    assert [(entry.source, entry.target) for entry in glossary.entries] == [("station", "gare"), ("cold", "froid")]
+    assert list(constraint_columns(["I'm cold.\tfroid\t", "Go.\t", "Hi.\tsalut\t\t", "Hi.\t\tsalut"])) == [
+        ("I'm cold.", ["froid"]), ("Go.", []), ("Hi.", ["salut"]), ("Hi.", ["", "salut"])]
+
+
+def test_cli_an_empty_trailing_cell_is_no_phrase(trained_run: Path, capsys, monkeypatch, tmp_path: Path):
+    stdin_of(monkeypatch, "I'm cold.\tfroid\t\n".encode())
+    assert translate(trained_run, "--quiet", "--constraints-column", "--format", "jsonl") == 0
+    assert json.loads(capsys.readouterr().out)["constraints"] == [{"phrase": "froid", "met": True}]
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("cold\tfroid\t\n", encoding="utf-8")
+    assert translate(trained_run, "--quiet", "--glossary", str(glossary), "--format", "jsonl", "I'm cold.") == 0
+    assert json.loads(capsys.readouterr().out)["constraints"] == [{"phrase": "froid", "met": True}]
 
 
 @pytest.mark.parametrize("content, message", [

@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID
 from transformer.decoding import STRATEGIES, PhraseError
-from transformer.errors import UserError
 from transformer.model import Transformer
 from transformer.translation.torch_engine import Translator
 from transformer.translation.texts import gnmt_length_penalty

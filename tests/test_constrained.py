@@ -22,6 +22,7 @@ from transformer.errors import DecodeOptionError
 from transformer.translation.constrained import constrained_beam_search
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 from transformer.translation.glossary import read_glossary
+from transformer.translation.lines import constraint_columns
 from transformer.translation.phrases import (PhraseError, Phrases, Progress, met_phrases, phrase_ids, constraints_once,
                                              sentence_phrases)
 from transformer.translation.search import beam_search
@@ -120,6 +121,40 @@ def test_glossary_terms_match_whole_words_in_any_case(tmp_path: Path):
     assert glossary.targets_of("Where is the STATION?") == ["gare"]
     assert glossary.targets_of("Stations and tomatoes.") == []
     assert glossary.targets_of("Tom\u00a0writes C++.") == ["Tom", "C++"]
+
+
+def test_the_longest_glossary_match_wins(tmp_path: Path):
+    """Issue 58: `bank` inside a matching `river bank` called for `banque` beside `rive`."""
+    path = tmp_path / "terms.tsv"
+    path.write_text("bank\tbanque\nriver bank\trive\nbank account\tcompte bancaire\nriver\tfleuve\n"
+                    "bank stock\tactions\n", encoding="utf-8")
+    glossary = read_glossary(path)
+    assert glossary.targets_of("We sat on the River Bank.") == ["rive"]
+    # Of two overlapping matches the longer wins, and of two as long the leftmost.
+    assert glossary.targets_of("The river bank account.") == ["compte bancaire", "fleuve"]
+    assert glossary.targets_of("The river bank stock.") == ["rive"]
+    assert glossary.targets_of("The river bank is near the bank.") == ["banque", "rive"]  # each match its own
+    assert glossary.targets_of("The bank account, by the river.") == ["compte bancaire", "fleuve"]
+
+
+def test_an_empty_trailing_cell_is_no_term_nor_phrase(tmp_path: Path):
+    """Issue 58: a spreadsheet exports `source<TAB>phrase<TAB>`; the empty last cell is no phrase."""
+    path = tmp_path / "terms.tsv"
+    path.write_bytes(b"station\tgare\t\ncold\tfroid\t\t\n")
+    glossary = read_glossary(path)
+    assert [(entry.source, entry.target) for entry in glossary.entries] == [("station", "gare"), ("cold", "froid")]
+    assert list(constraint_columns(["I'm cold.\tfroid\t", "Go.\t", "Hi.\tsalut\t\t", "Hi.\t\tsalut"])) == [
+        ("I'm cold.", ["froid"]), ("Go.", []), ("Hi.", ["salut"]), ("Hi.", ["", "salut"])]
+
+
+def test_cli_an_empty_trailing_cell_is_no_phrase(trained_run: Path, capsys, monkeypatch, tmp_path: Path):
+    stdin_of(monkeypatch, "I'm cold.\tfroid\t\n".encode())
+    assert translate(trained_run, "--quiet", "--constraints-column", "--format", "jsonl") == 0
+    assert json.loads(capsys.readouterr().out)["constraints"] == [{"phrase": "froid", "met": True}]
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("cold\tfroid\t\n", encoding="utf-8")
+    assert translate(trained_run, "--quiet", "--glossary", str(glossary), "--format", "jsonl", "I'm cold.") == 0
+    assert json.loads(capsys.readouterr().out)["constraints"] == [{"phrase": "froid", "met": True}]
 
 
 @pytest.mark.parametrize("content, message", [
@@ -384,3 +419,37 @@ def test_a_required_phrase_is_met_by_its_forms(tiny_tokenizers):
         progress = progress.advance(token, phrases, written[:at])
     assert progress.all_met(phrases.constraints)
     assert met_phrases("La gare.", ["gare", "gar", "la gare", "Gare"]) == [True, False, True, True]
+
+
+def test_cli_a_glossary_that_matches_nothing_leaves_a_beam_1_translation_as_it_was(trained_run: Path, capsys,
+                                                                                     tmp_path: Path):
+    """Issue 58: with beam 1, a line without glossary terms was searched by beam search with one hypothesis and
+    the length penalty, not by greedy search, and came out changed (`C'est soupliie.` grew `êtes moi. ...`)."""
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("zeppelin\tdirigeable\n", encoding="utf-8")
+    lines = ["I'm cold.", "Where is the station?", "What day is it today?", "Go.", "It's supple.",
+             "I don't know.", "He is my friend.", "Come here."]
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--beam", "1", "--length-penalty", "2",
+                     *lines) == 0
+    plain = capsys.readouterr().out.splitlines()
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--beam", "1", "--length-penalty", "2",
+                     "--glossary", str(glossary), *lines) == 0
+    assert capsys.readouterr().out.splitlines() == plain
+
+
+def test_cli_max_length_b_is_advised_only_where_raising_it_can_help(trained_run: Path, capsys):
+    """Issue 58: phrases longer than the model writes in any output (max_len - 1, which no option raises) were
+    told `(--max-length-b raises it)` with --max-length-b already 100000."""
+    words = ("la gare est à la maison il fait chaud oui non je suis un garçon son père bonjour salut froid "
+             "faim jour elle a dit les raisons où est ma sœur le cœur").split()
+    phrases = [arg for i in range(16) for arg in ("--constraint", " ".join(words[i:] + words[:i]))]
+    assert translate(trained_run, "--engine", "torch", "--max-length-b", "100000", *phrases, "I'm cold.") == 2
+    error = user_error(capsys)
+    assert re.fullmatch(r"line 1: --constraint need \d+ subwords, more than the 511 the model writes in any "
+                        r"output \(its max_len, 512, counts BOS\)", error), error
+    # Where the source's limit is below the model's, raising it helps, and the flag is named.
+    assert translate(trained_run, "--engine", "torch", "--max-length-a", "0", "--max-length-b", "1", "--constraint",
+                     "la gare", "I'm cold.") == 2
+    error = user_error(capsys)
+    assert re.fullmatch(r"line 1: --constraint need \d+ subwords, more than the 1 an output of this source may "
+                        r"have \(--max-length-b raises it\)", error), error

@@ -211,6 +211,17 @@ def test_a_saved_dataset_dict_reads_the_split_named(tmp_path, tiny_pairs, csv_si
     assert listing(folder) == before
 
 
+def test_a_saved_dataset_without_splits_refuses_a_split(tmp_path, tiny_pairs, fresh_datasets_cache):
+    """Issue 58: `data.split: test` on a save_to_disk folder of one Dataset read the whole dataset, where one
+    Parquet or JSON lines file refuses it."""
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_dict(columns_of(tiny_pairs)).save_to_disk(folder)
+    with pytest.raises(DataError) as error:
+        read_saved_dataset(source_of(folder, "dataset", split="test"))
+    assert str(error.value) == (f"{folder}: a saved Dataset holds no splits (data.split: 'test'); save a DatasetDict "
+                                "with its test split and name its folder in data.path, or remove data.split")
+
+
 def test_a_file_replaced_in_place_is_read_anew(tmp_path, tiny_pairs, fresh_datasets_cache):
     """datasets would find its cached table by the file's path and modification time: the content names it."""
     path = write_parquet(tmp_path / "pairs.parquet", tiny_pairs[:4])

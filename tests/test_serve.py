@@ -160,7 +160,7 @@ BAD_REQUESTS = {
 }
 # The field each refusal names (the first word of its message).
 NAMED = {"an empty constraint": "constraints", "a constraint with no subwords": "constraints",
-         "constraints that cannot fit the output": "constraints", "more constraints than the cap": "constraints",
+         "constraints that cannot fit the output": "texts.0", "more constraints than the cap": "constraints",
          "a phrase required and avoided": "constraints", "constraints with alignment": "constraints",
          "constraints with sampling": "sampling", "constraints not a list": "constraints"}
 
@@ -176,6 +176,17 @@ def test_a_bad_request_is_a_4xx_json_message_and_the_server_goes_on(client: Test
     if name in NAMED:
         assert message.split()[0].rstrip(":") == NAMED[name], message
     assert translate(client, texts=[SENTENCE])["translations"][0]["translation"] is not None
+
+
+def test_constraints_too_long_for_a_text_name_the_text_and_no_field_the_api_refuses(client: TestClient):
+    """Issue 58: the API said `(max_length_b raises it)`, a field it refuses, and not which text was too short."""
+    long, phrase = "Where is the station? " * 6, "la gare est à la maison " * 4
+    response = client.post("/translate", json={"texts": [long, "Hi."], "constraints": [phrase]})
+    assert response.status_code == 422
+    message = response.json()["error"]
+    assert re.fullmatch(r"texts\.1: constraints need \d+ subwords, more than the \d+ an output of this source may "
+                        r"have", message), message
+    assert translate(client, texts=[long], constraints=[phrase])  # the long text alone has room
 
 
 def test_constraints_and_avoid_hold_in_every_translation(client: TestClient, translator: Translator):

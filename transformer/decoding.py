@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transformer.data.text import clean_text, whole_words
-from transformer.errors import DecodeOptionError, UserError, option
+from transformer.errors import DecodeOptionError, UserError, marked_options, name_options, option
 from transformer.values import INT64_MAX, check_fields, integer, number, within
 
 # The widest beam, and the most candidates (n-best, or samples) of one text: memory grows with it, and
@@ -175,6 +175,11 @@ class DecodeOptions(RunDecodeSettings):
         """The option that gave phrases, for a refusal to name."""
         return "constraints" if self.constraints else "avoid" if self.avoid else "text_constraints"
 
+    def without_phrases(self) -> "DecodeOptions":
+        """These options held to no phrases: how a text with none (a glossary that matches nothing in it) is
+        translated, by the method they choose then (`strategy`: greedy search at beam 1, else beam search)."""
+        return dataclasses.replace(self, constraints=(), avoid=(), per_text_constraints=False)
+
     @property
     def constrained(self) -> bool:
         """Whether the search is held to phrases: constraints or avoided ones."""
@@ -203,11 +208,25 @@ class DecodeOptions(RunDecodeSettings):
 
 class PhraseError(DecodeOptionError):
     """A constraint or avoided phrase (option `option_name`) no output can hold to; `index`: the text it
-    belongs to (None: the options' phrases, shared by every text), for a face to name its line."""
+    belongs to (None: the options' phrases, shared by every text), for a face to name its line. `remedy`:
+    advice that marks an option (e.g. "(⟨max_length_b⟩ raises it)"), said only by a face that names every
+    option it marks: one that does not take the option (the API) never suggests it. `at` says where first."""
 
-    def __init__(self, option_name: str, reason: str, index: int | None = None) -> None:
+    def __init__(self, option_name: str, reason: str, index: int | None = None, remedy: str = "") -> None:
         super().__init__(option_name, reason)
-        self.index = index
+        self.index, self.remedy, self.where = index, remedy, ""
+
+    def naming(self, names: dict[str, str]) -> str:
+        said = self.where + super().naming(names)
+        if self.remedy and all(name in names for name in marked_options(self.remedy)):
+            said += " " + name_options(self.remedy, names)
+        return said
+
+    def at(self, where: str) -> "PhraseError":
+        """This refusal said after `where` (e.g. "line 3: ", "texts[2]: "), its text no longer to be located."""
+        located = PhraseError(self.option, self.reason, None, self.remedy)
+        located.where = where
+        return located
 
 
 def _refuse(name: str, reason: str, where: str, index: int | None) -> None:

@@ -18,6 +18,11 @@ def option(name: str) -> str:
     return f"\u27e8{name}\u27e9"
 
 
+def marked_options(text: str) -> list[str]:
+    """The generic names of the options `text` marks with `option`."""
+    return _OPTION.findall(text)
+
+
 def name_options(text: str, names: dict[str, str]) -> str:
     """`text` with each option marked by `option` called by its name in `names`, else by its generic name."""
     return _OPTION.sub(lambda match: names.get(match[1], match[1]), text)

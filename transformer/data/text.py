@@ -66,6 +66,16 @@ def whole_words(phrases: Sequence[str], any_case: bool = True) -> re.Pattern:
     return re.compile(rf"(?<!\w)(?:{words})(?!\w)", re.IGNORECASE if any_case else 0)
 
 
+def without_empty_trailing_cells(cells: list[str], keep: int) -> list[str]:
+    """A tab-separated line's `cells` without the empty ones at its end, which a spreadsheet's export leaves
+    (`source<TAB>phrase<TAB>`): they are no value. The first `keep` cells stay, and a cell that holds
+    anything (a space, an invisible character) is not empty: the reader refuses those as it refuses a blank value."""
+    end = len(cells)
+    while end > keep and cells[end - 1] == "":
+        end -= 1
+    return cells[:end]
+
+
 def clean_text_normalizer() -> "Normalizer":
     """`clean_text` as a `tokenizers` normalizer, step for step, for a tokenizer that must clean text
     itself (a Hugging Face export has no other place for it). The character sets are those of this
@@ -126,5 +136,5 @@ def read_lines(path: Path, what: str) -> list[str]:
         raise UserError(f"cannot read {what} {path}: {error.strerror or error}") from None
 
 
-__all__ = ["APOSTROPHES", "is_invisible", "clean_text", "whole_words", "clean_text_normalizer", "iter_lines",
-           "read_lines"]
+__all__ = ["APOSTROPHES", "is_invisible", "clean_text", "whole_words", "without_empty_trailing_cells",
+           "clean_text_normalizer", "iter_lines", "read_lines"]

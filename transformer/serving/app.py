@@ -34,7 +34,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from transformer.checkpoints.lookup import run_dir_of
-from transformer.decoding import DecodeOptions, Sampling
+from transformer.decoding import DecodeOptions, PhraseError, Sampling
 from transformer.errors import DecodeOptionError, UserError
 from transformer.serving.batcher import Batcher
 from transformer.serving.explain_response import ExplainResponse, ExplainWork, explain_texts
@@ -222,13 +222,18 @@ class Translations:
         texts = [text for text, _ in items]
         prefixes = [prefix for _, prefix in items] if any(prefix for _, prefix in items) else None
         n_best = work.options.n_best
-        if work.alignment:
-            attended = translate_with_attention(engine, texts, n_best, prefixes=prefixes, with_scores=True)
-            candidates = [[(a.text, a.log_prob) for a in row] for row in attended]
-            alignments = [alignment_of(row[0]) for row in attended]
-        else:
-            candidates = translate_scored(engine, texts, n_best, prefixes)
-            alignments = [None] * len(texts)
+        try:
+            if work.alignment:
+                attended = translate_with_attention(engine, texts, n_best, prefixes=prefixes, with_scores=True)
+                candidates = [[(a.text, a.log_prob) for a in row] for row in attended]
+                alignments = [alignment_of(row[0]) for row in attended]
+            else:
+                candidates = translate_scored(engine, texts, n_best, prefixes)
+                alignments = [None] * len(texts)
+        except PhraseError as error:  # one text's phrases: named as the request's field (the batcher reruns a
+            if error.index is None:  # request alone before it answers with an error, so the index is its own)
+                raise
+            raise error.at(f"texts.{error.index}: ") from None
         return [Translation(source=text, translation=row[0][0], alignment=alignment,
                             n_best=[NBestCandidate(text=t, score=s) for t, s in row])
                 for text, row, alignment in zip(texts, candidates, alignments)]

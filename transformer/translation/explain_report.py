@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from transformer.data.batching import source_tensor
 from transformer.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID
 from transformer.decoding import STRATEGIES, PhraseError
-from transformer.errors import UserError
 from transformer.model import Transformer
 from transformer.translation.torch_engine import Translator
 from transformer.translation.texts import gnmt_length_penalty
@@ -194,7 +193,7 @@ def explain_lines(translator: Translator, lines: Iterable[str], out: TextIO, pre
             except PhraseError as error:  # this line's phrases or prefix: name it, as translation does
                 if error.index is None:
                     raise
-                raise UserError(f"line {number}: {Exception.__str__(error)}") from None
+                raise error.at(f"line {number}: ") from None
             out.write(("" if first else "\n") + render(explained) + "\n")
             out.flush()
             first = False

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformer.data.text import clean_text, read_lines, whole_words
+from transformer.data.text import clean_text, read_lines, whole_words, without_empty_trailing_cells
 from transformer.decoding import PhraseError
 from transformer.errors import UserError
 
@@ -30,20 +30,31 @@ class Glossary:
 
     def targets_of(self, text: str) -> list[str]:
         """The target terms whose source term `text` contains as whole words, in any case, after the input
-        cleaning, in file order, each once."""
+        cleaning, in file order, each once. As terminology tools apply a glossary, the longest match wins:
+        a term found only inside a longer term's match (`bank` in `river bank`) calls for nothing there;
+        of two overlapping matches of one length, the leftmost wins. Terms matching the very same words
+        (one source term given twice) are all kept."""
         cleaned = clean_text(text)
-        found = [entry.target for entry in self.entries if entry.pattern.search(cleaned)]
-        return list(dict.fromkeys(found))
+        matches = [(match.start(), match.end(), i) for i, entry in enumerate(self.entries)
+                   for match in entry.pattern.finditer(cleaned)]
+        kept: list[tuple[int, int]] = []
+        found: set[int] = set()
+        for start, end, i in sorted(matches, key=lambda m: (m[0] - m[1], m[0], m[2])):  # longest, then leftmost
+            if (start, end) in kept or not any(start < to and since < end for since, to in kept):
+                kept.append((start, end))
+                found.add(i)
+        return list(dict.fromkeys(self.entries[i].target for i in sorted(found)))
 
 
 def read_glossary(path: Path) -> Glossary:
-    """The glossary in `path` (UTF-8; blank lines skipped). A line without a tab, or with a blank side,
+    """The glossary in `path` (UTF-8; blank lines skipped). Empty cells at the end of a line (a spreadsheet's
+    export: `source<TAB>target<TAB>`) are no term. A line without a tab, or with a blank side,
     is a UserError naming the file and line; so is a file that is not UTF-8."""
     entries = []
     for number, line in enumerate(read_lines(path, "glossary"), start=1):
         if not line.strip():
             continue
-        source, tab, target = line.partition("\t")
+        source, tab, target = "\t".join(without_empty_trailing_cells(line.split("\t"), keep=2)).partition("\t")
         if not tab:
             raise UserError(f"{path}, line {number}: no tab: expected a source term, a tab, then the target term")
         for side, term in (("source", source), ("target", target)):

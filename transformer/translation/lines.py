@@ -20,7 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, TextIO
 
-from transformer.data.text import iter_lines, read_lines
+from transformer.data.text import iter_lines, read_lines, without_empty_trailing_cells
 from transformer.errors import UserError, option
 from transformer.files import atomic_writer, remove_file_leftovers
 from transformer.translation.metrics import score
@@ -166,9 +166,10 @@ def _inspect_chunk(translator, chunk: list[str], n_best: int, first: int, attent
 
 def constraint_columns(lines: Iterable[str]) -> Iterator[tuple[str, list[str]]]:
     """Each line as (source, its phrases): `source<TAB>phrase[<TAB>phrase…]`; a line without a tab has
-    none, and a blank line is ("", [])."""
+    none, and a blank line is ("", []). Empty cells at a line's end (a spreadsheet's export:
+    `source<TAB>phrase<TAB>`) are no phrase; an empty one between phrases is refused (decoding.check_phrases)."""
     for line in lines:
-        source, *phrases = line.split("\t")
+        source, *phrases = without_empty_trailing_cells(line.split("\t"), keep=1)
         yield source, phrases
 
 
@@ -207,7 +208,7 @@ def _search_chunk(translator: Engine, chunk: list[str], n_best: int, prefixes: l
     except PhraseError as error:
         if error.index is None:
             raise
-        raise UserError(f"line {first + error.index}: {Exception.__str__(error)}") from None  # its options marked
+        raise error.at(f"line {first + error.index}: ") from None  # its options marked
 
 
 def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_best: int, chunk_size: int,

@@ -297,13 +297,14 @@ class Named:
 
 def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, limits: Sequence[int | None],
                      text_constraints: Sequence[Sequence[str]] | None, prefixes: Sequence[Sequence[int]] | None,
-                     prefix_texts: Sequence[str] | None = None) -> list[Phrases]:
+                     prefix_texts: Sequence[str] | None = None, hard_cap: int | None = None) -> list[Phrases]:
     """For each of `count` texts, its Phrases: the options' constraints and avoided phrases with the text's
     own `text_constraints` (None: none), as target ids. `limits`: each text's output length (None: a blank text,
     not searched); `prefixes`: each text's forced target ids (None: none). A PhraseError, naming the text's
     index where the text is to blame, when no output could hold to them: an avoided phrase inside a
     constraint or inside the prefix, or constraints that with the prefix need more subwords than the
-    output may have."""
+    output may have. `hard_cap`: the most subwords the model writes at all (its max_len - 1), which no
+    option raises (None: the `limits` alone)."""
     vocabulary = target_vocabulary(tokenizers)
     glued, affixes = vocabulary.glued, vocabulary.affixes
     shared = [Named(p, phrase_ids(tokenizers, p, "constraints")) for p in decode.constraints]
@@ -336,7 +337,8 @@ def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, 
         phrases = Phrases(constraints, tuple(n.ids for n in avoid), glued,
                           tuple(forms_of(shared + own, ids) for ids in constraints), avoid_forms, avoid_text, pieces)
         if limits[i] is not None and phrases.constraints:
-            _refuse_what_cannot_fit(phrases, prefix, limits[i], "text_constraints" if own else "constraints", i)
+            _refuse_what_cannot_fit(phrases, prefix, limits[i], hard_cap, "text_constraints" if own else "constraints",
+                                    i)
         result.append(phrases)
     return result
 
@@ -351,18 +353,24 @@ def _refuse_avoided_in_prefix(text: str, avoid: list[Named], i: int) -> None:
                                        "starts with", i)
 
 
-def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, option_name: str, i: int) -> None:
+def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, hard_cap: int | None, option_name: str,
+                            i: int) -> None:
     """The prefix's tokens count towards the phrases, as in the search: what the prefix leaves unwritten
-    must fit after it."""
+    must fit after it. Raising max_length_b is advised only where it can help: up to `hard_cap`, the model's
+    own limit, which nothing raises."""
     progress = Progress()
     for at, token in enumerate(prefix):
         progress = progress.advance(token, phrases, prefix[:at])
     unwritten = phrases.tokens - progress.met_tokens(phrases.constraints)
     need = len(prefix) + unwritten
-    if need > limit:
-        after = f" after the {len(prefix)} of the target prefix" if prefix else ""
-        raise PhraseError(option_name, f"need {unwritten} subwords{after}, more than the {limit} an output of this "
-                                       f"source may have ({option('max_length_b')} raises it)", i)
+    if need <= limit:
+        return
+    after = f" after the {len(prefix)} of the target prefix" if prefix else ""
+    if hard_cap is not None and need > hard_cap:
+        raise PhraseError(option_name, f"need {unwritten} subwords{after}, more than the {hard_cap} the model "
+                                       f"writes in any output (its max_len, {hard_cap + 1}, counts BOS)", i)
+    raise PhraseError(option_name, f"need {unwritten} subwords{after}, more than the {limit} an output of this "
+                                   "source may have", i, remedy=f"({option('max_length_b')} raises it)")
 
 
 def met_phrases(output: str, phrases: Sequence[str]) -> list[bool]:

@@ -75,6 +75,18 @@ def check_observed(observer: SearchObserver | None, src: Tensor) -> None:
 # --------------------------------------------------------------------------- one token a row: greedy, sampling
 
 
+def sentence_rows(rows: Sequence[int], src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
+                  prefixes: Sequence[Sequence[int]] | None) -> tuple[Tensor, Tensor, Tensor, list | None]:
+    """The search arguments of the sentences `rows` of a batch (src, src_pad_mask, max_lengths, prefixes),
+    for a batch whose sentences are searched by different methods (constrained.py, torch_engine.py)."""
+    if len(rows) == src.shape[0]:
+        return src, src_pad_mask, max_lengths, None if prefixes is None else list(prefixes)
+    index = torch.tensor(list(rows), device=src.device)
+    return (src.index_select(0, index), src_pad_mask.index_select(0, index),
+            max_lengths.index_select(0, index.to(max_lengths.device)),
+            None if prefixes is None else [prefixes[i] for i in rows])
+
+
 def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
                     choose: Callable[[Tensor], Tensor], prefixes: Sequence[Sequence[int]] | None,
                     copies: int = 1, observer: SearchObserver | None = None) -> list[list[int]]:
@@ -379,6 +391,6 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
     return BeamSearch(model, src, src_pad_mask, max_lengths, options, prefixes, observer).run()
 
 
-__all__ = ["NEG_INF", "Hypothesis", "Models", "SearchObserver", "BeamCandidates", "check_observed",
+__all__ = ["NEG_INF", "Hypothesis", "Models", "SearchObserver", "BeamCandidates", "check_observed", "sentence_rows",
            "max_output_lengths", "forced_tokens", "greedy_search", "sample_search", "Candidates", "BeamSearch",
            "beam_search"]

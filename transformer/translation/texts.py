@@ -158,7 +158,8 @@ def text_phrases(engine: Engine, sources: list[list[int]], text_constraints: lis
     from the `prefixes` texts); a PhraseError names the text's index (phrases.sentence_phrases)."""
     decode = engine.decode
     limits = [decode.max_output_length(len(source), engine.max_len) if source else None for source in sources]
-    return sentence_phrases(engine.tokenizers, decode, len(sources), limits, text_constraints, prefix_ids, prefixes)
+    return sentence_phrases(engine.tokenizers, decode, len(sources), limits, text_constraints, prefix_ids, prefixes,
+                            hard_cap=engine.max_len - 1)
 
 
 def candidates_per_text(engine: Engine, n_best: int | None) -> int:

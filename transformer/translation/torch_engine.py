@@ -31,7 +31,8 @@ from transformer.model import Transformer
 from transformer.runtime import fast_bf16
 from transformer.translation.constrained import constrained_search
 from transformer.translation.quantize import quantize_int8
-from transformer.translation.search import BeamSearch, Models, SearchObserver, greedy_search, sample_search
+from transformer.translation.search import (BeamSearch, Models, SearchObserver, greedy_search, sample_search,
+                                           sentence_rows)
 from transformer.translation.texts import translate_texts
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,24 @@ def _sampling(models, src, src_pad_mask, max_lengths, options, prefixes, generat
 def _constrained(models, src, src_pad_mask, max_lengths, options, prefixes, generator, observer, phrases):
     if phrases is None:  # the options' phrases would be ignored: the text path tokenizes them (texts.text_phrases)
         raise ValueError("constrained search needs each sentence's phrases")
-    found = constrained_search(models, src, src_pad_mask, max_lengths, options, phrases, prefixes, observer)
-    return [[h.tokens for h in sentence] for sentence in found]
+    # A sentence without phrases (a glossary that matches nothing in it) is translated exactly as without
+    # them: by the method the options choose without phrases (greedy search at beam 1), not by beam search.
+    plain = options.without_phrases()
+    results: list[list[list[int]]] = [[] for _ in phrases]
+    for with_phrases in (False, True):
+        rows = [i for i, p in enumerate(phrases) if p.empty != with_phrases]
+        if not rows:
+            continue
+        sub_src, sub_mask, sub_max, sub_prefixes = sentence_rows(rows, src, src_pad_mask, max_lengths, prefixes)
+        if with_phrases:
+            found = [[h.tokens for h in sentence] for sentence in constrained_search(
+                models, sub_src, sub_mask, sub_max, options, [phrases[i] for i in rows], sub_prefixes, observer)]
+        else:
+            found = SEARCHES[plain.strategy.name](models, sub_src, sub_mask, sub_max, plain, sub_prefixes, generator,
+                                                  observer, None)
+        for i, outputs in zip(rows, found):
+            results[i] = outputs
+    return results
 
 
 # decoding.STRATEGIES' methods as the torch engine runs them, by name.

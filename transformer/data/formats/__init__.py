@@ -41,7 +41,8 @@ PARALLEL_TEXT = Format(("text",), frozenset({"target_path"}))
 # parquet.py and jsonl.py: a file, a folder of them (split files: train-*, test-*, ...) or a glob
 PARQUET = Format(("parquet",), _COLUMNS, splits=True)
 JSONL = Format(("jsonl",), _COLUMNS, splits=True)
-# saved_dataset.py: a folder written by save_to_disk (a DatasetDict's splits)
+# saved_dataset.py: a folder written by save_to_disk: a DatasetDict's splits, or one Dataset, which has none
+# (a split other than "train" refused, as for one Parquet file)
 SAVED_DATASET = Format(("dataset",), _COLUMNS, splits=True)
 # hub.py: a Hugging Face Hub dataset, with its configuration (`hub_config`)
 HUB = Format(("hub",), _COLUMNS | {"hub_config"}, splits=True, path="a dataset's name")

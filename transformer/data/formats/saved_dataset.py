@@ -16,6 +16,7 @@ import pyarrow as pa
 from transformer.data.cache import content_key
 from transformer.data.formats.columns import check_files_columns, check_utf8
 from transformer.data.formats.common import Corpus, RawPairs, build, content_name, one_line
+from transformer.data.formats.data_files import DEFAULT_SPLIT
 from transformer.errors import DataError, from_the_system
 
 _SHARD = re.compile(r"data-[0-9]+-of-(?P<count>[0-9]+)\.arrow")  # save_to_disk's names
@@ -35,7 +36,9 @@ def read_saved_dataset(corpus: Corpus) -> RawPairs:
 
 
 def _split_folder(corpus: Corpus, folder: Path) -> Path:
-    """The folder of the Dataset to read: `folder` itself, or its split `data.split` for a DatasetDict."""
+    """The folder of the Dataset to read: `folder` itself, or its split `data.split` for a DatasetDict. A
+    Dataset's folder has no splits: a split other than datasets' default is refused, as one Parquet file's is
+    (data_files.py), not read as every row."""
     split = corpus.config.split
     if not folder.exists():
         raise DataError(f"data folder not found: {folder} ({corpus.key('path')})")
@@ -51,6 +54,10 @@ def _split_folder(corpus: Corpus, folder: Path) -> Path:
             raise DataError(f"{folder}: no split {split!r} ({corpus.key('split')}); its splits are: "
                             f"{', '.join(splits)}")
         folder = folder / split
+    elif split != DEFAULT_SPLIT and (folder / "state.json").is_file():  # a Dataset's folder: read whole
+        raise DataError(f"{folder}: a saved Dataset holds no splits ({corpus.key('split')}: {split!r}); save a "
+                        f"DatasetDict with its {split} split and name its folder in {corpus.key('path')}, or remove "
+                        f"{corpus.key('split')}")
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder ({corpus.key('path')}); {corpus.key('format')} dataset reads a "
                         "folder written by save_to_disk")

@@ -101,6 +101,7 @@ def test_a_time_budget_is_measured_once_and_recorded(tiny_config, tmp_path, data
     assert rates[end] == pytest.approx(2e-3 * plan.decay_from / (end - plan.decay_start + 1), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_raising_the_budget_of_a_finished_linear_run_starts_a_new_segment(tiny_config, tmp_path, datasets_cache,
                                                                          caplog):
     caplog.set_level(logging.INFO)

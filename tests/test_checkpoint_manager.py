@@ -88,6 +88,7 @@ def best_files(run_dir: Path) -> dict[str, bytes]:
     return {"->": os.readlink(best).encode(), **{p.name: p.read_bytes() for p in sorted(best.iterdir())}}
 
 
+@pytest.mark.slow
 def test_a_run_ending_off_the_validation_cycle_validates_and_records_its_last_step(
         tmp_path: Path, tiny_csv: Path, scripted, capsys):
     """The budget (45) ends between validations (every 30). The last step is validated, then saved
@@ -169,6 +170,7 @@ def test_a_damaged_best_checkpoint_is_dropped_and_the_next_validation_sets_a_new
     assert list((run_dir / "checkpoints").glob("corrupt-step_00000045-*"))  # moved aside, not deleted
 
 
+@pytest.mark.slow
 def test_a_best_checkpoint_whose_training_state_is_torn_stays_best_for_its_weights(
         tmp_path: Path, tiny_csv: Path, scripted, caplog):
     scripted.scores.update({30: 5.0, 45: 9.0, 60: 1.0})
@@ -184,6 +186,7 @@ def test_a_best_checkpoint_whose_training_state_is_torn_stays_best_for_its_weigh
     assert (newest / checkpoint.MODEL_FILE).read_bytes() == weights and find_checkpoint(run_dir) == newest
 
 
+@pytest.mark.slow
 def test_a_run_of_an_earlier_version_is_refused_with_one_line(tmp_path: Path, tiny_csv: Path, scripted, capsys):
     scripted.scores.update({30: 5.0, 45: 6.0})
     config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv), tmp_path / "run"
@@ -202,6 +205,7 @@ def test_a_run_of_an_earlier_version_is_refused_with_one_line(tmp_path: Path, ti
         read_meta(meta_path.parent)
 
 
+@pytest.mark.slow
 def test_the_run_state_is_replaced_in_one_rename(tmp_path: Path, tiny_csv: Path, scripted, monkeypatch):
     """A failed write of state.json leaves the previous one whole and stops training with one message."""
     scripted.scores.update({30: 5.0, 45: 6.0})

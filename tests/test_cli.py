@@ -79,6 +79,7 @@ def test_csv_with_a_missing_column(tmp_path: Path, capsys):
                                   "are 'English', 'French' (read as CSV)")
 
 
+@pytest.mark.slow
 def test_csv_with_empty_cells_trains_and_names_the_dropped_lines(tmp_path: Path, caplog):
     path = tmp_path / "pairs.csv"
     path.write_text(HEADER + ROWS + '"",""\n"Hi.",""\n"  ","Vide"\n' + ROWS, encoding="utf-8")

@@ -290,6 +290,7 @@ def test_one_column_cannot_be_both_source_and_target():
                               "'French words/sentences'")
 
 
+@pytest.mark.slow
 def test_fr_en_trains_french_to_english_by_config_alone(tiny_csv: Path, tiny_pairs, tmp_path: Path):
     """A few steps of configs/fr_en.yaml on the tiny CSV (which has the shipped header): the sources
     the run holds out are the French side, the references the English side."""
@@ -472,3 +473,12 @@ def test_train_py_refuses_a_bad_schedule_or_average_in_one_line_before_any_work(
     err = capsys.readouterr().err
     assert err == f"error: {config}: {expected}\n"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_split_with_a_line_break_is_refused_in_one_line(tmp_path):
+    """A split name holding a line break (found by the property test above) is quoted: the refusal stays one line."""
+    path = tmp_path / "config.yaml"
+    path.write_text(f'data: {{path: {tmp_path / "x.csv"}, split: "a\\nb"}}\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert "\n" not in str(error.value) and "'a\\nb' split's file" in str(error.value)

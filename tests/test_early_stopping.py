@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from test_checkpoint_manager import best_files, scripted, train_run, write_config  # noqa: F401 (a fixture)
 from transformer.checkpoints import layout
 from transformer.checkpoints.format import META_FILE
@@ -66,6 +68,7 @@ def test_the_budget_ends_a_run_first_when_it_comes_first(tmp_path: Path, tiny_cs
     assert meta_state(run_dir, 20)["validations_without_improvement"] == 2
 
 
+@pytest.mark.slow
 def test_patience_0_never_stops_and_an_improvement_resets_the_count(tmp_path: Path, tiny_csv: Path, scripted):
     scripted.scores.update(PLATEAU)
     config, run_dir = plateau_config(tmp_path, tiny_csv, patience=0), tmp_path / "run"
@@ -75,6 +78,7 @@ def test_patience_0_never_stops_and_an_improvement_resets_the_count(tmp_path: Pa
     assert meta_state(run_dir, 35)["validations_without_improvement"] == 1
 
 
+@pytest.mark.slow
 def test_rerunning_an_early_stopped_run_changes_nothing_and_more_patience_trains_on(
         tmp_path: Path, tiny_csv: Path, scripted, capsys):
     scripted.scores.update(PLATEAU)

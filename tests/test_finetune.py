@@ -153,6 +153,7 @@ def test_the_parent_run_is_byte_identical_afterwards(parent: Path, child):
     assert tree(parent) == before
 
 
+@pytest.mark.slow
 def test_the_child_resumes_from_its_own_checkpoints_with_the_parent_gone(parent: Path, meals: Path, child,
                                                                         tmp_path: Path, capsys):
     run_dir, _ = child

@@ -451,6 +451,7 @@ SPLIT_LAYOUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("format, layout", [("parquet", name) for name in SPLIT_LAYOUTS] + [("jsonl", "hub"),
                                                                                             ("jsonl", "dev")])
 def test_a_folder_of_split_files_reads_the_split_named(tmp_path, tiny_pairs, csv_sides, fresh_datasets_cache, format,

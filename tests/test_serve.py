@@ -316,6 +316,7 @@ def assert_same(served: dict, expected: dict) -> None:
             assert got_row == pytest.approx(want_row, abs=2e-4)  # the API rounds to 4 decimals
 
 
+@pytest.mark.slow
 def test_concurrent_requests_are_batched_and_each_gets_what_it_gets_alone(translator: Translator):
     """Requests with every option set, sent together from threads: the worker gathers them (it waits
     for all their texts here), and each answer equals the text path's for that text alone."""
@@ -610,6 +611,7 @@ HALF_A_BODY = (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: ap
                b"content-length: 100\r\n\r\n{\"texts\": [")
 
 
+@pytest.mark.slow
 def test_stalled_connections_neither_block_working_clients_nor_stay_open(translator: Translator):
     """300 clients that open a connection and stall, half of them in the request head, half in the body:
     a working client beside them gets its translation, and each stalled connection is closed (a stalled
@@ -805,6 +807,7 @@ def test_serve_py_sized_to_a_low_open_file_limit_answers_health_through_a_flood_
     assert "Too many open files" not in log and "Traceback" not in log
 
 
+@pytest.mark.slow
 def test_a_full_server_gives_a_new_client_the_place_of_the_one_stalled_longest(translator: Translator):
     """Every place held by a stalled request body: a new client gets in at once (not after the body
     deadline), and the client silent longest gets a 408 saying why; a client silent for less than

@@ -42,6 +42,7 @@ def distinct_pairs(pairs: list[tuple[str, str]], n: int) -> list[tuple[str, str]
     return list(chosen.items())[:n]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post_norm", "pre_norm"])
 def test_small_transformer_learns_to_reproduce_its_training_pairs(tiny_pairs, pre_norm):
     """The test that catches what unit tests miss: a peeking decoder, a loss on the wrong
@@ -88,6 +89,7 @@ def scalars(run_dir, tag: str) -> list[tuple[int, float]]:
     return [(event.step, event.value) for event in events.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_train_writes_a_complete_run_and_lowers_the_loss(tiny_config, tmp_path, datasets_cache):
     run_dir = tmp_path / "run"
     outcome = train(tiny_config, run_dir, show_progress=False)
@@ -188,6 +190,7 @@ def test_the_validation_sample_spreads_over_the_length_range():
     assert spread_indices(100, 3) == [24, 49, 74] and spread_indices(2, 5) == [0, 1]
 
 
+@pytest.mark.slow
 def test_every_validation_of_a_run_scores_the_same_sampled_sentences(tiny_config, tmp_path, datasets_cache,
                                                                        monkeypatch):
     scored: list[list[str]] = []

@@ -123,9 +123,10 @@ def _check_corpus(corpus: CorpusSettings, section: str) -> None:
         raise ConfigError(f"{section}.target_path is only for {text}; a {corpus.format} corpus holds both "
                           f"languages in {section}.path (remove {section}.target_path, or set {text})")
     if not declared.reads("split") and corpus.split != "train":
+        split = corpus.split if corpus.split.isprintable() else repr(corpus.split)  # the message stays one line
         raise ConfigError(f"{section}.split is only for {_formats_reading(section, 'split')}; a {corpus.format} "
                           f"corpus has no splits and is read whole (remove {section}.split, and name the "
-                          f"{corpus.split} split's file in {section}.path)")
+                          f"{split} split's file in {section}.path)")
     if not declared.reads("hub_config") and corpus.hub_config:
         raise ConfigError(f"{section}.hub_config is only for {_formats_reading(section, 'hub_config')}, a Hub "
                           f"dataset's configuration; a {corpus.format} corpus has none (remove {section}.hub_config)")

@@ -18,7 +18,7 @@ from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.decoding import DecodeOptions
 from transformer.translation.phrases import Forms, Phrases, Progress, ends_with
 from transformer.translation.search import (NEG_INF, BeamCandidates, BeamSearch, Candidates, Hypothesis, Models,
-                                            SearchObserver, check_observed, sentence_rows)
+                                            SearchObserver, check_observed, groups_of_rows)
 
 
 class ConstrainedBeamSearch(BeamSearch):
@@ -253,17 +253,14 @@ def constrained_search(models: Models, src: Tensor, src_pad_mask: Tensor, max_le
     """`ConstrainedBeamSearch` of B sentences, arguments as search.BeamSearch's and each sentence's
     `phrases`. Returns, per sentence, its `options.n_best` hypotheses best first: each contains every
     constraint and no avoided phrase (as ids); a sentence whose search finished none gets none. A sentence
-    without phrases is searched by BeamSearch itself, as plain beam search with these options searches it (the
-    torch engine sends such a sentence to the method its options choose without phrases instead, greedy search
-    at beam 1: torch_engine.SEARCHES). `observer` watches every step of a search of one sentence, each candidate with its
-    phrases met and its bank."""
+    without phrases is searched by BeamSearch itself, as plain beam search with these options searches it
+    (the torch engine sends such a sentence to the method its options choose without phrases instead,
+    greedy search at beam 1: torch_engine.SEARCHES). `observer` watches every step of a search of one
+    sentence, each candidate with its phrases met and its bank."""
     check_observed(observer, src)
     results: list[list[Hypothesis]] = [[] for _ in phrases]
-    for with_phrases in (False, True):
-        rows = [i for i, p in enumerate(phrases) if p.empty != with_phrases]
-        if not rows:
-            continue
-        sub_src, sub_mask, sub_max, sub_prefixes = sentence_rows(rows, src, src_pad_mask, max_lengths, prefixes)
+    for with_phrases, rows, (sub_src, sub_mask, sub_max, sub_prefixes) in groups_of_rows(
+            [not p.empty for p in phrases], src, src_pad_mask, max_lengths, prefixes):
         if with_phrases:
             search = ConstrainedBeamSearch(models, sub_src, sub_mask, sub_max, options, [phrases[i] for i in rows],
                                            sub_prefixes, observer)

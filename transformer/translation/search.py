@@ -8,7 +8,7 @@ prefixes) is step_decoder.py's; no text and no tokenizers here (texts.py, torch_
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,6 +85,17 @@ def sentence_rows(rows: Sequence[int], src: Tensor, src_pad_mask: Tensor, max_le
     return (src.index_select(0, index), src_pad_mask.index_select(0, index),
             max_lengths.index_select(0, index.to(max_lengths.device)),
             None if prefixes is None else [prefixes[i] for i in rows])
+
+
+def groups_of_rows(in_second: Sequence[bool], src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
+                   prefixes: Sequence[Sequence[int]] | None) -> Iterator[tuple[bool, list[int], tuple]]:
+    """A batch split in two for two methods: the sentences i with `in_second[i]` false, then those with it
+    true. For each group that has any: (which group, its sentences' indices, their search arguments as
+    sentence_rows gives them)."""
+    for second in (False, True):
+        rows = [i for i, flag in enumerate(in_second) if flag == second]
+        if rows:
+            yield second, rows, sentence_rows(rows, src, src_pad_mask, max_lengths, prefixes)
 
 
 def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor,
@@ -391,6 +402,6 @@ def beam_search(model: Models, src: Tensor, src_pad_mask: Tensor, beam_size: int
     return BeamSearch(model, src, src_pad_mask, max_lengths, options, prefixes, observer).run()
 
 
-__all__ = ["NEG_INF", "Hypothesis", "Models", "SearchObserver", "BeamCandidates", "check_observed", "sentence_rows",
-           "max_output_lengths", "forced_tokens", "greedy_search", "sample_search", "Candidates", "BeamSearch",
+__all__ = ["NEG_INF", "Hypothesis", "Models", "SearchObserver", "BeamCandidates", "check_observed", "groups_of_rows",
+           "sentence_rows", "max_output_lengths", "forced_tokens", "greedy_search", "sample_search", "Candidates", "BeamSearch",
            "beam_search"]

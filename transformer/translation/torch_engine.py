@@ -32,7 +32,7 @@ from transformer.runtime import fast_bf16
 from transformer.translation.constrained import constrained_search
 from transformer.translation.quantize import quantize_int8
 from transformer.translation.search import (BeamSearch, Models, SearchObserver, greedy_search, sample_search,
-                                           sentence_rows)
+                                           groups_of_rows)
 from transformer.translation.texts import translate_texts
 
 log = logging.getLogger(__name__)
@@ -71,11 +71,8 @@ def _constrained(models, src, src_pad_mask, max_lengths, options, prefixes, gene
     # them: by the method the options choose without phrases (greedy search at beam 1), not by beam search.
     plain = options.without_phrases()
     results: list[list[list[int]]] = [[] for _ in phrases]
-    for with_phrases in (False, True):
-        rows = [i for i, p in enumerate(phrases) if p.empty != with_phrases]
-        if not rows:
-            continue
-        sub_src, sub_mask, sub_max, sub_prefixes = sentence_rows(rows, src, src_pad_mask, max_lengths, prefixes)
+    for with_phrases, rows, (sub_src, sub_mask, sub_max, sub_prefixes) in groups_of_rows(
+            [not p.empty for p in phrases], src, src_pad_mask, max_lengths, prefixes):
         if with_phrases:
             found = [[h.tokens for h in sentence] for sentence in constrained_search(
                 models, sub_src, sub_mask, sub_max, options, [phrases[i] for i in rows], sub_prefixes, observer)]

@@ -234,7 +234,7 @@ def tiny_config(tiny_csv: Path) -> Config:
         "tokenizer": {"vocab_size": 200, "min_frequency": 1},
         "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
         # attention_images off: drawing them costs about a second a validation; tests that look at
-        # them turn them on (train_tiny_run below).
+        # them turn them on (train_tiny_run's attention_images).
         "train": {"max_steps": 30, "batch_tokens": 256, "warmup_steps": 10, "log_every": 10, "attention_images": False,
                   "valid_every": 10, "checkpoint_every": 10, "device": "cpu"},
     })
@@ -258,10 +258,13 @@ def tiny_encoded(tiny_config: Config, tiny_splits: Splits, tiny_tokenizers: Toke
     return encode_splits(tiny_splits, tiny_tokenizers, tiny_config.data.max_length)
 
 
-def tiny_run_config(config: Config, joint_tokenizer: bool = True, **model: object) -> Config:
-    """`config` as train_tiny_run trains it: 10 steps, one checkpoint, decode beam 2; `model` overrides model keys."""
+def tiny_run_config(config: Config, joint_tokenizer: bool = True, attention_images: bool = False,
+                    **model: object) -> Config:
+    """`config` as train_tiny_run trains it: 10 steps, one checkpoint, decode beam 2; `model` overrides model
+    keys. Attention pictures only where asked: drawing them is most of a tiny run's training time."""
     raw = config_to_dict(config)
-    raw["train"].update(max_steps=10, valid_every=10, checkpoint_every=10, threads=1, attention_images=True)
+    raw["train"].update(max_steps=10, valid_every=10, checkpoint_every=10, threads=1,
+                        attention_images=attention_images)
     raw["tokenizer"]["joint"] = joint_tokenizer
     raw["model"].update(model)
     raw["decode"]["beam_size"] = 2
@@ -269,27 +272,29 @@ def tiny_run_config(config: Config, joint_tokenizer: bool = True, **model: objec
 
 
 def train_tiny_run(run_dir: Path, config: Config, datasets_cache: Path, joint_tokenizer: bool = True,
-                   **model: object) -> Path:
+                   attention_images: bool = False, **model: object) -> Path:
     """A run of `config` trained for 10 steps, one checkpoint, decode beam 2; `model` overrides model keys.
     Tests that only read or copy such a run take the `tiny_run` fixture instead, which trains it once."""
-    run.train(tiny_run_config(config, joint_tokenizer, **model), run_dir, show_progress=False)
+    run.train(tiny_run_config(config, joint_tokenizer, attention_images, **model), run_dir, show_progress=False)
     return run_dir
 
 
 class TinyRun(Protocol):
-    def __call__(self, run_dir: Path, joint_tokenizer: bool = True, **model: object) -> Path: ...
+    def __call__(self, run_dir: Path, joint_tokenizer: bool = True, attention_images: bool = False,
+                 **model: object) -> Path: ...
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> TinyRun:
-    """`tiny_run(run_dir, joint_tokenizer=True, **model)`: a copy at `run_dir`, the caller's own to write
-    into, of the tiny run train_tiny_run trains with these settings. Each distinct config is trained
+    """`tiny_run(run_dir, joint_tokenizer=True, attention_images=False, **model)`: a copy at `run_dir`, the
+    caller's own to write into, of the tiny run train_tiny_run trains with these settings. Each distinct config is trained
     once a session (once per worker process) and copied after that: a copy reads, translates,
     exports and resumes as the run it was copied from."""
     trained: dict[str, Path] = {}
 
-    def copy_of(run_dir: Path, joint_tokenizer: bool = True, **model: object) -> Path:
-        config = tiny_run_config(tiny_config, joint_tokenizer, **model)
+    def copy_of(run_dir: Path, joint_tokenizer: bool = True, attention_images: bool = False,
+                **model: object) -> Path:
+        config = tiny_run_config(tiny_config, joint_tokenizer, attention_images, **model)
         key = json.dumps(config_to_dict(config), sort_keys=True)
         if key not in trained:
             trained[key] = tmp_path_factory.mktemp("tiny-run") / "run"

@@ -373,7 +373,7 @@ def test_a_process_forked_while_a_run_is_locked_does_not_hold_its_lock(tmp_path:
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_run: TinyRun) -> Path:
-    return tiny_run(tmp_path_factory.mktemp("translate") / "run")
+    return tiny_run(tmp_path_factory.mktemp("translate") / "run", attention_images=True)  # read by a test below
 
 
 def translate(run_dir: Path, *args: str) -> int:

@@ -287,9 +287,9 @@ class TinyRun(Protocol):
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, tiny_config: Config, datasets_cache: Path) -> TinyRun:
     """`tiny_run(run_dir, joint_tokenizer=True, attention_images=False, **model)`: a copy at `run_dir`, the
-    caller's own to write into, of the tiny run train_tiny_run trains with these settings. Each distinct config is trained
-    once a session (once per worker process) and copied after that: a copy reads, translates,
-    exports and resumes as the run it was copied from."""
+    caller's own to write into, of the tiny run train_tiny_run trains with these settings. Each distinct
+    config is trained once a session (once per worker process) and copied after that: a copy reads,
+    translates, exports and resumes as the run it was copied from."""
     trained: dict[str, Path] = {}
 
     def copy_of(run_dir: Path, joint_tokenizer: bool = True, attention_images: bool = False,

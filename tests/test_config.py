@@ -249,6 +249,54 @@ def test_overrides_do_not_change_the_given_mapping():
     assert raw == {"train": {"max_steps": 3}}
 
 
+# --------------------------------------------------------------------------- keys a fine-tuned run inherits
+
+PARENT_SETTINGS = {"model": {"d_model": 64, "n_heads": 4, "d_ff": 128, "dropout": 0.3},
+                   "tokenizer": {"vocab_size": 300, "min_frequency": 1}}
+
+
+def test_inherit_fills_in_only_the_keys_a_config_naming_a_parent_leaves_out():
+    """A key stated in the mapping or by --set keeps its value; every other key the inheritance gives is
+    taken, before the section's defaults; the keys it does not give keep their defaults."""
+    asked = []
+
+    def inherit(init_from: str, name: str) -> dict:
+        asked.append((init_from, name))
+        return PARENT_SETTINGS
+
+    raw = {"name": "child", "model": {"d_ff": 256}, "tokenizer": None, "train": {"max_steps": 10}}
+    config = config_from_dict(raw, ["model.n_heads=2", "train.init_from=runs/parent"], inherit=inherit)
+    assert asked == [("runs/parent", "child")]
+    assert (config.model.d_model, config.model.n_heads, config.model.d_ff, config.model.dropout) == (64, 2, 256, 0.3)
+    assert (config.tokenizer.vocab_size, config.tokenizer.min_frequency) == (300, 1)
+    assert config.model.n_encoder_layers == ModelConfig().n_encoder_layers
+    assert raw["model"] == {"d_ff": 256} and PARENT_SETTINGS["model"]["n_heads"] == 4  # neither changed
+
+
+@pytest.mark.parametrize("train", [{}, {"init_from": ""}])
+def test_a_config_naming_no_parent_inherits_nothing(train):
+    def inherit(init_from: str, name: str) -> dict:
+        raise AssertionError("asked without a parent")
+
+    config = config_from_dict({"train": {"max_steps": 10, **train}}, inherit=inherit)
+    assert config.model == ModelConfig()
+
+
+def test_a_parent_s_refusal_is_not_the_config_file_s_and_a_build_error_after_inheriting_is(tmp_path):
+    path = write(tmp_path, "train:\n  max_steps: 10\n  init_from: runs/parent\n")
+
+    def missing(init_from: str, name: str) -> dict:
+        raise ConfigError(f"train.init_from: {init_from} is not a run directory")
+
+    with pytest.raises(ConfigError) as error:
+        load_config(path, inherit=missing)
+    assert str(error.value) == "train.init_from: runs/parent is not a run directory"
+    with pytest.raises(ConfigError) as error:  # the stated d_model does not divide by the parent's n_heads
+        load_config(path, ["model.d_model=30"], inherit=lambda init_from, name: PARENT_SETTINGS)
+    assert str(error.value) == f"{path}: model.d_model (30) must be divisible by model.n_heads (4)"
+    assert load_config(path, inherit=lambda init_from, name: PARENT_SETTINGS).model.d_model == 64
+
+
 # --------------------------------------------------------------------------- round trips
 
 

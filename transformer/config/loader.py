@@ -2,7 +2,8 @@
 overrides, into the sections of sections.py; and `config_to_dict`/`config_to_yaml`, the mapping a run
 directory stores (config.yaml), which reads back to the same Config. The only code that reads YAML: a
 strict loader (no duplicate keys, a tree of plain values) that names the full key of any problem. What
-a value may be is the sections' to check.
+a value may be is the sections' to check. A config that names a parent run (train.init_from) may leave
+keys out for an `Inherit` to fill in (the caller's: this package does not read runs).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import difflib
 import logging
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Protocol
 
 import yaml
 
@@ -174,13 +175,42 @@ def _apply_override(raw: dict, override: str) -> None:
     node[parts[-1]] = value
 
 
-def config_from_dict(raw: dict, overrides: typing.Sequence[str] = ()) -> Config:
-    """Validate a plain mapping (as read from YAML) into a `Config`."""
+class Inherit(Protocol):
+    """What a config naming a parent run takes from it: given the config's train.init_from and run name
+    (as its file and overrides state them), values by section and key, e.g. {"model": {"d_ff": 1024}}.
+    Each is taken only where the config does not state that key."""
+
+    def __call__(self, init_from: str, name: str) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+def _with_overrides(raw: dict, overrides: typing.Sequence[str]) -> dict:
     _check_tree(raw)
     raw = _deep_copy(raw)
     for override in overrides:
         _apply_override(raw, override)
-    return _build(Config, raw, "")
+    return raw
+
+
+def _inherit(raw: dict, inherit: Inherit | None) -> dict:
+    """`raw` with the keys it leaves out filled in by `inherit`, where it names a parent run. Which
+    keys were stated is known only here, before the sections are built with their defaults. A value
+    that is not what it should be (train.init_from not a string, a section not a mapping) is left for
+    the build to name."""
+    train = raw.get("train")
+    init_from = train.get("init_from") if isinstance(train, dict) else None
+    if inherit is None or not isinstance(init_from, str) or not init_from:
+        return raw
+    for section, values in inherit(init_from, str(raw.get("name", Config.name))).items():
+        stated = {} if raw.get(section) is None else raw[section]
+        if isinstance(stated, dict):
+            raw[section] = {**_deep_copy(dict(values)), **stated}
+    return raw
+
+
+def config_from_dict(raw: dict, overrides: typing.Sequence[str] = (), inherit: Inherit | None = None) -> Config:
+    """Validate a plain mapping (as read from YAML) into a `Config`; `inherit` fills in the keys a
+    config naming a parent run (train.init_from) leaves out."""
+    return _build(Config, _inherit(_with_overrides(raw, overrides), inherit), "")
 
 
 def _drop_unread_corpus_keys(raw: dict) -> list[str]:
@@ -205,8 +235,10 @@ def _drop_unread_corpus_keys(raw: dict) -> list[str]:
     return dropped
 
 
-def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, stored: bool = False) -> Config:
-    """Read a YAML config file, apply `--set` overrides, and validate it.
+def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, stored: bool = False,
+                inherit: Inherit | None = None) -> Config:
+    """Read a YAML config file, apply `--set` overrides, fill in what `inherit` gives for the keys a
+    config naming a parent run (train.init_from) leaves out, and validate it.
 
     The run name defaults to the file's stem (`configs/base.yaml` -> `base`). `stored`: the config a
     run was trained with (its config.yaml). A corpus key its format does not read (data.split on a
@@ -236,7 +268,12 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = (), *, store
         logger.warning("%s: %s ignored, as it was when this run trained: its data format does not read it",
                        path, key)
     try:
-        return config_from_dict(raw, overrides)
+        raw = _with_overrides(raw, overrides)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    raw = _inherit(raw, inherit)  # its errors are about the parent run, which they name, not about this file
+    try:
+        return _build(Config, raw, "")
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
 
@@ -266,4 +303,4 @@ def _deep_copy(raw: Any) -> Any:
     return raw
 
 
-__all__ = ["load_config", "config_from_dict", "config_to_dict", "config_to_yaml", "MAX_TREE_NODES"]
+__all__ = ["load_config", "config_from_dict", "config_to_dict", "config_to_yaml", "Inherit", "MAX_TREE_NODES"]

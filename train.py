@@ -32,6 +32,7 @@ import datasets
 from transformer.training import distributed
 from transformer.training.allocator import reuse_freed_memory
 from transformer.checkpoints.layout import CHECKPOINTS, UnusableRunState, step_dir_name
+from transformer.checkpoints.parent import inherited_settings
 from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config, load_config
 from transformer.cli import (TERMINATED, StopSignals, allocation_failure, end_children_with_this_process,
@@ -50,7 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-dir", type=path_argument, help="run directory (default: runs/<config name>)")
     parser.add_argument("--init-from", type=path_argument, metavar="RUN",
                         help="fine-tune: start a new run from the best checkpoint of the trained run RUN, with its "
-                             "tokenizer files (sets train.init_from)")
+                             "tokenizer files and the model and tokenizer settings the config leaves out (sets "
+                             "train.init_from)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and CI)")
     parser.add_argument("--reuse-freed-memory", action=argparse.BooleanOptionalAction, default=True,
                         help="CPU training: keep memory freed by one step for the next (glibc's malloc; "
@@ -61,6 +63,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "whose weights verify kept, damaged ones renamed corrupt-..., none deleted; the best "
                              "validated one best), then train on from the newest with an intact training state")
     return parser.parse_args(argv)
+
+
+def run_directory(args: argparse.Namespace, name: str) -> Path:
+    """The run's directory: --run-dir, else runs/<the config's name>."""
+    return args.run_dir or Path("runs") / name
 
 
 def resume_command(args: argparse.Namespace) -> str:
@@ -215,10 +222,12 @@ def run(args: argparse.Namespace, rank: int, loaded: list[Config]) -> int:
     with Signals() as signals:
         # A JSON string is a YAML string: a run named e.g. "2024" or "true" stays a path.
         init_from = [f"train.init_from={json.dumps(str(args.init_from))}"] if args.init_from else []
-        config = load_config(args.config, args.overrides + init_from)
+        # A fine-tuned run's config may leave out model and tokenizer keys: they are its parent's.
+        config = load_config(args.config, args.overrides + init_from,
+                             inherit=lambda parent, name: inherited_settings(parent, run_directory(args, name)))
         loaded.append(config)
         check_installed(config)
-        run_dir = args.run_dir or Path("runs") / config.name
+        run_dir = run_directory(args, config.name)
         # Before the log file opens in it: a folder that is not a run gets nothing written into it.
         RunDirectory.check_trainable(run_dir, rebuilding=args.rebuild_state)
         open_log(run_dir, rank)

@@ -1,7 +1,8 @@
 """Fine-tuning (train.init_from / train.py --init-from RUN): a new run starts from a trained run's best
-weights and its tokenizer files, with a fresh optimiser and warm-up; it learns its own data; a
-tokenizer or model setting unlike the parent's is one `error:` line; the parent is never changed;
-the child resumes from its own checkpoints, even with the parent gone.
+weights and its tokenizer files, with a fresh optimiser and warm-up; it learns its own data; its
+config may leave out the model and tokenizer keys, which are then the parent's; a tokenizer or model
+setting it states unlike the parent's is one `error:` line; the parent is never changed; the child
+resumes from its own checkpoints, even with the parent gone.
 
 Two synthetic domains over one alphabet: the parent learns animals and colours, the child meals.
 """
@@ -22,6 +23,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import corpus_from_ids, tiny_settings, write_csv
+from test_resume import assert_same_training
 from transformer.checkpoints import files, layout, lookup
 from transformer.checkpoints.format import META_FILE, MODEL_FILE, read_meta
 from transformer.checkpoints.layout import read_run_state
@@ -211,3 +213,137 @@ def test_model_dropout_may_differ_from_the_parent_s(parent: Path, meals: Path, t
                  "--set", "train.max_steps=2") == 0
     assert json.loads((layout.list_checkpoints(tmp_path / "run")[-1] / META_FILE).read_text())[
         "model_config"]["dropout"] == 0.2
+
+
+# --------------------------------------------------------------------------- a child config of data and train only
+# A child's config may leave out the model and tokenizer sections, or any of their keys: they are its parent's.
+
+
+@pytest.fixture(scope="module")
+def unlike_defaults(tmp_path_factory: pytest.TempPathFactory, tiny_run) -> Path:
+    """A tiny run whose model and tokenizer keys are far from their defaults (tokenizer vocab_size 200,
+    min_frequency 1; model d_model 32, one layer a side), and whose n_heads and d_ff are also unlike the
+    tiny config's: a child that took anyone's settings but its parent's would differ. Treat as read-only."""
+    return tiny_run(tmp_path_factory.mktemp("unlike") / "run", n_heads=4, d_ff=48)
+
+
+def data_and_train_only(path: Path, data: Path, **sections: dict) -> Path:
+    """A child config of a data and a train section (4 steps, a checkpoint every 2), and `sections`."""
+    settings = tiny_settings(data, train={"max_steps": 4, "valid_every": 2, "checkpoint_every": 2, "log_every": 1})
+    path.write_text(yaml.safe_dump({"data": settings["data"], "train": settings["train"], **sections}),
+                    encoding="utf-8")
+    return path
+
+
+def stored(run_dir: Path) -> dict:
+    """The run's config.yaml, as its YAML says (not through the loader, whose defaults would fill gaps)."""
+    return yaml.safe_load((run_dir / layout.RUN_CONFIG).read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def partial_child(tmp_path_factory: pytest.TempPathFactory, unlike_defaults: Path, tiny_csv: Path) -> tuple[Path, Path]:
+    """(config, run directory) of a run fine-tuned from `unlike_defaults` for 4 steps, its config
+    naming neither model nor tokenizer. Treat as read-only."""
+    base = tmp_path_factory.mktemp("partial")
+    config = data_and_train_only(base / "child.yaml", tiny_csv)
+    assert train(config, base / "run", "--init-from", str(unlike_defaults)) == 0
+    return config, base / "run"
+
+
+def test_a_child_config_without_model_and_tokenizer_takes_its_parent_s_and_stores_them(unlike_defaults: Path,
+                                                                                        partial_child):
+    config, run_dir = partial_child
+    assert set(yaml.safe_load(config.read_text(encoding="utf-8"))) == {"data", "train"}
+    parent, child = stored(unlike_defaults), stored(run_dir)
+    assert child["model"] == parent["model"] and (child["model"]["n_heads"], child["model"]["d_ff"]) == (4, 48)
+    assert child["tokenizer"] == parent["tokenizer"] and child["tokenizer"]["vocab_size"] == 200
+    assert child["train"]["init_from"] == str(unlike_defaults)
+    # The checkpoints' model is the parent's, as translate and export rebuild it; and it read the parent's weights.
+    parent_meta = read_meta(lookup.find_checkpoint(unlike_defaults))
+    child_meta = read_meta(lookup.find_checkpoint(run_dir))
+    assert child_meta["model_config"] == parent_meta["model_config"]
+    assert child_meta["state"]["parent"]["weights_sha256"] == parent_meta["files"][MODEL_FILE]["sha256"]
+    assert lookup.load_run_config(run_dir).model == lookup.load_run_config(unlike_defaults).model
+
+
+def test_a_child_config_without_model_and_tokenizer_resumes_bitwise_with_its_parent_gone(
+        unlike_defaults: Path, partial_child, tmp_path: Path, capsys):
+    """Stopped at step 2 and resumed with the same command, the parent moved away meanwhile: its own
+    config.yaml gives the keys its config leaves out, and step 4 is the run left alone's, bit for bit."""
+    config, left_alone = partial_child
+    run_dir = tmp_path / "run"
+    assert train(config, run_dir, "--init-from", str(unlike_defaults), "--set", "train.max_steps=2") == 0
+    moved = unlike_defaults.with_name("moved")
+    os.rename(unlike_defaults, moved)
+    try:
+        assert train(config, run_dir, "--init-from", str(unlike_defaults)) == 0
+    finally:
+        os.rename(moved, unlike_defaults)
+    err = capsys.readouterr().err
+    assert "resuming from" in err and "step_00000002" in err and "done: 4 steps" in err
+    last = layout.step_dir_name(4)
+    assert_same_training(left_alone / layout.CHECKPOINTS / last, run_dir / layout.CHECKPOINTS / last)
+    assert stored(run_dir) == stored(left_alone)
+
+
+@pytest.mark.parametrize("stated, named", [
+    ({"model": {"d_ff": 64}}, "model.d_ff is 48 in the parent checkpoint"),
+    ({"model": {"n_heads": 2, "d_ff": 48}}, "model.n_heads is 4 in the parent checkpoint"),
+    ({"tokenizer": {"vocab_size": 150}}, "tokenizer.vocab_size is 200 in the parent run"),
+    ({"tokenizer": {"min_frequency": 2}}, "tokenizer.min_frequency is 1 in the parent run"),
+], ids=["model.d_ff", "model.n_heads", "tokenizer.vocab_size", "tokenizer.min_frequency"])
+def test_a_child_config_stating_a_key_unlike_its_parent_s_is_one_error_line_naming_it(
+        unlike_defaults: Path, tiny_csv: Path, tmp_path: Path, capsys, stated: dict, named: str):
+    config = data_and_train_only(tmp_path / "child.yaml", tiny_csv, **stated)
+    assert train(config, tmp_path / "run", "--init-from", str(unlike_defaults)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("error: ") == 1
+    last = err.rstrip("\n").split("\n")[-1]
+    assert last.startswith("error: train.init_from: ") and named in last, last
+    assert last.count(" is ") == 1  # only the key stated unlike the parent's: the rest were taken from it
+    assert not (tmp_path / "run" / layout.TOKENIZER_DIR).exists()
+
+
+def test_a_key_stated_unlike_the_parent_s_by_set_is_refused_too(unlike_defaults: Path, tiny_csv: Path,
+                                                               tmp_path: Path, capsys):
+    config = data_and_train_only(tmp_path / "child.yaml", tiny_csv)
+    assert train(config, tmp_path / "run", "--init-from", str(unlike_defaults), "--set", "model.d_model=64") == 2
+    last = capsys.readouterr().err.rstrip("\n").split("\n")[-1]
+    assert last.startswith("error: train.init_from: model.d_model is 32 in the parent checkpoint") and \
+        "but 64 here" in last, last
+
+
+def test_a_child_config_stating_its_parent_s_values_is_accepted(unlike_defaults: Path, tiny_csv: Path,
+                                                                 tmp_path: Path):
+    config = data_and_train_only(tmp_path / "child.yaml", tiny_csv, model={"n_heads": 4, "d_ff": 48, "d_model": 32},
+                                 tokenizer={"vocab_size": 200, "min_frequency": 1})
+    assert train(config, tmp_path / "run", "--init-from", str(unlike_defaults), "--set", "train.max_steps=1") == 0
+    assert stored(tmp_path / "run")["model"] == stored(unlike_defaults)["model"]
+
+
+def test_a_child_may_change_model_dropout_and_keeps_the_rest_of_its_parent_s_model(unlike_defaults: Path,
+                                                                                   tiny_csv: Path, tmp_path: Path):
+    config = data_and_train_only(tmp_path / "child.yaml", tiny_csv)
+    assert train(config, tmp_path / "run", "--init-from", str(unlike_defaults), "--set", "model.dropout=0.2",
+                 "--set", "tokenizer.dropout=0.1", "--set", "train.max_steps=1") == 0
+    child, parent = stored(tmp_path / "run"), stored(unlike_defaults)
+    assert child["model"] == parent["model"] | {"dropout": 0.2} and parent["model"]["dropout"] != 0.2
+    assert child["tokenizer"] == parent["tokenizer"] | {"dropout": 0.1}
+    assert read_meta(lookup.find_checkpoint(tmp_path / "run"))["model_config"]["dropout"] == 0.2
+
+
+def test_a_model_key_an_older_parent_s_checkpoint_lacks_is_its_default(unlike_defaults: Path, tiny_csv: Path,
+                                                                        tmp_path: Path):
+    """A checkpoint written before a model key existed lacks it in meta.json: its model had the key's
+    default, which a child takes where it leaves the key out, and which it may state."""
+    parent = tmp_path / "parent"
+    shutil.copytree(unlike_defaults, parent, symlinks=True)
+    for checkpoint in layout.list_checkpoints(parent):
+        meta = json.loads((checkpoint / META_FILE).read_text(encoding="utf-8"))
+        assert meta["model_config"].pop("pre_norm") is False  # the default
+        (checkpoint / META_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    config = data_and_train_only(tmp_path / "child.yaml", tiny_csv)
+    assert train(config, tmp_path / "left-out", "--init-from", str(parent), "--set", "train.max_steps=1") == 0
+    assert stored(tmp_path / "left-out")["model"]["pre_norm"] is False
+    assert train(config, tmp_path / "stated", "--init-from", str(parent), "--set", "train.max_steps=1",
+                 "--set", "model.pre_norm=false") == 0

@@ -297,11 +297,13 @@ class TrainConfig:
     # resumed run counts on. It may change between sessions: raising it lets an early-stopped run go on.
     patience: int = bounded(0, 0)
     # Fine-tuning: a trained run directory whose best checkpoint (else its newest) gives this new run
-    # its initial weights and, copied as they are, its tokenizer files (no new ones are trained). The
-    # tokenizer settings (vocab_size, joint, min_frequency) and the model settings (all but
-    # model.dropout) must equal the parent's. The optimiser and the learning-rate schedule start
-    # afresh, warm-up included; data comes from this config's data section. Fixed for the life of a
-    # run: a resume continues from the run's own checkpoints and never reads the parent again.
+    # its initial weights and, copied as they are, its tokenizer files (no new ones are trained). A
+    # model or tokenizer key the config file and --set leave out is the parent's (filled in by the
+    # loader's `inherit`, before this section's defaults apply); one they state must equal the
+    # parent's, but for model.dropout, tokenizer.dropout and tokenizer.sample_pairs. The optimiser and
+    # the learning-rate schedule start afresh, warm-up included; data comes from this config's data
+    # section. Fixed for the life of a run: a resume continues from the run's own checkpoints and
+    # config.yaml, and never reads the parent again.
     init_from: str = ""
     # noam and inverse_sqrt decay with 1/sqrt(step) and never end; linear warms up, then falls in a
     # straight line to zero when the first budget (steps, epochs or minutes) runs out; wsd warms up,

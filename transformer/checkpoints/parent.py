@@ -123,10 +123,10 @@ def open_parent(config: Config) -> Parent:
     differences = [f"tokenizer.{key} is {getattr(parent_config.tokenizer, key)!r} in the parent run {path} but "
                    f"{getattr(config.tokenizer, key)!r} here"
                    for key in TOKENIZER_KEYS if getattr(parent_config.tokenizer, key) != getattr(config.tokenizer, key)]
-    parent_model = _parent_model_settings(checkpoint, meta)
-    differences += [f"model.{key} is {parent_model[key]!r} in the parent checkpoint {checkpoint} but {value!r} here"
-                    for key, value in _as_json(asdict(config.model)).items()
-                    if key not in FREE_MODEL_KEYS and parent_model[key] != value]
+    stored = asdict(files.stored_model_config(checkpoint, meta))  # a key older metas lack: its default
+    differences += [f"model.{key} is {stored[key]!r} in the parent checkpoint {checkpoint} but "
+                    f"{value!r} here" for key, value in asdict(config.model).items()
+                    if key not in FREE_MODEL_KEYS and stored[key] != value]
     if differences:
         raise ConfigError(f"{KEY}: " + "; ".join(differences) + ". A fine-tuned run keeps its parent's tokenizer "
                           "and model: leave these keys out of its config, or set them as the parent has them")

@@ -87,7 +87,7 @@ def run_child(command: list[str]) -> tuple[float, float]:
 
 
 def measure(setting: Setting, run: Path, sources: list[str], work: Path, repeats: int, device: str | None,
-            threads: int) -> dict[str, Measured]:
+            threads: int, extra: list[str]) -> dict[str, Measured]:
     """Both engines on `setting`, alternating, after one discarded warm-up pair."""
     source = work / "input.en"
     if setting.sentences:
@@ -98,7 +98,7 @@ def measure(setting: Setting, run: Path, sources: list[str], work: Path, repeats
             output = work / f"{engine}.out"
             command = [sys.executable, str(ROOT / "translate.py"), "--run", str(run), "--engine", engine, "--quiet",
                        *(["--device", device] if device else []), *(["--threads", str(threads)] if threads else []),
-                       *setting.args]
+                       *setting.args, *extra]
             command += (["--input", str(source), "--output", str(output)] if setting.sentences
                         else ["--output", str(output), sources[0]])
             wall, peak = run_child(command)
@@ -138,6 +138,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, metavar="N", help="only the first N test sentences (0: all)")
     parser.add_argument("--batch1-sentences", type=int, default=200, metavar="N",
                         help="test sentences of the batch-size-1 settings (the first N)")
+    parser.add_argument("--translate-args", default="", metavar="ARGS",
+                        help="more translate.py flags for every command, e.g. \"--max-length-a 0 --max-length-b 16\"")
+    parser.add_argument("--no-int8", action="store_true", help="leave out the --int8 settings")
     parser.add_argument("--threads", type=int, default=0, help="translate.py --threads for both engines (0: theirs)")
     parser.add_argument("--device", help="translate.py --device for both engines (default: theirs, auto); the "
                                          "torch engine's --int8 needs the CPU")
@@ -163,7 +166,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as work:
         for setting in settings(len(sources), args.batch1_sentences):
-            measured = measure(setting, args.run, sources, Path(work), args.repeats, args.device, args.threads)
+            if args.no_int8 and "--int8" in setting.args:
+                continue
+            measured = measure(setting, args.run, sources, Path(work), args.repeats, args.device, args.threads,
+                               shlex.split(args.translate_args))
             torch_run, ct2_run = measured["torch"], measured["ctranslate2"]
             ratio = statistics.median(a / b for a, b in zip(torch_run.walls, ct2_run.walls))
             same = sum(a == b for a, b in zip(torch_run.lines, ct2_run.lines))

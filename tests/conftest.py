@@ -325,3 +325,35 @@ def corpus_from_ids(src_ids: list[list[int]], tgt_ids: list[list[int]]) -> PairC
 
     return PairCorpus(*flat(src_ids), *flat(tgt_ids))
 
+
+
+class MarianDir(Protocol):
+    def __call__(self, dest: Path) -> Path: ...
+
+
+def _marian_dir_copies(tmp_path_factory: pytest.TempPathFactory, separate_vocabs: bool) -> MarianDir:
+    from marian_dirs import build_marian_dir
+
+    built: list[Path] = []
+
+    def copy_of(dest: Path) -> Path:
+        if not built:
+            built.append(build_marian_dir(tmp_path_factory.mktemp("marian") / "opus-mt-en-fr",
+                                          separate_vocabs=separate_vocabs))
+        shutil.copytree(built[0], dest)
+        return dest
+
+    return copy_of
+
+
+@pytest.fixture(scope="session")
+def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> MarianDir:
+    """`marian_dir(dest)`: a copy at `dest` of a tiny OPUS-MT-style MarianMT directory with one vocab.json
+    (tests/marian_dirs.py), built once a session."""
+    return _marian_dir_copies(tmp_path_factory, separate_vocabs=False)
+
+
+@pytest.fixture(scope="session")
+def marian_dir_separate(tmp_path_factory: pytest.TempPathFactory) -> MarianDir:
+    """As `marian_dir`, with separate source and target vocabularies (vocab.json, target_vocab.json)."""
+    return _marian_dir_copies(tmp_path_factory, separate_vocabs=True)

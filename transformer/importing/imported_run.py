@@ -46,12 +46,13 @@ def import_model(source: str, run_dir: Path, target_language: str | None = None,
     directory = found.directory
     shape = read_marian_config(directory)
     generation = read_generation(directory, shape)
+    tensors = read_weights(directory)
     tokenizer = read_tokenizer(directory)
     _check_vocabularies(shape, tokenizer, directory)
     prefix = check_target_language(tokenizer, target_language, directory)
     src_order, tgt_order = tokenizer.source.order(), tokenizer.target.order()
-    state, share, output_bias = our_state_dict(read_weights(directory), directory / WEIGHTS_FILE, shape,
-                                               torch.tensor(src_order), torch.tensor(tgt_order))
+    state, share, output_bias = our_state_dict(tensors, directory / WEIGHTS_FILE, shape, torch.tensor(src_order),
+                                               torch.tensor(tgt_order))
     ours = {their: our for our, their in enumerate(tgt_order)}  # their target id -> ours
     outside = [token_id for token_id in (shape.decoder_start_id, *generation.never_generate) if token_id not in ours]
     if outside:

@@ -305,16 +305,22 @@ def our_state_dict(tensors: dict[str, Tensor], path: Path, shape: MarianShape, s
     inverse = torch.argsort(perm)  # our feature j is their feature inverse[j]
     _check_positions(weights, shape, perm)
 
-    if shape.shared_embeddings:
-        shared = weights.take_same(["model.shared.weight", "model.encoder.embed_tokens.weight",
-                                    "model.decoder.embed_tokens.weight"], (shape.src_vocab_size, d),
-                                   "the shared embedding")
-        src = tgt = shared
+    encoder_name, decoder_name = "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"
+    src_shape, tgt_shape = (shape.src_vocab_size, d), (shape.tgt_vocab_size, d)
+    if shape.shared_embeddings and shape.tied_output:  # transformers ties both embeddings and the output to one
+        src = tgt = weights.take_same(["model.shared.weight", encoder_name, decoder_name], src_shape,
+                                      "the shared embedding")
+    elif shape.shared_embeddings:
+        # Without tie_word_embeddings, transformers 5 ties nothing: each stack reads its own embedding (4 made
+        # both the shared one, so that a file it wrote holds equal matrices, or model.shared alone).
+        shared = weights.take("model.shared.weight", src_shape) if weights.has("model.shared.weight") else None
+        src = weights.take(encoder_name, src_shape) if weights.has(encoder_name) else shared
+        tgt = weights.take(decoder_name, tgt_shape) if weights.has(decoder_name) else shared
+        if src is None or tgt is None:
+            raise UserError(f"{path}: the embeddings are missing (model.shared.weight, {encoder_name})")
     else:
-        src = weights.take_same(["model.encoder.embed_tokens.weight"], (shape.src_vocab_size, d),
-                                "the encoder's embedding")
-        tgt = weights.take_same(["model.decoder.embed_tokens.weight"], (shape.tgt_vocab_size, d),
-                                "the decoder's embedding")
+        src = weights.take_same([encoder_name], src_shape, "the encoder's embedding")
+        tgt = weights.take_same([decoder_name], tgt_shape, "the decoder's embedding")
     output = tgt
     if weights.has("lm_head.weight"):
         output = weights.take("lm_head.weight", (shape.tgt_vocab_size, d))
@@ -328,9 +334,9 @@ def our_state_dict(tensors: dict[str, Tensor], path: Path, shape: MarianShape, s
     share = shape.shared_embeddings and shape.tied_output
     output_bias = bool(bias.any())
 
-    state = {"src_embedding.weight": src[src_order][:, inverse], "output.weight": output[tgt_order][:, inverse]}
-    if not share:
-        state["tgt_embedding.weight"] = tgt[tgt_order][:, inverse]
+    # Under each of our names, tied ones too (a state dict lists a shared matrix under all of its names).
+    state = {"src_embedding.weight": src[src_order][:, inverse], "tgt_embedding.weight": tgt[tgt_order][:, inverse],
+             "output.weight": output[tgt_order][:, inverse]}
     if output_bias:
         state["output.bias"] = bias[0, tgt_order]
 

@@ -106,13 +106,15 @@ def _unwrapped_normalizer(normalizer: dict[str, Any] | None) -> dict[str, Any] |
 
     from transformer.data.text import clean_text_normalizer
 
-    if not normalizer or normalizer.get("type") != "Sequence" or not normalizer.get("normalizers"):
+    if not normalizer or normalizer.get("type") != "Sequence":
         return normalizer
     probe = Tokenizer(models.BPE())
     probe.normalizer = clean_text_normalizer()
-    if normalizer["normalizers"][0] != json.loads(probe.to_str())["normalizer"]:
+    cleaning = json.loads(probe.to_str())["normalizer"]["normalizers"]  # its steps, as a saved file spells them
+    steps = normalizer.get("normalizers") or []
+    if steps[:len(cleaning)] != cleaning:
         return normalizer
-    rest = normalizer["normalizers"][1:]
+    rest = steps[len(cleaning):]
     return rest[0] if len(rest) == 1 else {"type": "Sequence", "normalizers": rest} if rest else None
 
 

@@ -119,11 +119,13 @@ def test_teacher_forced_log_probabilities_equal_transformers(imported):
 def _generated(model, tokenizer, text: str, beams: int, limit: int, order: list[int]) -> list[int]:
     """`generate`'s output for `text` in our ids, without the start token and EOS. Length penalty 0 on both
     sides (ours divides by the GNMT ((5 + length) / 6) ** alpha, theirs by length ** alpha: with alpha 0 both
-    rank by the sum of log-probabilities); no EOS forced at the length limit, which our searches never force."""
+    rank by the sum of log-probabilities); no EOS forced at the length limit, which our searches never force;
+    the log-probabilities renormalized over the tokens that may be generated, as ours are (our searches set
+    the never-generated ones' logits to -inf before the softmax)."""
     with torch.inference_mode():
         ids = model.generate(**tokenizer(text, return_tensors="pt"), num_beams=beams, do_sample=False,
                              length_penalty=0.0, early_stopping="never", forced_eos_token_id=None,
-                             max_new_tokens=limit)[0].tolist()
+                             renormalize_logits=True, max_new_tokens=limit)[0].tolist()
     ours = {their: our for our, their in enumerate(order)}
     out = [ours[token] for token in ids[1:]]
     return out[:out.index(3)] if 3 in out else out

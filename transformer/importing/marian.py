@@ -387,12 +387,6 @@ def our_state_dict(tensors: dict[str, Tensor], path: Path, shape: MarianShape, s
     return {name: tensor.contiguous() for name, tensor in state.items()}, share, output_bias
 
 
-def decoder_start_is_zero(state: dict[str, Tensor], start_id: int) -> bool:
-    """Whether the decoder's start embedding (our id `start_id`) is all zeros, as MarianMT's padding row is."""
-    table = state.get("tgt_embedding.weight", state["src_embedding.weight"])
-    return not bool(table[start_id].any())
-
-
 __all__ = ["CONFIG_FILE", "GENERATION_FILE", "ACTIVATIONS", "MarianShape", "Generation", "read_json",
-           "read_marian_config", "read_generation", "read_weights", "our_state_dict", "decoder_start_is_zero"]
+           "read_marian_config", "read_generation", "read_weights", "our_state_dict"]
 

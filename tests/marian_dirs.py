@@ -96,30 +96,19 @@ def _write_json(path: Path, value: object) -> None:
     path.write_text(json.dumps(value, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
-def build_marian_dir(dest: Path, *, separate_vocabs: bool = False, seed: int = 0, vocab_size: int = 600,
-                     d_model: int = 32, layers: int = 2, heads: int = 2, ffn: int = 64,
-                     activation: str = "swish", max_positions: int = 128) -> Path:
-    """Write a MarianMT directory at `dest` (created) and return it.
-
-    `vocab_size` is each SentencePiece model's size. One vocab.json for both sides (the union of both
-    models' pieces; embeddings shared by encoder, decoder and output, as opus-mt-en-fr), or with
-    `separate_vocabs` vocab.json for the source and target_vocab.json for the target, each its own model's
-    pieces and of equal size (encoder and decoder embeddings apart, the output tied to the decoder's, as the
-    newer OPUS-MT models lay them out). Random weights from `seed`, with a non-zero final_logits_bias and the
-    <pad> embedding row zero, as OPUS-MT's converted models have.
-    """
+def write_tokenizer_files(dest: Path, *, separate_vocabs: bool = False, vocab_size: int = 600
+                          ) -> tuple[dict[str, int], dict[str, int]]:
+    """MarianTokenizer's files of `build_marian_dir`'s directory (source.spm, target.spm, vocab.json, with
+    `separate_vocabs` target_vocab.json, tokenizer_config.json) written into `dest` (created), without the
+    model; returns the source and target vocabularies (one dict twice when joint)."""
     import sentencepiece
-    import torch
-    import transformers
 
-    dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    texts = training_pairs()
     spm_bytes = [_train_spm(side, vocab_size) for side in (0, 1)]
     (dest / "source.spm").write_bytes(spm_bytes[0])
     (dest / "target.spm").write_bytes(spm_bytes[1])
     processors = [sentencepiece.SentencePieceProcessor(model_proto=model) for model in spm_bytes]
-    side_texts = [[pair[side] for pair in texts] for side in (0, 1)]
+    side_texts = [[pair[side] for pair in training_pairs()] for side in (0, 1)]
     if separate_vocabs:
         source_vocab = _marian_vocabulary([(processors[0], side_texts[0])])
         target_vocab = _marian_vocabulary([(processors[1], side_texts[1])])
@@ -134,7 +123,26 @@ def build_marian_dir(dest: Path, *, separate_vocabs: bool = False, seed: int = 0
     # As convert_marian_to_pytorch's save_tokenizer_config writes it.
     _write_json(dest / "tokenizer_config.json", {"source_lang": "en", "target_lang": "fr",
                                                  "separate_vocabs": separate_vocabs})
+    return source_vocab, target_vocab
 
+
+def build_marian_dir(dest: Path, *, separate_vocabs: bool = False, seed: int = 0, vocab_size: int = 600,
+                     d_model: int = 32, layers: int = 2, heads: int = 2, ffn: int = 64,
+                     activation: str = "swish", max_positions: int = 128) -> Path:
+    """Write a MarianMT directory at `dest` (created) and return it.
+
+    `vocab_size` is each SentencePiece model's size. One vocab.json for both sides (the union of both
+    models' pieces; embeddings shared by encoder, decoder and output, as opus-mt-en-fr), or with
+    `separate_vocabs` vocab.json for the source and target_vocab.json for the target, each its own model's
+    pieces and of equal size (encoder and decoder embeddings apart, the output tied to the decoder's, as the
+    newer OPUS-MT models lay them out). Random weights from `seed`, with a non-zero final_logits_bias and the
+    <pad> embedding row zero, as OPUS-MT's converted models have.
+    """
+    import torch
+    import transformers
+
+    dest = Path(dest)
+    source_vocab, target_vocab = write_tokenizer_files(dest, separate_vocabs=separate_vocabs, vocab_size=vocab_size)
     size = len(source_vocab)
     pad_id = size - 1
     config = transformers.MarianConfig(

@@ -138,10 +138,11 @@ def _reading_specials_as_text(tokenizer: Tokenizer) -> Tokenizer:
     left by it: a corpus that spells, say, "<s>" inside words can teach a merge whose result is the
     string "<s>", and the BPE vocabulary maps that string to the special id. Such merges are dropped:
     a merge applies only where its result is spelled out in the text, so no other text encodes
-    differently.
+    differently. A Unigram tokenizer (an imported model's) has no merges: its conversion already keeps a
+    spelt special token from being read whole (importing/sentencepiece_unigram.py).
     """
     state = json.loads(tokenizer.to_str())
-    merges = state["model"].get("merges", [])
+    merges = state["model"].get("merges", []) if state["model"]["type"] == "BPE" else []
     kept = [merge for merge in merges if _merge_result(merge) not in SPECIAL_TOKENS]
     if len(kept) < len(merges):
         state["model"]["merges"] = kept

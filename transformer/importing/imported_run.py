@@ -50,7 +50,7 @@ def import_model(source: str, run_dir: Path, target_language: str | None = None,
     tokenizer = read_tokenizer(directory)
     _check_vocabularies(shape, tokenizer, directory)
     prefix = check_target_language(tokenizer, target_language, directory)
-    src_order, tgt_order = tokenizer.source.order(), tokenizer.target.order()
+    src_order, tgt_order = tokenizer.source.order, tokenizer.target.order
     state, share, output_bias = our_state_dict(tensors, directory / WEIGHTS_FILE, shape, torch.tensor(src_order),
                                                torch.tensor(tgt_order))
     ours = {their: our for our, their in enumerate(tgt_order)}  # their target id -> ours
@@ -111,7 +111,8 @@ def _run_config(run_dir: Path, model: ModelConfig, tokenizer: ImportedTokenizer,
     data = DataConfig()
     data = replace(data, max_length=min(data.max_length, model.max_len - 1))
     return Config(name=name if name not in ("", ".", "..") else "imported", data=data,
-                  tokenizer=TokenizerConfig(joint=tokenizer.tokenizers.joint,
+                  # joint: one vocabulary for both sides (two SentencePiece models may still read them)
+                  tokenizer=TokenizerConfig(joint=tokenizer.one_vocabulary,
                                             vocab_size=max(tokenizer.target.size, 16)),
                   model=model, train=TrainConfig(max_minutes=_TRAIN_MINUTES), decode=decode)
 
@@ -121,7 +122,7 @@ def _record(found: ModelSource, tokenizer: ImportedTokenizer, prefix: str | None
     return {"format": IMPORT_FORMAT, "version": IMPORT_VERSION, **found.record(), "tokenizer": tokenizer.kind,
             "target_language": target_language, "source_prefix": prefix,
             # What the ids of the run are: our id i is the model's id order[i] (pad 0, unk 1, eos 3).
-            "source_id_order": tokenizer.source.order(), "target_id_order": tokenizer.target.order()}
+            "source_id_order": tokenizer.source.order, "target_id_order": tokenizer.target.order}
 
 
 def _header(found: ModelSource) -> str:

@@ -1,5 +1,5 @@
 """An imported model's tokenizer, in our ids: MarianTokenizer's files (source.spm, target.spm and
-vocab.json, or a target_vocab.json of its own), converted by vocabulary.py, or a fast tokenizer's
+vocab.json, or a target_vocab.json of its own), converted by marian_tokenizer.py, or a fast tokenizer's
 tokenizer.json (as our Hugging Face export writes one) taken as it is; either way permuted so that the
 special tokens get our ids (vocabulary.py's `id_order`). Also the target-language tokens (`>>fra<<`)
 a multilingual model's source starts with. Reading the model is marian.py's.
@@ -7,7 +7,9 @@ a multilingual model's source starts with. Reading the model is marian.py's.
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,36 +17,53 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from transformer.data.tokenizer import BOS, EOS, PAD, UNK, Tokenizers
+from transformer.data.tokenizer import BOS, EOS, EOS_ID, PAD, PAD_ID, UNK, Tokenizers
 from transformer.errors import UserError
-from transformer.importing import vocabulary
 from transformer.importing.marian import read_json
+from transformer.importing.marian_tokenizer import (TARGET_VOCAB, TOKENIZER_CONFIG, VOCAB, read_marian_tokenizers)
+from transformer.importing.vocabulary import id_order, inverse_order, read_vocabulary
 
-MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
-TARGET_VOCAB = "target_vocab.json"
+log = logging.getLogger(__name__)
+
+MARIAN_FILES = ("source.spm", "target.spm", VOCAB)
 FAST_FILE = "tokenizer.json"
-TOKENIZER_CONFIG = "tokenizer_config.json"
 _LANGUAGE_TOKEN = re.compile(r">>([^<>\s]+)<<")
 
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """One side's vocabulary as the model numbers it: its size and its special tokens' ids (theirs)."""
+    """One side's vocabulary as the model numbers it: `order[our_id]` is the model's id, `tokens` its
+    tokens by the model's id."""
 
-    size: int
-    pad: int
-    unk: int
-    eos: int
-    bos: int | None
-    tokens: tuple[str, ...]  # by id: what language tokens are looked for in
+    order: list[int]
+    tokens: tuple[str, ...]
 
-    def order(self) -> list[int]:
-        """Our id -> theirs (vocabulary.py's rule: pad 0, unk 1, bos or the lowest other id 2, eos 3)."""
-        return vocabulary.id_order(self.size, pad=self.pad, unk=self.unk, eos=self.eos, bos=self.bos)
+    @property
+    def size(self) -> int:
+        return len(self.order)
+
+    @property
+    def pad(self) -> int:
+        return self.order[PAD_ID]
+
+    @property
+    def eos(self) -> int:
+        return self.order[EOS_ID]
+
+    def our_id(self, token: str) -> int:
+        return self.order.index(self.tokens.index(token))
 
     def language_codes(self) -> list[str]:
-        """The target languages of the tokens `>>code<<` in this vocabulary, in id order."""
+        """The target languages of the tokens `>>code<<` in this vocabulary, in the model's id order."""
         return [match[1] for token in self.tokens if (match := _LANGUAGE_TOKEN.fullmatch(token))]
+
+
+def _tokens(vocab: dict[str, int]) -> tuple[str, ...]:
+    """The tokens of `vocab` (ids 0..V-1, vocabulary.py checks) by id."""
+    tokens = [""] * len(vocab)
+    for token, token_id in vocab.items():
+        tokens[token_id] = token
+    return tuple(tokens)
 
 
 @dataclass(frozen=True)
@@ -56,21 +75,10 @@ class ImportedTokenizer:
     target: Vocabulary
     kind: str  # "marian" (SentencePiece files and vocab.json) or "fast" (tokenizer.json)
 
-
-def _vocabulary(ids: dict[str, int], path: Path) -> Vocabulary:
-    """A vocabulary from its token -> id map, refused unless its ids are 0..V-1 and it has the special
-    tokens every run of ours has (<pad>, <unk>, </s>; <s> if it has one)."""
-    if not all(isinstance(token_id, int) and not isinstance(token_id, bool) for token_id in ids.values()) or \
-            sorted(ids.values()) != list(range(len(ids))):
-        raise UserError(f"{path}: damaged, its ids are not 0 to {len(ids) - 1}, each once")
-    missing = [token for token in (PAD, UNK, EOS) if token not in ids]
-    if missing:
-        raise UserError(f"{path}: has no {' or '.join(missing)}; the special tokens must be {PAD}, {UNK} and {EOS} "
-                        "(as Marian's are)")
-    tokens = [""] * len(ids)
-    for token, token_id in ids.items():
-        tokens[token_id] = token
-    return Vocabulary(len(ids), ids[PAD], ids[UNK], ids[EOS], ids.get(BOS), tuple(tokens))
+    @property
+    def one_vocabulary(self) -> bool:
+        """Whether both sides number the same tokens alike (one vocab.json), whatever their tokenizers."""
+        return self.source.tokens == self.target.tokens
 
 
 def read_tokenizer(directory: Path) -> ImportedTokenizer:
@@ -89,14 +97,15 @@ def read_tokenizer(directory: Path) -> ImportedTokenizer:
 
 
 def _marian(directory: Path) -> ImportedTokenizer:
+    converted = read_marian_tokenizers(directory)
+    for note in converted.notes:
+        log.warning("%s: %s", directory, note)
     settings = read_json(directory / TOKENIZER_CONFIG) if (directory / TOKENIZER_CONFIG).is_file() else {}
-    separate = bool(settings.get("separate_vocabs", False))
-    source_path = directory / "vocab.json"
-    target_path = directory / TARGET_VOCAB if separate else source_path
-    source = _vocabulary(read_json(source_path), source_path)
-    target = _vocabulary(read_json(target_path), target_path) if separate else source
-    tokenizers = vocabulary.marian_tokenizers(directory, source.order(), target.order() if separate else None)
-    return ImportedTokenizer(tokenizers, source, target, "marian")
+    source_tokens = _tokens(read_vocabulary(directory / VOCAB))
+    target_tokens = (_tokens(read_vocabulary(directory / TARGET_VOCAB)) if settings.get("separate_vocabs")
+                     else source_tokens)
+    return ImportedTokenizer(converted.tokenizers, Vocabulary(converted.source_order, source_tokens),
+                             Vocabulary(converted.target_order, target_tokens), "marian")
 
 
 def _unwrapped_normalizer(normalizer: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -128,14 +137,32 @@ def _fast(directory: Path) -> ImportedTokenizer:
         tokenizer = Tokenizer.from_str(json.dumps(state))
     except Exception as error:  # the Rust side raises a bare Exception for a file it cannot read
         raise UserError(f"{path}: damaged, not a tokenizers file ({error})") from None
-    ids = tokenizer.get_vocab(with_added_tokens=True)
-    source = _vocabulary(ids, path)
-    order = source.order()
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    order = id_order(vocab, pad=PAD, unk=UNK, eos=EOS, bos=BOS if BOS in vocab else None, where=str(path))
     state["normalizer"] = _unwrapped_normalizer(state.get("normalizer"))
     state["post_processor"], state["padding"], state["truncation"] = None, None, None
-    permuted = vocabulary.permute_tokenizer(state, order, path)
-    tokenizer = Tokenizer.from_str(json.dumps(permuted, ensure_ascii=False))
-    return ImportedTokenizer(Tokenizers(tokenizer, tokenizer, joint=True), source, source, "fast")
+    tokenizer = Tokenizer.from_str(json.dumps(_permuted(state, order, path), ensure_ascii=False))
+    side = Vocabulary(order, _tokens(vocab))
+    return ImportedTokenizer(Tokenizers(tokenizer, tokenizer, joint=True), side, side, "fast")
+
+
+def _permuted(state: dict[str, Any], order: list[int], path: Path) -> dict[str, Any]:
+    """A tokenizers JSON (`state`) with its ids permuted: our id i is its id order[i]."""
+    ours = inverse_order(order)
+    state = copy.deepcopy(state)
+    model = state["model"]
+    if model.get("type") in ("BPE", "WordPiece", "WordLevel"):
+        model["vocab"] = dict(sorted(((token, ours[i]) for token, i in model["vocab"].items()), key=lambda x: x[1]))
+    elif model.get("type") == "Unigram":
+        model["vocab"] = [model["vocab"][their] for their in order]
+        if model.get("unk_id") is not None:
+            model["unk_id"] = ours[model["unk_id"]]
+    else:
+        raise UserError(f"{path}: a {model.get('type')} tokenizer, which this import does not read")
+    for token in state.get("added_tokens") or []:
+        token["id"] = ours[token["id"]]
+    state["added_tokens"] = sorted(state.get("added_tokens") or [], key=lambda token: token["id"])
+    return state
 
 
 def check_target_language(tokenizer: ImportedTokenizer, target_language: str | None, where: Path) -> str | None:
@@ -156,5 +183,5 @@ def check_target_language(tokenizer: ImportedTokenizer, target_language: str | N
     return f">>{target_language}<<"
 
 
-__all__ = ["MARIAN_FILES", "TARGET_VOCAB", "FAST_FILE", "Vocabulary", "ImportedTokenizer", "read_tokenizer",
+__all__ = ["MARIAN_FILES", "FAST_FILE", "Vocabulary", "ImportedTokenizer", "read_tokenizer",
            "check_target_language"]

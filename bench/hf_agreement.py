@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
 from transformer.data.batching import pad_rows, source_tensor  # noqa: E402
-from transformer.data.tokenizer import BOS_ID, EOS_ID  # noqa: E402
+from transformer.data.tokenizer import EOS_ID  # noqa: E402
 from transformer.export.hf_tokenizer import import_transformers  # noqa: E402
 from transformer.export.huggingface import max_logit_difference  # noqa: E402
 from transformer.hardware import cpu_model  # noqa: E402
@@ -40,7 +40,7 @@ def generated_ids(model, tokenizer, text: str, beams: int, limit: int, length_pe
     with torch.inference_mode():
         out = model.generate(**tokenizer(text, return_tensors="pt"), num_beams=beams, do_sample=False,
                              max_new_tokens=limit, length_penalty=length_penalty, early_stopping=True)[0].tolist()
-    out = out[1:]  # decoder_start_token_id, our BOS
+    out = out[1:]  # decoder_start_token_id: model.decoder_start_id (our BOS)
     return out[:out.index(EOS_ID)] if EOS_ID in out else out
 
 
@@ -65,7 +65,8 @@ def main() -> None:
         greedy = load_translator(args.run, beam_size=1)
         tokenizers = greedy.tokenizers
         src, src_pad_mask = source_tensor(tokenizers.encode_source(sources_text[:64]))
-        tgt_in = pad_rows(tokenizers.encode_target([refs[0] for refs in references[:64]]), prefix=BOS_ID)
+        tgt_in = pad_rows(tokenizers.encode_target([refs[0] for refs in references[:64]]),
+                          prefix=greedy.model.config.decoder_start_id)
         logits = max_logit_difference(greedy.model, model, src, src_pad_mask, tgt_in)
 
         decode = greedy.decode

@@ -446,7 +446,7 @@ def test_cli_max_length_b_is_advised_only_where_raising_it_can_help(trained_run:
     assert translate(trained_run, "--engine", "torch", "--max-length-b", "100000", *phrases, "I'm cold.") == 2
     error = user_error(capsys)
     assert re.fullmatch(r"line 1: --constraint need \d+ subwords, more than the 511 the model writes in any "
-                        r"output \(its max_len, 512, counts BOS\)", error), error
+                        r"output \(its max_len, 512, counts the start token\)", error), error
     # Where the source's limit is below the model's, raising it helps, and the flag is named.
     assert translate(trained_run, "--engine", "torch", "--max-length-a", "0", "--max-length-b", "1", "--constraint",
                      "la gare", "I'm cold.") == 2

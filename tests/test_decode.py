@@ -172,6 +172,8 @@ class ScriptedModel:
     """Stands in for a Transformer (without the cache only: `recomputed`): the next-token probabilities
     depend on the step alone, as scripted."""
 
+    config = ModelConfig()  # what a search reads of a model's config: its start id and never-generated ids
+
     def __init__(self, steps: list[dict[int, float]], vocab: int) -> None:
         self.table = torch.full((len(steps), vocab), -30.0)  # (T, V) log-probs; unscripted ~ never
         for step, probs in enumerate(steps):
@@ -192,6 +194,8 @@ class ScriptedModel:
 class PrefixScriptedModel:
     """Stands in for a Transformer (without the cache only: `recomputed`): the next-token probabilities
     depend on the whole prefix, looked up in `script` (prefix tuple -> {token: p}), else `default`."""
+
+    config = ModelConfig()  # what a search reads of a model's config: its start id and never-generated ids
 
     def __init__(self, script: dict[tuple[int, ...], dict[int, float]], default: dict[int, float], vocab: int):
         self.script, self.default, self.vocab = script, default, vocab

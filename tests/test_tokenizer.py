@@ -89,11 +89,19 @@ def test_unseen_character_becomes_unk_not_dropped(joint: Tokenizers, unseen: str
     assert joint.encode_source([unseen + unseen])[0].count(UNK_ID) == 2  # one UNK per character
 
 
-def test_decode_stops_at_eos_and_skips_pad_and_bos(joint: Tokenizers):
+def test_decode_stops_at_eos_and_skips_pad(joint: Tokenizers):
     ids = joint.encode_target(["J'ai froid."])[0]
     other = joint.encode_target(["Merci beaucoup."])[0]
-    batch = [[BOS_ID, *ids, EOS_ID, *other, PAD_ID], [*ids, PAD_ID, PAD_ID], [EOS_ID, *ids]]
+    batch = [[*ids, EOS_ID, *other, PAD_ID], [*ids, PAD_ID, PAD_ID], [EOS_ID, *ids]]
     assert joint.decode_target(batch) == ["J'ai froid.", "J'ai froid.", ""]
+
+
+def test_decode_keeps_id_2_which_an_imported_vocabulary_may_hold_as_an_ordinary_subword(joint: Tokenizers):
+    """Issue 56: no search emits the decoder's start id, so id 2 is not dropped: in an imported run it is a
+    subword like any other (here it is BOS, and shows as its string)."""
+    ids = joint.encode_target(["J'ai froid."])[0]
+    assert joint.decode_target([[*ids, BOS_ID]]) == [joint.target.decode([*ids, BOS_ID], skip_special_tokens=False)]
+    assert joint.decode_target([[*ids, BOS_ID]]) != joint.decode_target([ids])
 
 
 def test_nfc_normalisation(joint: Tokenizers):

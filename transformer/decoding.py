@@ -132,8 +132,8 @@ SETTINGS = tuple(item.name for item in dataclasses.fields(RunDecodeSettings))
 
 def max_output_length(source_length: int, a: float, b: int, hard_cap: int) -> int:
     """Longest output, in subwords without EOS, of a source of `source_length` subwords (without EOS):
-    floor(a * length) + b, between 1 and `hard_cap` (model max_len - 1: BOS + that many tokens fill the
-    position table)."""
+    floor(a * length) + b, between 1 and `hard_cap` (model max_len - 1: the start token + that many tokens
+    fill the position table)."""
     # A tiny epsilon, so that e.g. 1.1 * 10 floors to 11 and not to 10.
     length = source_length * a + 1e-9
     if not length < hard_cap:  # also a product too large for a float, which no floor takes

@@ -221,16 +221,22 @@ class CrossAttention(_Heads):
         return weights.reshape(rows, heads, length, keys)  # (B*G, H, T, S)
 
 
-class FeedForward(nn.Module):
-    """Section 3.3: two linear maps with a ReLU between."""
+# model.activation's functions: F.gelu's default is the exact GELU, x * Phi(x) with the erf, as Marian's
+# and transformers' "gelu"; silu, x * sigmoid(x), is their "swish".
+ACTIVATIONS = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu}
 
-    def __init__(self, d_model: int, d_ff: int) -> None:
+
+class FeedForward(nn.Module):
+    """Section 3.3: two linear maps with a nonlinearity between (the paper's ReLU, or model.activation's)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu") -> None:
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(F.relu(self.linear1(x)))
+        return self.linear2(self.activation(self.linear1(x)))
 
 
 class Residual(nn.Module):
@@ -253,7 +259,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.attention = SelfAttention(config.d_model, config.n_heads)
-        self.feed_forward = FeedForward(config.d_model, config.d_ff)
+        self.feed_forward = FeedForward(config.d_model, config.d_ff, config.activation)
         self.attention_block = Residual(config.d_model, config.dropout, config.pre_norm)
         self.feed_forward_block = Residual(config.d_model, config.dropout, config.pre_norm)
 
@@ -267,7 +273,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attention = SelfAttention(config.d_model, config.n_heads)
         self.cross_attention = CrossAttention(config.d_model, config.n_heads)
-        self.feed_forward = FeedForward(config.d_model, config.d_ff)
+        self.feed_forward = FeedForward(config.d_model, config.d_ff, config.activation)
         self.self_block = Residual(config.d_model, config.dropout, config.pre_norm)
         self.cross_block = Residual(config.d_model, config.dropout, config.pre_norm)
         self.feed_forward_block = Residual(config.d_model, config.dropout, config.pre_norm)
@@ -288,6 +294,7 @@ class Transformer(nn.Module):
         super().__init__()
         if config.share_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError("share_embeddings needs one joint vocabulary (equal source and target sizes)")
+        config.check_target_ids(tgt_vocab_size)  # a ConfigError naming model.decoder_start_id or never_generate
         self.config = config
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         d_model = config.d_model
@@ -297,6 +304,8 @@ class Transformer(nn.Module):
         else:
             self.tgt_embedding = nn.Embedding(tgt_vocab_size, d_model, padding_idx=PAD_ID)
         self.output = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        if config.output_bias:  # Marian's final_logits_bias; added here, so that every other weight draws as without it
+            self.output.bias = nn.Parameter(torch.zeros(tgt_vocab_size))
         self.register_buffer("positions", sinusoidal_positions(config.max_len, d_model), persistent=False)
         self.dropout = nn.Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))

@@ -110,8 +110,8 @@ class Unexpected(Exception):
 
 def check_value(value: Any, annotation: Any, bounds: Bounds | None = None) -> Any:
     """The one check of a typed field's value: its type (a bool is not an integer; a Literal's
-    choices; a tuple of typed items), a finite number, `bounds`, no NUL in a string. Returns the value,
-    an integer given for a number as a float; raises Unexpected."""
+    choices; a tuple of typed items, or of any number of one type), a finite number, `bounds`, no NUL
+    in a string. Returns the value, an integer given for a number as a float; raises Unexpected."""
     origin = typing.get_origin(annotation)
     if origin is Literal:
         choices = typing.get_args(annotation)
@@ -120,7 +120,11 @@ def check_value(value: Any, annotation: Any, bounds: Bounds | None = None) -> An
         return value
     if origin is tuple:
         item_types = typing.get_args(annotation)
-        if not isinstance(value, tuple) or len(value) != len(item_types):
+        if len(item_types) == 2 and item_types[1] is Ellipsis:  # tuple[int, ...]: any number of items of one type
+            if not isinstance(value, tuple):
+                raise Unexpected("a list of values", value)
+            item_types = (item_types[0],) * len(value)
+        elif not isinstance(value, tuple) or len(value) != len(item_types):
             raise Unexpected(f"a list of {len(item_types)} values", value)
         checked = []
         for index, (item, item_type) in enumerate(zip(value, item_types)):

@@ -26,7 +26,7 @@ from safetensors.torch import save_file as save_safetensors_file
 
 from transformer.checkpoints.format import (CHECKPOINT_FORMAT, META_FILE, MODEL_FILE, TRAINING_FILE, file_sha256,
                                             read_meta)
-from transformer.config import ModelConfig
+from transformer.config import ModelConfig, model_config_from_dict
 from transformer.errors import CheckpointError, ConfigError
 from transformer.model import Transformer
 
@@ -137,24 +137,33 @@ def write_checkpoint(directory: Path, model: Transformer, training_state: dict[s
     return True
 
 
+def stored_model_config(checkpoint: Path, meta: dict[str, Any]) -> ModelConfig:
+    """The model config checkpoint `checkpoint`'s meta.json records (`meta`): a key it lacks, saved before
+    that key existed, means that key's default, the model it was trained as."""
+    try:
+        return model_config_from_dict(meta["model_config"])
+    except ConfigError as error:
+        raise CheckpointError(f"{Path(checkpoint) / META_FILE}: invalid model_config ({error})") from None
+
+
 def load_model(checkpoint: Path, device: torch.device | str = "cpu") -> tuple[Transformer, dict[str, Any]]:
     """Rebuild the model from the config stored in the checkpoint, then load its weights."""
     checkpoint = Path(checkpoint)
     meta = read_meta(checkpoint)
+    model_config = stored_model_config(checkpoint, meta)
     try:
-        model_config = ModelConfig(**meta["model_config"])
-    except (TypeError, ConfigError) as error:
+        model = Transformer(model_config, meta["src_vocab_size"], meta["tgt_vocab_size"])
+    except ConfigError as error:  # a start or never-generated id beyond its target vocabulary
         raise CheckpointError(f"{checkpoint / META_FILE}: invalid model_config ({error})") from None
-    model = Transformer(model_config, meta["src_vocab_size"], meta["tgt_vocab_size"])
     load_weights(model, checkpoint / MODEL_FILE)
     return model.to(device), meta
 
 
 def check_model_fits(checkpoint: Path, meta: dict[str, Any], model: Transformer) -> None:
     """Refuse a checkpoint whose stored model config or vocabulary sizes differ from `model`'s, naming them."""
-    stored = meta["model_config"]
-    differences = [f"model.{key} is {stored.get(key)!r} in the checkpoint but {value!r} here"
-                   for key, value in asdict(model.config).items() if stored.get(key) != value]
+    stored = asdict(stored_model_config(checkpoint, meta))
+    differences = [f"model.{key} is {stored[key]!r} in the checkpoint but {value!r} here"
+                   for key, value in asdict(model.config).items() if stored[key] != value]
     sizes = (meta.get("src_vocab_size"), meta.get("tgt_vocab_size"))
     if sizes != (model.src_vocab_size, model.tgt_vocab_size):
         differences.append(f"the vocabulary sizes (source, target) are {sizes} in the checkpoint but "

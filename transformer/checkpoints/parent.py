@@ -66,9 +66,10 @@ def open_parent(config: Config) -> Parent:
     differences = [f"tokenizer.{key} is {getattr(parent_config.tokenizer, key)!r} in the parent run {path} but "
                    f"{getattr(config.tokenizer, key)!r} here"
                    for key in TOKENIZER_KEYS if getattr(parent_config.tokenizer, key) != getattr(config.tokenizer, key)]
-    differences += [f"model.{key} is {meta['model_config'].get(key)!r} in the parent checkpoint {checkpoint} but "
+    stored = asdict(files.stored_model_config(checkpoint, meta))  # a key older metas lack: its default
+    differences += [f"model.{key} is {stored[key]!r} in the parent checkpoint {checkpoint} but "
                     f"{value!r} here" for key, value in asdict(config.model).items()
-                    if key not in FREE_MODEL_KEYS and meta["model_config"].get(key) != value]
+                    if key not in FREE_MODEL_KEYS and stored[key] != value]
     if differences:
         raise ConfigError(f"{KEY}: " + "; ".join(differences) + ". A fine-tuned run keeps its parent's tokenizer "
                           "and model: set these as the parent has them")

@@ -5,12 +5,13 @@ code that does) and `--set` overrides, and writes the mapping a run directory st
 torch and no datasets.
 """
 
-from transformer.config.loader import config_from_dict, config_to_dict, config_to_yaml, load_config
+from transformer.config.loader import (config_from_dict, config_to_dict, config_to_yaml, load_config,
+                                       model_config_from_dict)
 from transformer.config.sections import (Config, CorpusConfig, DataConfig, DecodeConfig, FilterConfig, ModelConfig,
                                          TokenizerConfig, TrainConfig)
 from transformer.errors import ConfigError  # noqa: F401 (importers name it here too)
 
 __all__ = [
     "Config", "DataConfig", "CorpusConfig", "FilterConfig", "TokenizerConfig", "ModelConfig", "TrainConfig",
-    "DecodeConfig", "load_config", "config_from_dict", "config_to_dict", "config_to_yaml",
+    "DecodeConfig", "load_config", "config_from_dict", "config_to_dict", "config_to_yaml", "model_config_from_dict",
 ]

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from transformer.config.sections import Config, holds_sections
+from transformer.config.sections import Config, ModelConfig, holds_sections
 from transformer.data.formats import FORMATS
 from transformer.errors import ConfigError
 
@@ -55,6 +55,8 @@ def _coerce(value: Any, annotation: Any) -> Any:
             return value  # the section names the key and what it expected
     if typing.get_origin(annotation) is tuple and isinstance(value, list):
         item_types = typing.get_args(annotation)
+        if len(item_types) == 2 and item_types[1] is Ellipsis:  # tuple[int, ...]: any number of one type
+            return tuple(_coerce(v, item_types[0]) for v in value)
         if len(value) == len(item_types):
             return tuple(_coerce(v, t) for v, t in zip(value, item_types))
         return tuple(value)
@@ -183,6 +185,13 @@ def config_from_dict(raw: dict, overrides: typing.Sequence[str] = ()) -> Config:
     return _build(Config, raw, "")
 
 
+def model_config_from_dict(raw: dict) -> ModelConfig:
+    """The model section a checkpoint or an export stored (its meta's `model_config`, JSON: lists for
+    tuples) as a ModelConfig; a key it lacks, written before that key existed, takes its default, the
+    model it was trained as. A ConfigError for a key or value the section refuses."""
+    return _build(ModelConfig, raw, "model")
+
+
 def _drop_unread_corpus_keys(raw: dict) -> list[str]:
     """Remove from a config mapping (as read from YAML) the corpus keys the data section refuses
     because the corpus's format does not read them (its reader's declaration, data/formats): `split` on
@@ -266,4 +275,5 @@ def _deep_copy(raw: Any) -> Any:
     return raw
 
 
-__all__ = ["load_config", "config_from_dict", "config_to_dict", "config_to_yaml", "MAX_TREE_NODES"]
+__all__ = ["load_config", "config_from_dict", "model_config_from_dict", "config_to_dict", "config_to_yaml",
+           "MAX_TREE_NODES"]

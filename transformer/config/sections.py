@@ -25,6 +25,10 @@ def _require(condition: bool, key: str, expected: str, value: Any) -> None:
         raise ConfigError(f"{key}: expected {expected}, got {value!r}")
 
 
+# EOS's id (data/tokenizer.py's EOS_ID, the same in every run, imported or not), which the config cannot
+# import (tokenizer.py imports the config): model.never_generate may not hold it.
+_EOS_ID = 3
+
 # Every integer must fit the int64 that numpy and torch hold it in (values.INT64_MAX); seeds must also
 # be >= 0 (numpy's generators refuse negative seeds).
 # A number of minutes whose seconds stay finite, with room to spare (about 1,900 years).
@@ -270,6 +274,16 @@ class ModelConfig:
     pre_norm: bool = False  # False = post-norm, as in the paper (Section 5.4 / Figure 1)
     share_embeddings: bool = True  # source, target and output embeddings share one matrix (Section 3.4)
     max_len: int = bounded(512, 1)  # longest sequence the sinusoidal position table covers
+    # The defaults below are the paper's model as this project trains it; an imported OPUS-MT model
+    # (Marian) has silu, an output bias, decoder start 0 and never_generate [0].
+    # The feed-forward nonlinearity (Section 3.3: ReLU); silu is Marian's "swish", gelu the exact (erf) GELU.
+    activation: Literal["relu", "silu", "gelu"] = "relu"
+    output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias): weights key output.bias
+    # The id every decoder input starts with: BOS (data/tokenizer.py's BOS_ID) in runs of this project;
+    # Marian starts from its pad, id 0 once imported (a zero embedding row).
+    decoder_start_id: int = bounded(2, 0)
+    # Ids whose logits are -inf at every search step: PAD and BOS (PAD_ID, BOS_ID) in runs of this project.
+    never_generate: tuple[int, ...] = bounded((0, 2), 0)
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -277,6 +291,18 @@ class ModelConfig:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
             )
+        if _EOS_ID in self.never_generate:
+            raise ConfigError(f"model.never_generate: expected ids other than {_EOS_ID} (EOS, which ends every "
+                              f"output), got {list(self.never_generate)!r}")
+
+    def check_target_ids(self, tgt_vocab_size: int) -> None:
+        """Refuse a decoder start id or a never-generated id that the target vocabulary lacks: its size is
+        known only when the model is built (model.Transformer calls this)."""
+        for key, ids in (("decoder_start_id", (self.decoder_start_id,)), ("never_generate", self.never_generate)):
+            outside = [token_id for token_id in ids if token_id >= tgt_vocab_size]
+            if outside:
+                raise ConfigError(f"model.{key}: {outside[0]} is no id of the target vocabulary, whose "
+                                  f"{tgt_vocab_size} subwords have ids 0 to {tgt_vocab_size - 1}")
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 under data parallelism, `shard_batch`) and the padded tensors of one batch (`Batch`,
 `PairCorpus.batch`). Reading and tokenizing text lives in corpus.py, encode.py and tokenizer.py.
 
-Conventions: source = tokens + EOS; decoder input = BOS + tokens; labels = tokens + EOS.
-Every sequence is right-padded with PAD_ID, per batch (never to a global length).
+Conventions: source = tokens + EOS; decoder input = the decoder start id + tokens; labels = tokens +
+EOS. The start id is the run's model.decoder_start_id (BOS in runs of this project), which the caller
+passes. Every sequence is right-padded with PAD_ID, per batch (never to a global length).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Batch:
     """One padded batch. Masks are True at padding."""
 
     src: Tensor  # (B, S) source ids + EOS
-    tgt_in: Tensor  # (B, T) BOS + target ids
+    tgt_in: Tensor  # (B, T) the decoder start id (BOS) + target ids
     tgt_out: Tensor  # (B, T) target ids + EOS: what the decoder must predict at each position
 
     @property
@@ -82,11 +83,13 @@ def source_tensor(src_ids: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
     return src, src == PAD_ID
 
 
-def make_batch(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) -> Batch:
-    """Teacher forcing: the decoder reads BOS + target and learns to predict target + EOS."""
+def make_batch(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], start_id: int = BOS_ID
+               ) -> Batch:
+    """Teacher forcing: the decoder reads the start id (model.decoder_start_id) + target and learns to
+    predict target + EOS."""
     return Batch(
         src=pad_rows(src_ids, suffix=EOS_ID),
-        tgt_in=pad_rows(tgt_ids, prefix=BOS_ID),
+        tgt_in=pad_rows(tgt_ids, prefix=start_id),
         tgt_out=pad_rows(tgt_ids, suffix=EOS_ID),
     )
 
@@ -285,8 +288,9 @@ class PairCorpus:
         start, end = self.tgt_offsets[index: index + 2]
         return self.tgt_tokens[start:end]
 
-    def batch(self, indices: Sequence[int]) -> Batch:
-        return make_batch([self.source(i) for i in indices], [self.target(i) for i in indices])
+    def batch(self, indices: Sequence[int], start_id: int = BOS_ID) -> Batch:
+        """The pairs `indices` as a batch whose decoder inputs begin with `start_id` (model.decoder_start_id)."""
+        return make_batch([self.source(i) for i in indices], [self.target(i) for i in indices], start_id)
 
     def batches(self, batch_tokens: int, seed: int, epoch: int, shuffle: bool = True) -> BatchPlan:
         """`token_batches` of these pairs (of those the mix draws for `epoch`, if weighted); with token

@@ -17,7 +17,7 @@ from typing import Sequence
 from transformer.data.batching import Batch, PairCorpus, make_batch
 from transformer.data.corpus import SOURCE, TARGET
 from transformer.data.rows import Rows
-from transformer.data.tokenizer import UNK_ID, Tokenizers
+from transformer.data.tokenizer import BOS_ID, UNK_ID, Tokenizers
 from tokenizers import Tokenizer
 
 
@@ -85,11 +85,12 @@ class DropoutBatches:
             tgt = self.corpus.target(index).tolist()
         return src, tgt
 
-    def batch(self, indices: Sequence[int], epoch: int) -> Batch:
+    def batch(self, indices: Sequence[int], epoch: int, start_id: int = BOS_ID) -> Batch:
+        """The pairs `indices` split afresh for `epoch`, decoder inputs beginning with `start_id`."""
         indices = [int(i) for i in indices]
         rows = self.texts.take(indices, [SOURCE, TARGET])
         pairs = [self.encode(i, epoch, s, t) for i, s, t in zip(indices, rows[SOURCE], rows[TARGET])]
-        return make_batch([src for src, _ in pairs], [tgt for _, tgt in pairs])
+        return make_batch([src for src, _ in pairs], [tgt for _, tgt in pairs], start_id)
 
 
 __all__ = ["BpeDropout", "DropoutBatches"]

@@ -54,9 +54,11 @@ class Tokenizers:
         return _encode(self.target, texts)
 
     def decode_target(self, ids_batch: list[list[int]]) -> list[str]:
-        """Text of each id sequence: stops at the first EOS and skips PAD and BOS.
+        """Text of each id sequence: stops at the first EOS and skips PAD.
 
-        UNK is kept and shows as "<unk>": dropping it would hide that a word was lost.
+        UNK is kept and shows as "<unk>": dropping it would hide that a word was lost. Id 2 is kept too:
+        in an imported run it is an ordinary subword, and the searches never emit the decoder's start
+        id (BOS in runs of this project) nor any other id the model never generates (model.never_generate).
         """
         kept = [_strip_specials(ids) for ids in ids_batch]
         return self.target.decode_batch(kept, skip_special_tokens=False)
@@ -83,7 +85,7 @@ def _strip_specials(ids: Iterable[int]) -> list[int]:
         token_id = int(token_id)  # accept numpy / tensor scalars from the decoder
         if token_id == EOS_ID:
             break
-        if token_id not in (PAD_ID, BOS_ID):
+        if token_id != PAD_ID:
             kept.append(token_id)
     return kept
 
@@ -152,8 +154,11 @@ def _reading_specials_as_text(tokenizer: Tokenizer) -> Tokenizer:
 
 
 def _check_special_ids(tokenizer: Tokenizer, where: str, error: type[Exception] = CheckpointError) -> None:
+    """PAD, UNK and EOS at ids 0, 1 and 3 in every vocabulary; BOS at 2 where the vocabulary has it (an
+    imported model's may have none, and id 2 is then an ordinary subword)."""
     wrong = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS
-             if tokenizer.token_to_id(token) != SPECIAL_TOKENS.index(token)}
+             if tokenizer.token_to_id(token) != SPECIAL_TOKENS.index(token)
+             and not (token == BOS and tokenizer.token_to_id(token) is None)}
     if wrong:
         expected = {token: SPECIAL_TOKENS.index(token) for token in SPECIAL_TOKENS}
         raise error(f"{where}: special token ids {wrong} differ from the expected {expected}")

@@ -18,7 +18,7 @@ from torch import nn
 from transformer.checkpoints.format import MODEL_FILE
 from transformer.checkpoints.lookup import load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
-from transformer.data.tokenizer import (BOS, EOS, JOINT_FILE, PAD, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK,
+from transformer.data.tokenizer import (BOS, EOS, JOINT_FILE, SOURCE_FILE, SPECIAL_TOKENS, TARGET_FILE, UNK,
                                         Tokenizers, save_tokenizers)
 from transformer.errors import UserError
 from transformer.export.destination import Exporter
@@ -76,21 +76,27 @@ def _vocabulary(tokenizer: Any, size: int, side: str) -> list[str]:
     return tokens
 
 
+# model.activation as CTranslate2 names it: its SWISH is x * sigmoid(x), its GELU the exact (erf) one.
+_ACTIVATIONS = {"relu": "RELU", "silu": "SWISH", "gelu": "GELU"}
+
+
 def build_spec(model: Transformer, tokenizers: Tokenizers) -> Any:
     """A validated ctranslate2 TransformerSpec holding `model`'s weights (fp32)."""
     ctranslate2 = import_ctranslate2()
     specs = ctranslate2.specs
     config = model.config
+    activation = getattr(specs.Activation, _ACTIVATIONS[config.activation])
     spec = specs.TransformerSpec.from_config((config.n_encoder_layers, config.n_decoder_layers), config.n_heads,
-                                             pre_norm=config.pre_norm, activation=specs.Activation.RELU)
+                                             pre_norm=config.pre_norm, activation=activation)
     norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
     epsilons = {norm.eps for norm in norms}
     if len(epsilons) != 1:
         raise UserError(f"the model's LayerNorms use several epsilons {sorted(epsilons)}; CTranslate2 takes one")
     spec.config.layer_norm_epsilon = epsilons.pop()
-    spec.config.add_source_eos = True  # our sources end in EOS and have no BOS; decoding starts from BOS
+    target_tokens = _vocabulary(tokenizers.target, model.tgt_vocab_size, "target")
+    spec.config.add_source_eos = True  # our sources end in EOS and have no BOS
     spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = UNK, BOS, EOS
-    spec.config.decoder_start_token = BOS
+    spec.config.decoder_start_token = target_tokens[config.decoder_start_id]  # BOS, in runs of this project
 
     # Our table (sin on even, cos on odd features, from position 0) replaces CTranslate2's own
     # sinusoids, which are [sin | cos] concatenated and start at position 1.
@@ -111,10 +117,10 @@ def build_spec(model: Transformer, tokenizers: Tokenizers) -> Any:
     if config.pre_norm:  # post-norm stacks end in their last sublayer's LayerNorm and have no final one
         _layer_norm(encoder.layer_norm, model.encoder_norm)
         _layer_norm(decoder.layer_norm, model.decoder_norm)
-    _linear(decoder.projection, model.output)
+    _linear(decoder.projection, model.output)  # with model.output_bias, its bias too
 
     spec.register_source_vocabulary(_vocabulary(tokenizers.source, model.src_vocab_size, "source"))
-    spec.register_target_vocabulary(_vocabulary(tokenizers.target, model.tgt_vocab_size, "target"))
+    spec.register_target_vocabulary(target_tokens)
     spec.validate()
     spec.optimize(quantization=None)  # only aliases identical tensors (tied embeddings, the position table)
     return spec
@@ -122,7 +128,13 @@ def build_spec(model: Transformer, tokenizers: Tokenizers) -> Any:
 
 def _description(found: Path, meta: dict[str, Any], model: Transformer, tokenizers: Tokenizers,
                  decode: DecodeConfig) -> dict[str, Any]:
-    """What a user of the export needs besides CTranslate2's own files: how text becomes tokens."""
+    """What a user of the export needs besides CTranslate2's own files: how text becomes tokens. Its
+    model_config's decoder_start_id and never_generate are what ct2_engine.py starts from and suppresses."""
+    target = tokenizers.target
+    start = target.id_to_token(model.config.decoder_start_id)
+    never_tokens = [target.id_to_token(token_id) for token_id in model.config.never_generate]
+    never = ("nothing is" if not never_tokens else f"{never_tokens[0]} is" if len(never_tokens) == 1
+             else f"{', '.join(never_tokens[:-1])} and {never_tokens[-1]} are")
     return {
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
@@ -135,8 +147,8 @@ def _description(found: Path, meta: dict[str, Any], model: Transformer, tokenize
                    "the source tokenizer without special tokens; keep at most max_len - 1 subwords; pass the "
                    f"token strings: CTranslate2 appends {EOS} itself (add_source_eos) and adds no {BOS}. "
                    "A blank line translates to a blank line without running the model"),
-        "target": (f"decoding starts from {BOS} and ends at {EOS}; {PAD} and {BOS} are never emitted "
-                   f"(suppress_sequences [['{PAD}'], ['{BOS}']]), {EOS} may come first (min_decoding_length 0); "
+        "target": (f"decoding starts from {start} and ends at {EOS}; {never} never emitted (suppress_sequences "
+                   f"{[[token] for token in never_tokens]}), {EOS} may come first (min_decoding_length 0); "
                    "decode the token strings' ids with the target tokenizer"),
         "special_tokens": {token: token_id for token_id, token in enumerate(SPECIAL_TOKENS)},
         "max_len": model.config.max_len,

@@ -5,7 +5,8 @@ exactly is refused. Nothing is uploaded; where and how it is written is destinat
 
 How our weights become theirs (each point checked against transformers' modeling_marian.py and
 modeling_pegasus.py): both scale embeddings by sqrt(d_model), add static sinusoids from position 0,
-use separate q/k/v projections, attention scaled by sqrt(d_head), LayerNorm eps 1e-5, ReLU by config.
+use separate q/k/v projections, attention scaled by sqrt(d_head), LayerNorm eps 1e-5, the activation by
+config (model.activation: relu, silu as their "swish", gelu), and an output bias (final_logits_bias).
 Their sinusoid table holds all sines, then all cosines; ours interleaves them (sin on even features).
 Permuting the d_model axis of every weight that touches the residual stream by `residual_permutation`
 maps one network onto the other exactly: LayerNorm and attention do not care about feature order.
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 
 from transformer.checkpoints.format import MODEL_FILE
 from transformer.checkpoints.lookup import load_decode_config, run_dir_of
-from transformer.config import DecodeConfig
+from transformer.config import DecodeConfig, ModelConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
 from transformer.decoding import DecodeOptions
 from transformer.errors import UserError
@@ -44,6 +45,8 @@ HF_VERSION = 1
 MODEL_CARD = "README.md"
 _LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which Marian and Pegasus build their LayerNorms with
 _SELF_CHECK_TOLERANCE = 1e-3  # largest logit difference the export accepts on its own check
+# model.activation as transformers' ACT2FN names it: "swish" is SiLU, "gelu" the exact (erf) GELU.
+_ACTIVATIONS = {"relu": "relu", "silu": "swish", "gelu": "gelu"}
 
 
 def residual_permutation(d_model: int) -> Tensor:
@@ -79,9 +82,11 @@ def _hf_class_and_config(model: Transformer) -> tuple[type, Any]:
         encoder_layers=config.n_encoder_layers, decoder_layers=config.n_decoder_layers,
         encoder_attention_heads=config.n_heads, decoder_attention_heads=config.n_heads,
         encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
-        activation_function="relu", dropout=config.dropout, attention_dropout=0.0, activation_dropout=0.0,
+        activation_function=_ACTIVATIONS[config.activation],
+        dropout=config.dropout, attention_dropout=0.0, activation_dropout=0.0,
         max_position_embeddings=config.max_len, scale_embedding=True,  # Section 3.4: times sqrt(d_model)
-        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
+        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+        decoder_start_token_id=config.decoder_start_id,  # BOS in runs of this project; Marian's pad once imported
         forced_eos_token_id=None,  # we never force EOS at the length limit
         tie_word_embeddings=config.share_embeddings,
     )
@@ -129,7 +134,8 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
     weights = {"model.encoder.embed_tokens.weight": src, "model.decoder.embed_tokens.weight": tgt,
                "lm_head.weight": output[:, perm],
                "model.encoder.embed_positions.weight": positions, "model.decoder.embed_positions.weight": positions,
-               "final_logits_bias": torch.zeros(1, model.tgt_vocab_size)}  # our output layer has no bias
+               "final_logits_bias": (model.output.bias[None] if model.output.bias is not None  # model.output_bias
+                                     else torch.zeros(1, model.tgt_vocab_size))}
     if model.config.share_embeddings or model.config.pre_norm:
         weights["model.shared.weight"] = src  # Pegasus keeps it even untied (a refused case above)
     for i, layer in enumerate(model.encoder_layers):
@@ -154,16 +160,16 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
     return {name: tensor.detach().to("cpu", torch.float32).contiguous() for name, tensor in weights.items()}
 
 
-def _generation_config(decode: DecodeConfig, max_len: int) -> Any:
+def _generation_config(decode: DecodeConfig, model_config: ModelConfig) -> Any:
     transformers = import_transformers()
     # The run's method as decoding.STRATEGIES chooses it (a run's settings search, never sample).
     beam = DecodeOptions.over(decode).strategy.exports_beam
     return transformers.GenerationConfig(
-        decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
-        forced_eos_token_id=None,
-        suppress_tokens=[PAD_ID, BOS_ID],  # as our searches: never emitted
+        decoder_start_token_id=model_config.decoder_start_id, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID, forced_eos_token_id=None,
+        suppress_tokens=list(model_config.never_generate),  # as our searches: never emitted
         num_beams=decode.beam_size, do_sample=False,
-        max_new_tokens=max_len - 1,  # the start token and max_len - 1 more fill the position table
+        max_new_tokens=model_config.max_len - 1,  # the start token and max_len - 1 more fill the position table
         # Beam settings only with a beam: transformers refuses them with num_beams=1 when it saves.
         # Their length penalty divides by length ** alpha, ours by the GNMT ((5 + length) / 6) ** alpha: the
         # same alpha ranks alike, not identically. "never" is their exact stopping rule, as ours is.
@@ -182,7 +188,7 @@ def build_hf_model(model: Transformer, decode: DecodeConfig) -> Any:
                         f"fills (missing {sorted(expected - set(weights))[:3]}, extra "
                         f"{sorted(set(weights) - expected)[:3]}); it is not supported")
     hf_model.load_state_dict(weights, strict=True)
-    hf_model.generation_config = _generation_config(decode, model.config.max_len)
+    hf_model.generation_config = _generation_config(decode, model.config)
     return hf_model.eval()
 
 
@@ -193,7 +199,8 @@ def max_logit_difference(model: Transformer, hf_model: Any, src: Tensor, src_pad
     model.eval()
     ours = model(src, tgt_in, src_pad_mask)
     theirs = hf_model(input_ids=src, attention_mask=(~src_pad_mask).long(), decoder_input_ids=tgt_in).logits
-    real = tgt_in != PAD_ID  # (B, T): where both are defined alike
+    real = tgt_in != PAD_ID  # (B, T): where both are defined alike, and the start, which may be PAD (Marian's)
+    real[:, 0] = True
     return float((ours - theirs).abs()[real].max())
 
 
@@ -205,7 +212,7 @@ def _self_check(model: Transformer, hf_model: Any) -> None:
     src[:, -1], src[1, 4:] = EOS_ID, PAD_ID
     src[1, 3] = EOS_ID
     tgt_in = torch.randint(4, model.tgt_vocab_size, (2, 6), generator=generator)
-    tgt_in[:, 0] = BOS_ID
+    tgt_in[:, 0] = model.config.decoder_start_id
     difference = max_logit_difference(model, hf_model, src, src == PAD_ID, tgt_in)
     if not difference <= _SELF_CHECK_TOLERANCE:
         raise UserError(f"the exported {type(hf_model).__name__} does not reproduce the model (logits differ by "

@@ -215,7 +215,8 @@ def _prepare_data(config: Config, run: RunDirectory, write: bool, resuming: bool
     sample = (run.read_heldout(VALID_SAMPLE) if resuming or not write else None) or \
         sample_over_lengths(valid_sources, valid_references, config.train.valid_max_pairs, config.data.split_seed)
     valid = EvaluationSet(prepared.valid_corpus, *sample)
-    data = TrainingData(prepared.corpus, valid, prepared.tokenizers, prepared.fingerprints, prepared.dropout)
+    data = TrainingData(prepared.corpus, valid, prepared.tokenizers, prepared.fingerprints, prepared.dropout,
+                        config.model.decoder_start_id)
 
     def write_heldout() -> None:
         run.write_heldout("valid", valid_sources, valid_references)

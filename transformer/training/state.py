@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from transformer.data.batching import Batch, BatchPlan, PairCorpus
-from transformer.data.tokenizer import Tokenizers
+from transformer.data.tokenizer import BOS_ID, Tokenizers
 from transformer.runtime import set_rng_state
 from transformer.training import distributed
 from transformer.training.budget import BudgetState, Position
@@ -72,10 +72,13 @@ class TrainingData:
     tokenizers: Tokenizers
     fingerprints: dict[str, str]  # tokenizer_fingerprint, data_fingerprint
     dropout: DropoutBatches | None = None  # with tokenizer.dropout: training pairs re-encoded every epoch
+    decoder_start_id: int = BOS_ID  # model.decoder_start_id: what every decoder input starts with
 
     def batch(self, indices: Sequence[int], epoch: int) -> Batch:
         """Training batch `indices` of `epoch`: with BPE-dropout, its pairs split afresh for that epoch."""
-        return self.dropout.batch(indices, epoch) if self.dropout else self.corpus.batch(indices)
+        if self.dropout:
+            return self.dropout.batch(indices, epoch, self.decoder_start_id)
+        return self.corpus.batch(indices, self.decoder_start_id)
 
     def tokens_per_step(self, plan: BatchPlan, accumulate: int) -> float:
         """Source + target tokens (with EOS) of an average step over the epoch `plan`, all ranks.

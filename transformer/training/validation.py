@@ -70,7 +70,7 @@ def evaluation_loss(model: Transformer, corpus: PairCorpus, batch_tokens: int, d
     model.eval()
     total, tokens = 0.0, 0
     for indices in corpus.batches(batch_tokens, seed=0, epoch=0, shuffle=False):
-        batch = corpus.batch(indices).to(device)
+        batch = corpus.batch(indices, model.config.decoder_start_id).to(device)
         with autocast(device, precision):
             _, nll = batch_loss(model, batch)
         total += float(nll)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.data.batching import pad_rows, source_tensor
-from transformer.data.tokenizer import BOS_ID, EOS, EOS_ID
+from transformer.data.tokenizer import EOS, EOS_ID
 from transformer.model import Transformer
 from transformer.translation.texts import decode_outputs, output_log_probs, search_texts
 
@@ -112,7 +112,7 @@ def teacher_forced_attention(model: Transformer, sources: list[list[int]], outpu
                              device: torch.device | str, batch_size: int = 64) -> list[SentenceAttention]:
     """The attention of the model reading each source (ids without EOS) and producing each output
     (the ids search produced, with the final EOS if it produced one), as the search saw it: the
-    decoder reads BOS + output[:-1], so row t is the step that produced output[t].
+    decoder reads the start id (BOS) + output[:-1], so row t is the step that produced output[t].
 
     Returns float32 CPU tensors, one SentenceAttention per pair, S = len(source) + 1 (EOS) and
     T = len(output). The model runs in eval mode, and its mode is restored. Batching changes
@@ -130,7 +130,7 @@ def teacher_forced_attention(model: Transformer, sources: list[list[int]], outpu
         for start in range(0, len(sources), batch_size):
             batch_sources, batch_outputs = sources[start: start + batch_size], outputs[start: start + batch_size]
             src, src_pad_mask = source_tensor(batch_sources)
-            tgt_in = pad_rows([output[:-1] for output in batch_outputs], prefix=BOS_ID)
+            tgt_in = pad_rows([output[:-1] for output in batch_outputs], prefix=model.config.decoder_start_id)
             src, src_pad_mask, tgt_in = src.to(device), src_pad_mask.to(device), tgt_in.to(device)
             with record_attention(model) as recorder:
                 model.decode(tgt_in, model.encode(src, src_pad_mask), src_pad_mask)

@@ -15,7 +15,7 @@ from typing import Any
 
 from transformer.checkpoints.lookup import load_decode_config, run_dir_of
 from transformer.config import DecodeConfig
-from transformer.data.tokenizer import BOS, EOS, PAD, Tokenizers, load_tokenizers
+from transformer.data.tokenizer import BOS_ID, EOS, PAD_ID, Tokenizers, load_tokenizers
 from transformer.decoding import DecodeOptions, Sampling
 from transformer.errors import CheckpointError, ConfigError, EngineUnavailableError
 from transformer.hardware import parse_device
@@ -31,9 +31,10 @@ log = logging.getLogger(__name__)
 # its worst case: with a length penalty, our search keeps going long after CTranslate2 has stopped.
 BEAM_PATIENCE = 2.0
 
-# Every search call: we truncate sources ourselves (texts.py); EOS may come first, as in ours;
-# PAD and BOS are never emitted, as step_decoder.NEVER_EMITTED says.
-_OPTIONS = dict(max_input_length=0, min_decoding_length=0, suppress_sequences=[[PAD], [BOS]])
+# Every search call: we truncate sources ourselves (texts.py); EOS may come first, as in ours. The ids
+# the model never generates (model.never_generate) are suppressed, as step_decoder.StepDecoder does:
+# CTranslate2Translator.search_options.
+_OPTIONS = dict(max_input_length=0, min_decoding_length=0)
 
 
 def _device(spec: str, ctranslate2: Any, key: str) -> tuple[str, int]:
@@ -84,12 +85,18 @@ class CTranslate2Translator:
     model_dir: Path
     checkpoint: Path | None  # the checkpoint it was exported from, when known
     patience: float = BEAM_PATIENCE  # beam search goes on until patience x beam_size hypotheses have finished
+    # The ids it never emits: the model_config.never_generate its export records (PAD and BOS in runs of
+    # this project, and in exports written before the key existed).
+    never_generate: tuple[int, ...] = (PAD_ID, BOS_ID)
 
     def __post_init__(self) -> None:
         source, target = self.tokenizers.source, self.tokenizers.target
         self._source_tokens = [source.id_to_token(i) for i in range(self.tokenizers.source_vocab_size)]
         self._target_tokens = [target.id_to_token(i) for i in range(self.tokenizers.target_vocab_size)]
         self._target_ids = target.get_vocab(with_added_tokens=True)
+        # Every search call's options: _OPTIONS, and the never-generated tokens as CTranslate2 takes them (strings).
+        self.search_options = dict(_OPTIONS,
+                                   suppress_sequences=[[self._target_tokens[i]] for i in self.never_generate] or None)
 
     def translate(self, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None
                   ) -> list[list[str]]:
@@ -128,7 +135,7 @@ class CTranslate2Translator:
     def _token_by_token(self, tokens: list[list[str]], targets: list[list[str] | None] | None, limits: list[int],
                         options: dict[str, Any], copies: int = 1) -> list[list[list[int]]]:
         results = self.translator.translate_batch(tokens, targets, beam_size=1, max_decoding_length=max(limits),
-                                                  **options, **_OPTIONS)
+                                                  **options, **self.search_options)
         return [[self._ids(hypothesis)[:limit] for hypothesis in result.hypotheses for _ in range(copies)]
                 for result, limit in zip(results, limits)]
 
@@ -168,7 +175,8 @@ class CTranslate2Translator:
         hypotheses_count = max(k, round(k * self.patience))
         results = self.translator.translate_batch(
             tokens, prefixes, beam_size=k, patience=hypotheses_count / k, num_hypotheses=hypotheses_count,
-            length_penalty=0.0, return_scores=True, return_end_token=True, max_decoding_length=limit, **_OPTIONS)
+            length_penalty=0.0, return_scores=True, return_end_token=True, max_decoding_length=limit,
+            **self.search_options)
         finished: list[list[tuple[float, list[str]]]] = [[] for _ in tokens]
         cut: list[tuple[int, float, list[str]]] = []
         for i, result in enumerate(results):
@@ -178,8 +186,8 @@ class CTranslate2Translator:
                 else:
                     cut.append((i, log_prob, hypothesis))
         if cut:
-            # Its log-probabilities are normalised over every token, PAD and BOS too, unlike the
-            # search's: only the EOS term is taken from it, the beam's own sum from the search.
+            # Its log-probabilities are normalised over every token, the never-generated ones too, unlike
+            # the search's: only the EOS term is taken from it, the beam's own sum from the search.
             scored = self.translator.score_batch([tokens[i] for i, _, _ in cut], [beam for _, _, beam in cut],
                                                  max_input_length=0)
             for (i, log_prob, beam), scores in zip(cut, scored):
@@ -257,8 +265,10 @@ def load_ct2_translator(model_dir: Path, checkpoint: Path | None = None, device:
         ctranslate2.set_random_seed(decode.sampling.seed)
     log.info("translating with CTranslate2 from %s (step %s%s)", model_dir, info["checkpoint"].get("step"),
              ", int8" if int8 else "")
+    # An export written before model_config held never_generate: this project's PAD and BOS, as then.
+    never_generate = tuple(info.get("model_config", {}).get("never_generate", (PAD_ID, BOS_ID)))
     return CTranslate2Translator(translator, tokenizers, decode, int(info["max_len"]), model_dir, checkpoint,
-                                 patience)
+                                 patience, never_generate)
 
 
 __all__ = ["BEAM_PATIENCE", "CTranslate2Translator", "CT2_SEARCHES", "differences_from_torch", "load_ct2_translator"]

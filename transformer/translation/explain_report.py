@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.data.batching import source_tensor
-from transformer.data.tokenizer import BOS, BOS_ID, EOS, EOS_ID
+from transformer.data.tokenizer import EOS, EOS_ID
 from transformer.decoding import STRATEGIES, PhraseError
 from transformer.model import Transformer
 from transformer.translation.torch_engine import Translator
@@ -48,6 +48,9 @@ class _Probe:
     what: str
     weights_dims: str = ""  # an attention module's probabilities (B, H, queries, keys)
     weights_what: str = ""
+
+
+_ACTIVATIONS = {"relu": "ReLU", "silu": "SiLU", "gelu": "GELU"}  # model.activation's names in the text
 
 
 def _probes(model: Transformer, side: str) -> list[_Probe]:
@@ -87,7 +90,7 @@ def _probes(model: Transformer, side: str) -> list[_Probe]:
                        "cross-attention output",
                        "(B, H, T, S)", f"{softmax}: each target position over the source")]
         probes += [_Probe(layer.feed_forward.linear1, f"{path}.feed_forward.linear1", f"(B, {x}, F)",
-                          "feed-forward inner layer, before its ReLU (§3.3)"),
+                          f"feed-forward inner layer, before its {_ACTIVATIONS[model.config.activation]} (§3.3)"),
                    _Probe(layer.feed_forward, f"{path}.feed_forward", f"(B, {x}, D)", "feed-forward output"),
                    _Probe(layer, path, f"(B, {x}, D)", f"layer output, each sublayer as {residual}")]
     if side == "encoder":
@@ -108,7 +111,7 @@ def _attention_weights(module: nn.Module, args: tuple, kwargs: dict) -> Tensor:
 def stage_shapes(model: Transformer, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor | None = None
                  ) -> list[Stage]:
     """The shape of every stage of one teacher-forced forward pass, in the order the model runs them:
-    src (B, S) source ids with EOS, tgt_in (B, T) BOS and target ids, src_pad_mask (B, S) True at
+    src (B, S) source ids with EOS, tgt_in (B, T) the start id and target ids, src_pad_mask (B, S) True at
     padding (default: no padding).
 
     Read from the tensors themselves by forward hooks on the modules, removed on return; each
@@ -175,7 +178,7 @@ def explain(translator: Translator, text: str, prefix: str = "", n_best: int | N
     teacher-forced pass over the source and the translation found."""
     trace = trace_search(translator, text, prefix, n_best)
     src, src_pad_mask = source_tensor([trace.source_ids])
-    tgt_in = torch.tensor([[BOS_ID, *trace.output_ids]])
+    tgt_in = torch.tensor([[translator.model.config.decoder_start_id, *trace.output_ids]])
     src, src_pad_mask, tgt_in = (t.to(translator.device) for t in (src, src_pad_mask, tgt_in))
     return Explanation(text, trace, stage_shapes(translator.model, src, tgt_in, src_pad_mask),
                        dimension_sizes(translator.model, src, tgt_in))
@@ -253,7 +256,8 @@ def _render_stages(explanation: Explanation) -> list[str]:
                      part.replace(" ", "\u00a0") for part in (
                          f"B = {sizes['B']} sentence",
                          f"S = {sizes['S']} source positions ({len(trace.source_ids)} subwords + {EOS})",
-                         f"T = {sizes['T']} target positions ({BOS} + {len(trace.output_ids)} subwords)",
+                         f"T = {sizes['T']} target positions ({trace.start_piece} + {len(trace.output_ids)} "
+                         "subwords)",
                          f"D = d_model {sizes['D']}", f"H = {sizes['H']} heads of D/H = {sizes['D'] // sizes['H']}",
                          f"F = d_ff {sizes['F']}", f"V = {sizes['V']} target subwords")) + ".",
                  "The search itself runs the decoder one position at a time (a cache keeps the earlier ones' keys "
@@ -289,8 +293,8 @@ def _probability(log_prob: float) -> str:
 
 def _render_greedy(trace: SearchTrace) -> list[str]:
     out = _prose(f"3. The search, step by step: greedy search, at most {trace.max_length} output subwords",
-                 f"At each step the decoder reads {BOS} and the subwords taken so far and gives every subword a "
-                 "probability p of coming next; the most probable is taken (a target prefix forces its own). "
+                 f"At each step the decoder reads {trace.start_piece} and the subwords taken so far and gives every "
+                 "subword a probability p of coming next; the most probable is taken (a target prefix forces its own). "
                  f"The search stops at {EOS}. log-prob so far = the sum of the log p taken.")
     rows = [["step", "taken", "p", "log-prob so far", "the next most probable, with their p", "text so far"]]
     taken: list[str] = []
@@ -325,12 +329,13 @@ def _render_beam_step(step: SearchStep, trace: SearchTrace, pruned_shown: int = 
         extra = ""
         if candidate.fate == FINISHED:
             extra = f"score {candidate.score:.3f} = {candidate.log_prob:.3f} / lp {candidate.length_penalty:.3f}"
+        hypothesis = _text(beam.pieces) or trace.start_piece
         rows.append(["", candidate.fate, f"{candidate.log_prob:.3f}", f"{beam.log_prob:.3f}",
-                     f"{candidate.token_log_prob:.3f}", f"{_text(beam.pieces) or BOS} + {candidate.piece}",
+                     f"{candidate.token_log_prob:.3f}", f"{hypothesis} + {candidate.piece}",
                      *([_met(candidate, trace), str(candidate.bank)] if constrained else []), extra])
     out += _table(rows, right={2, 3, 4, 7} if constrained else {2, 3, 4}, indent="  ")
     if pruned:
-        shown = ", ".join(f"{_text(step.beams[c.beam].pieces) or BOS} + {c.piece} ({c.log_prob:.3f}"
+        shown = ", ".join(f"{_text(step.beams[c.beam].pieces) or trace.start_piece} + {c.piece} ({c.log_prob:.3f}"
                           + (f", bank {c.bank})" if constrained else ")") for c in pruned[:pruned_shown])
         more = f", and {len(pruned) - pruned_shown} more" if len(pruned) > pruned_shown else ""
         out.append(f"      pruned: {shown}{more}")

@@ -368,7 +368,7 @@ def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, hard_cap:
     after = f" after the {len(prefix)} of the target prefix" if prefix else ""
     if hard_cap is not None and need > hard_cap:
         raise PhraseError(option_name, f"need {unwritten} subwords{after}, more than the {hard_cap} the model "
-                                       f"writes in any output (its max_len, {hard_cap + 1}, counts BOS)", i)
+                                       f"writes in any output (its max_len, {hard_cap + 1}, counts the start token)", i)
     raise PhraseError(option_name, f"need {unwritten} subwords{after}, more than the {limit} an output of this "
                                    "source may have", i, remedy=f"({option('max_length_b')} raises it)")
 

@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.decoding import DecodeOptions
 from transformer.translation.step_decoder import (Models, StepDecoder, check_lengths, forced_tokens,
                                                   max_output_lengths)
@@ -28,7 +28,7 @@ NEG_INF = float("-inf")
 class Hypothesis:
     """One finished translation of beam search."""
 
-    tokens: list[int]  # target ids, without BOS and EOS
+    tokens: list[int]  # target ids, without the start id and EOS
     score: float  # log_prob / length penalty: what the hypotheses are ranked by
     log_prob: float  # sum of the log-probabilities of the tokens and the final EOS
 
@@ -41,7 +41,7 @@ class SearchObserver(Protocol):
         """Greedy search: (1, V) next-token logits at `step` and the (1,) token taken."""
 
     def beam_step(self, step: int, prefix: Tensor, scores: Tensor, candidates: "BeamCandidates") -> None:
-        """Beam search: the (k, t) live prefixes (BOS first) and their (k,) summed log-probs (-inf: no
+        """Beam search: the (k, t) live prefixes (the start id first) and their (k,) summed log-probs (-inf: no
         beam), and what this step made of them."""
 
 
@@ -119,7 +119,7 @@ def _token_by_token(models: Models, src: Tensor, src_pad_mask: Tensor, max_lengt
     lengths = torch.zeros(batch, dtype=torch.long, device=device)
     rows = torch.arange(batch, device=device)  # output row of each working row
     row_max = max_lengths
-    prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=device)
+    prefix = step_decoder.start(batch)  # (N, 1)
     for step in range(longest):
         logits = step_decoder.logits(prefix)  # (N, V)
         next_token = choose(logits)  # (N,)
@@ -153,8 +153,8 @@ def greedy_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths:
     src (B, S) ids with EOS, src_pad_mask (B, S) True at padding, max_lengths (B,) >= 1 the most
     tokens each output may have (EOS not counted). `prefixes`: B lists of target ids each output
     must start with (fairseq's prefix_tokens: forced one step at a time, so the decoder reads them
-    as if it had chosen them), at most its max length. Returns B id lists without BOS/EOS, prefix
-    included. A sentence stops at EOS or at its max length, and then leaves the working batch.
+    as if it had chosen them), at most its max length. Returns B id lists without the start id and
+    EOS, prefix included. A sentence stops at EOS or at its max length, and then leaves the working batch.
     `observer` watches every step of a search of one sentence.
     """
     check_observed(observer, src)
@@ -195,8 +195,8 @@ def sample_search(model: Models, src: Tensor, src_pad_mask: Tensor, max_lengths:
 
     Arguments as greedy_search's; every draw comes from `generator` (on src's device), so a seeded
     generator gives the same samples whatever the global RNG did. top_k 1, or a temperature near 0,
-    is greedy search. Returns, per sentence, its samples as id lists without BOS/EOS. The settings are
-    decoding.Sampling's, checked there.
+    is greedy search. Returns, per sentence, its samples as id lists without the start id and EOS. The
+    settings are decoding.Sampling's, checked there.
     """
     outputs = _token_by_token(model, src, src_pad_mask, max_lengths, _sampler(generator, top_k, top_p, temperature),
                               prefixes, copies=n_samples)
@@ -259,7 +259,7 @@ class BeamSearch:
         # Only beam 0 is live at first: k identical copies would fill the beam with duplicates.
         self.scores = torch.full((batch, k), NEG_INF, device=device)  # (n, k) summed log-probs, -inf = no beam
         self.scores[:, 0] = 0.0
-        self.prefix = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)  # (n*k, t)
+        self.prefix = self.decoder.start(batch * k)  # (n*k, t)
         self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]  # per original sentence, best first
         self.worst_kept = torch.full((batch,), NEG_INF, device=device)  # (n,) n_best-th finished score, or -inf
         self.beam_offset = torch.arange(batch, device=device)[:, None] * k  # (n, 1) first row of each sentence

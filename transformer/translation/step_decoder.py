@@ -13,11 +13,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from transformer.data.tokenizer import BOS_ID, PAD_ID
+from transformer.data.tokenizer import PAD_ID
 from transformer.decoding import max_output_length
 from transformer.model import Transformer
-
-NEVER_EMITTED = [PAD_ID, BOS_ID]  # their logits are set to -inf at every step
 
 Models = Transformer | Sequence[Transformer]  # one model, or an ensemble searched as one
 
@@ -25,6 +23,17 @@ Models = Transformer | Sequence[Transformer]  # one model, or an ensemble search
 def as_list(models: Models) -> list[Transformer]:
     # A list or tuple is an ensemble; anything else one model (tests pass scripted stand-ins).
     return list(models) if isinstance(models, (list, tuple)) else [models]
+
+
+def search_ids(models: Models) -> tuple[int, list[int]]:
+    """The id every search prefix starts with and the ids no search step may take: the models' config's
+    decoder_start_id and never_generate (BOS, and PAD and BOS, in runs of this project), which an
+    ensemble's models share."""
+    kinds = {(model.config.decoder_start_id, tuple(model.config.never_generate)) for model in as_list(models)}
+    if len(kinds) != 1:  # torch_engine refuses such an ensemble first, naming the runs
+        raise ValueError(f"an ensemble's models start from or never generate different ids: {sorted(kinds)}")
+    start_id, never_generate = kinds.pop()
+    return start_id, list(never_generate)
 
 
 def max_output_lengths(src_lengths: Tensor, a: float, b: int, hard_cap: int) -> Tensor:
@@ -75,6 +84,7 @@ class StepDecoder:
 
     def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, copies: int = 1) -> None:
         self.models = as_list(models)
+        self.start_id, self.never_generate = search_ids(self.models)
         memories = [model.encode(src, src_pad_mask) for model in self.models]  # each (B, S, D)
         if copies > 1:
             memories = [memory.repeat_interleave(copies, 0) for memory in memories]  # each (B*copies, S, D)
@@ -85,13 +95,18 @@ class StepDecoder:
         # With the cache, the memory is used only through the keys/values the cache already holds.
         self.memories = None if cached else memories
 
+    def start(self, rows: int) -> Tensor:
+        """(rows, 1) the prefix every hypothesis starts from: the decoder start id alone."""
+        return torch.full((rows, 1), self.start_id, dtype=torch.long, device=self.src_pad_mask.device)
+
     @property
     def recompute(self) -> bool:
         """True when every step reads the whole prefix (no cache holds the earlier positions)."""
         return self.caches is None
 
     def logits(self, prefix: Tensor) -> Tensor:
-        """prefix (N, t): BOS and the tokens so far -> (N, V) logits of the next token."""
+        """prefix (N, t): the start id and the tokens so far -> (N, V) logits of the next token, those of
+        the never-generated ids -inf."""
         outputs = []
         for index, model in enumerate(self.models):
             if self.caches is not None:
@@ -105,7 +120,7 @@ class StepDecoder:
         else:
             log_probs = torch.stack([output.float().log_softmax(-1) for output in outputs])  # (M, N, V)
             logits = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))  # (N, V)
-        logits[:, NEVER_EMITTED] = float("-inf")
+        logits[:, self.never_generate] = float("-inf")
         return logits
 
     def keep_rows(self, index: Tensor) -> None:
@@ -122,4 +137,4 @@ class StepDecoder:
             cache.keep_sentences(index)
 
 
-__all__ = ["NEVER_EMITTED", "Models", "as_list", "max_output_lengths", "forced_tokens", "check_lengths", "StepDecoder"]
+__all__ = ["Models", "as_list", "search_ids", "max_output_lengths", "forced_tokens", "check_lengths", "StepDecoder"]

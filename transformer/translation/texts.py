@@ -41,15 +41,15 @@ class Engine(Protocol):
 
     def search(self, sources: list[list[int]], n_best: int, prefixes: list[list[int]] | None = None
                ) -> list[list[list[int]]]:
-        """Source id lists (no EOS) -> for each, up to `n_best` output id lists best first (no BOS/EOS),
-        each starting with its target prefix (ids) when `prefixes` are given. An engine whose decoding
+        """Source id lists (no EOS) -> for each, up to `n_best` output id lists best first (no start id or
+        EOS), each starting with its target prefix (ids) when `prefixes` are given. An engine whose decoding
         method holds to phrases (decoding.Strategy "constrained") also takes `phrases`: one
         phrases.Phrases per source."""
         ...
 
     def score(self, sources: list[list[int]], targets: list[list[int]]) -> list[list[float]]:
-        """Source and target id lists (no BOS/EOS) -> for each pair, the log-probability of every target
-        token and of the EOS after them, normalised over the whole vocabulary."""
+        """Source and target id lists (no start id or EOS) -> for each pair, the log-probability of every
+        target token and of the EOS after them, normalised over the whole vocabulary."""
         ...
 
 
@@ -172,7 +172,7 @@ def search_texts(engine: Engine, texts: list[str], n_best: int | None = None, wa
                  prefixes: list[str] | None = None, text_constraints: list[list[str]] | None = None
                  ) -> tuple[list[list[int]], list[list[list[int]]]]:
     """`translate_texts` before detokenization: the source ids each text was read as (without EOS),
-    and for each text its `n_best` output id lists best first (without BOS/EOS)."""
+    and for each text its `n_best` output id lists best first (without the start id and EOS)."""
     return search_texts_and_phrases(engine, texts, n_best, warn_unknown, prefixes, text_constraints)[:2]
 
 
@@ -253,9 +253,9 @@ def score_texts(engine: Engine, sources: list[str], targets: list[str]) -> list[
     for number, (source, target) in enumerate(zip(source_list, target_list), start=1):
         if not source:
             raise UserError(f"pair {number}: the source is blank; there is nothing to score the target against")
-        if len(target) + 1 > engine.max_len:  # the decoder reads BOS + target
+        if len(target) + 1 > engine.max_len:  # the decoder reads the start token (BOS) + target
             raise UserError(f"pair {number}: the target has {len(target)} subwords, more than the model's "
-                            f"{engine.max_len - 1} (max_len with BOS)")
+                            f"{engine.max_len - 1} (max_len with the start token)")
     return score_ids(engine, source_list, target_list)
 
 

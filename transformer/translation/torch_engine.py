@@ -159,7 +159,7 @@ class Translator:
         """Teacher-forced log-probabilities of each target's tokens and its EOS, over the whole vocabulary
         (texts.Engine), in one forward pass per model; an ensemble's as in search (log of the mean
         probability)."""
-        batch = make_batch(sources, targets)
+        batch = make_batch(sources, targets, self.model.config.decoder_start_id)  # an ensemble's models share it
         src, tgt_in, tgt_out = batch.src.to(self.device), batch.tgt_in.to(self.device), batch.tgt_out.to(self.device)
         src_pad_mask = src == PAD_ID
         with self.eval_mode():
@@ -205,8 +205,9 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
         decode = options if options is not None else DecodeOptions.over(load_decode_config(run_dir_of(found)),
                                                                         sampling, n_best, **decode_overrides)
         model, meta, tokenizers = load_checkpoint_and_tokenizers(found, device)
-        others = [_ensemble_member(found, tokenizers, pins.enter_context(pinned_checkpoint(member, None, runs_root)),
-                                   device) for member in ensemble]
+        others = [_ensemble_member(found, model, tokenizers,
+                                   pins.enter_context(pinned_checkpoint(member, None, runs_root)), device)
+                  for member in ensemble]
     if int8:
         model, others = quantize_int8(model), [quantize_int8(other) for other in others]
     if bf16:
@@ -217,16 +218,22 @@ def load_translator(run: Path | None = None, checkpoint_dir: Path | None = None,
     return Translator(model, tokenizers, decode, torch.device(device), found, others=others)
 
 
-def _ensemble_member(first: Path, tokenizers: Tokenizers, found: Path, device: torch.device | str) -> Transformer:
+def _ensemble_member(first: Path, first_model: Transformer, tokenizers: Tokenizers, found: Path,
+                     device: torch.device | str) -> Transformer:
     """The model of checkpoint `found`, refused unless its run reads and writes text exactly as the
-    run of `first` (whose `tokenizers` are given) does: an ensemble averages distributions over one
-    target vocabulary."""
+    run of `first` (whose model and `tokenizers` are given) does: an ensemble averages distributions
+    over one target vocabulary, after one prefix (the decoder start id), with one set of ids never
+    generated."""
     model, _, own = load_checkpoint_and_tokenizers(found, device)
     if own.target_vocab_size != tokenizers.target_vocab_size:
         raise UserError(f"cannot ensemble {found} with {first}: their target vocabularies have "
                         f"{own.target_vocab_size} and {tokenizers.target_vocab_size} subwords")
     if tokenizer_fingerprint(run_dir_of(found) / TOKENIZER_DIR) != tokenizer_fingerprint(run_dir_of(first) / TOKENIZER_DIR):
         raise UserError(f"cannot ensemble {found} with {first}: they were trained with different tokenizer files")
+    for key in ("decoder_start_id", "never_generate"):
+        if getattr(model.config, key) != getattr(first_model.config, key):
+            raise UserError(f"cannot ensemble {found} with {first}: model.{key} is {getattr(model.config, key)!r} "
+                            f"there but {getattr(first_model.config, key)!r} in {first}")
     return model
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from transformer.data.tokenizer import EOS_ID, Tokenizers
+from transformer.data.tokenizer import BOS, EOS_ID, Tokenizers
 from transformer.decoding import STRATEGIES, traced_strategy
 from transformer.errors import UserError
 from transformer.translation.search import BeamCandidates
@@ -56,7 +56,7 @@ class Candidate:
 class Beam:
     """A live hypothesis at the start of a step."""
 
-    tokens: list[int]  # without BOS
+    tokens: list[int]  # without the start id
     pieces: list[str]
     log_prob: float
 
@@ -76,7 +76,7 @@ class Finished:
     """A hypothesis that ended with EOS (or at the maximum length) during beam search."""
 
     step: int
-    tokens: list[int]  # without BOS and EOS
+    tokens: list[int]  # without the start id and EOS
     pieces: list[str]
     text: str
     log_prob: float  # of its tokens and the EOS
@@ -95,7 +95,7 @@ class SearchTrace:
     max_length: int  # the most output subwords allowed (EOS not counted)
     source_ids: list[int]  # without EOS
     source_pieces: list[str]
-    output_ids: list[int]  # what the search returned (the best), without BOS/EOS
+    output_ids: list[int]  # what the search returned (the best), without the start id and EOS
     output_pieces: list[str]
     output_text: str
     steps: list[SearchStep] = field(default_factory=list)
@@ -105,6 +105,7 @@ class SearchTrace:
     constraints: list[str] = field(default_factory=list)
     constraint_pieces: list[list[str]] = field(default_factory=list)  # their subwords, as the search writes them
     avoid: list[str] = field(default_factory=list)  # constrained search: the phrases no output contains
+    start_piece: str = BOS  # the subword every hypothesis starts from (model.decoder_start_id's), unseen in its tokens
 
     @property
     def held_to_phrases(self) -> bool:
@@ -199,7 +200,7 @@ class _Recorder:
 
     def beam_step(self, step: int, prefix: Tensor, scores: Tensor, found: BeamCandidates) -> None:
         live = scores.tolist()
-        histories = prefix[:, 1:].tolist()  # (k, t) without BOS
+        histories = prefix[:, 1:].tolist()  # (k, t) without the start id
         beams = [Beam(tokens, self.pieces(tokens), log_prob) for tokens, log_prob in zip(histories, live)]
         log_probs, tokens, origins = found.log_probs.tolist(), found.tokens.tolist(), found.beams.tolist()
         finishing, kept = found.finishing.tolist(), set(found.kept.tolist())
@@ -218,7 +219,7 @@ class _Recorder:
             elif index in kept and token != EOS_ID:
                 candidate.fate = LIVE
             candidates.append(candidate)
-        # Only live hypotheses are shown as the step's beams: at step 0 one beam holds BOS alone.
+        # Only live hypotheses are shown as the step's beams: at step 0 one beam holds the start id alone.
         shown = [beam for beam in beams if beam.log_prob > -math.inf]
         renumber = {old: new for new, old in enumerate(i for i, beam in enumerate(beams) if beam.log_prob > -math.inf)}
         for candidate in candidates:
@@ -263,7 +264,8 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
                        decode.max_output_length(len(sources[0]), translator.max_len), sources[0],
                        [source_piece(i) or f"<{i}>" for i in sources[0]], output, recorder.pieces(output), texts[0],
                        recorder.steps, recorder.finished, _texts(tokenizers, constraints),
-                       [recorder.pieces(ids) for ids in constraints], _texts(tokenizers, avoid))
+                       [recorder.pieces(ids) for ids in constraints], _texts(tokenizers, avoid),
+                       recorder.piece(translator.model.config.decoder_start_id))
 
 
 def _texts(tokenizers: Tokenizers, phrases: list[list[int]]) -> list[str]:

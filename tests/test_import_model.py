@@ -116,16 +116,40 @@ def test_teacher_forced_log_probabilities_equal_transformers(imported):
         assert score.log_prob == pytest.approx(log_prob, rel=1e-4)
 
 
-def _generated(model, tokenizer, text: str, beams: int, limit: int, order: list[int]) -> list[int]:
+class _AsOurSearches(transformers.LogitsProcessor):
+    """What our searches do at each step that `generate`'s own options do not say exactly: the never-generated
+    ids' logits at -inf before the softmax (log-probabilities renormalized over the others), and a hypothesis
+    that holds `limit` tokens may only end, its EOS scored with the model's probability (transformers'
+    forced_eos_token_id gives it probability 1, and without it a hypothesis at the limit ends with no EOS
+    scored at all). `generate` then runs with max_new_tokens = limit + 1, so that this last step exists."""
+
+    def __init__(self, never: list[int], limit: int, eos: int) -> None:
+        self.never, self.limit, self.eos = never, limit, eos
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = scores.clone()
+        scores[:, self.never] = float("-inf")
+        scores = scores.log_softmax(-1)
+        if input_ids.shape[1] - 1 >= self.limit:  # the start token, then `limit` tokens
+            eos = scores[:, self.eos].clone()
+            scores[:] = float("-inf")
+            scores[:, self.eos] = eos
+        return scores
+
+
+def _generated(model, tokenizer, text: str, beams: int, limit: int, run_dir: Path) -> list[int]:
     """`generate`'s output for `text` in our ids, without the start token and EOS. Length penalty 0 on both
-    sides (ours divides by the GNMT ((5 + length) / 6) ** alpha, theirs by length ** alpha: with alpha 0 both
-    rank by the sum of log-probabilities); no EOS forced at the length limit, which our searches never force;
-    the log-probabilities renormalized over the tokens that may be generated, as ours are (our searches set
-    the never-generated ones' logits to -inf before the softmax)."""
+    sides: ours divides by the GNMT ((5 + length) / 6) ** alpha, theirs by length ** alpha, and with alpha 0
+    both rank by the summed log-probabilities; the stopping rule exact on both ("never", ours); each step as
+    our searches take it (_AsOurSearches)."""
+    order = their_order(run_dir)
+    never = [order[token] for token in read_meta(find_checkpoint(run_dir))["model_config"]["never_generate"]]
     with torch.inference_mode():
         ids = model.generate(**tokenizer(text, return_tensors="pt"), num_beams=beams, do_sample=False,
                              length_penalty=0.0, early_stopping="never", forced_eos_token_id=None,
-                             renormalize_logits=True, max_new_tokens=limit)[0].tolist()
+                             renormalize_logits=False, max_new_tokens=limit + 1,
+                             logits_processor=transformers.LogitsProcessorList(
+                                 [_AsOurSearches(never, limit, model.config.eos_token_id)]))[0].tolist()
     ours = {their: our for our, their in enumerate(order)}
     out = [ours[token] for token in ids[1:]]
     return out[:out.index(3)] if 3 in out else out
@@ -144,11 +168,10 @@ def test_greedy_and_beam_outputs_equal_generate(imported, beams: int, engine: st
                                          length_penalty=0.0, patience=100.0)
     texts = [s for s, _ in PAIRS]
     sources, outputs = search_texts(translator, texts)
-    decode, order = translator.decode, their_order(run_dir)
-    differ = []
+    decode, differ = translator.decode, []
     for text, ids, (ours, *_) in zip(texts, sources, outputs):
         limit = max_output_length(len(ids), decode.max_length_a, decode.max_length_b, translator.max_len - 1)
-        theirs = _generated(model, tokenizer, text, beams, limit, order)
+        theirs = _generated(model, tokenizer, text, beams, limit, run_dir)
         if ours != theirs:
             differ.append((text, ours, theirs))
     assert not differ, differ

@@ -200,6 +200,30 @@ def test_an_export_of_ours_imports_back_bitwise(tmp_path: Path, tiny_run: TinyRu
                 == load_translator(run_dir, beam_size=beams).translate(texts))
 
 
+@pytest.mark.slow
+def test_an_imported_run_exports_to_transformers_and_back(imported, tmp_path: Path):
+    """export.py --to huggingface on an imported run (two SentencePiece models over one vocabulary: the
+    source tokenizer is exported, as MarianTokenizer decodes with its source model), then imported again:
+    the same weights bit for bit, the same model config, the same translations."""
+    source, run_dir = imported
+    exported = tmp_path / "hf"
+    code = export_cli.main(["--run", str(run_dir), "--to", "huggingface", "--quiet", str(exported)])
+    if (source / "target_vocab.json").exists():  # two vocabularies: a fast tokenizer holds one
+        assert code == 2
+        return
+    assert code == 0
+    assert type(transformers.AutoModelForSeq2SeqLM.from_pretrained(exported)).__name__ == "MarianMTModel"
+    assert len(transformers.AutoTokenizer.from_pretrained(exported)) == read_meta(find_checkpoint(run_dir))[
+        "tgt_vocab_size"]  # no <s> added: the vocabulary has none
+    assert import_model(exported, tmp_path / "back", "--quiet") == 0
+    first, back = find_checkpoint(run_dir), find_checkpoint(tmp_path / "back")
+    assert read_meta(back)["model_config"] == read_meta(first)["model_config"]
+    assert (first / MODEL_FILE).read_bytes() == (back / MODEL_FILE).read_bytes()
+    texts = [s for s, _ in PAIRS]
+    assert (load_translator(tmp_path / "back", beam_size=4).translate(texts)
+            == load_translator(run_dir, beam_size=4).translate(texts))
+
+
 # --------------------------------------------------------------------------- bad input
 
 

@@ -29,6 +29,7 @@ from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
 from transformer.decoding import max_output_length  # noqa: E402
 from transformer.export.run_cache import ctranslate2_model  # noqa: E402
 from transformer.files import file_sha256  # noqa: E402
+from transformer.importing.vocabulary import id_order  # noqa: E402
 from transformer.translation.ct2_engine import load_ct2_translator  # noqa: E402
 from transformer.translation.texts import score_texts, search_texts  # noqa: E402
 from transformer.translation.torch_engine import load_translator  # noqa: E402
@@ -63,8 +64,13 @@ def imported(request, tmp_path_factory: pytest.TempPathFactory, marian_dir: Mari
 
 
 def their_order(run_dir: Path) -> list[int]:
-    """Our target id -> theirs, as the run records it."""
-    return json.loads((run_dir / IMPORT_RECORD).read_text(encoding="utf-8"))["target_id_order"]
+    """Our target id -> theirs, from the special ids the run records (vocabulary.id_order's rule)."""
+    record = json.loads((run_dir / IMPORT_RECORD).read_text(encoding="utf-8"))
+    specials = record["id_order"]["target"]
+    size = read_meta(find_checkpoint(run_dir))["tgt_vocab_size"]
+    names = {specials[role]: f"<{role}>" for role in ("pad", "unk", "eos", "bos") if specials[role] is not None}
+    return id_order({names.get(i, str(i)): i for i in range(size)}, pad="<pad>", unk="<unk>", eos="<eos>",
+                    bos="<bos>" if specials["bos"] is not None else None)
 
 
 # --------------------------------------------------------------------------- the run
@@ -88,7 +94,8 @@ def test_the_run_holds_what_training_leaves(imported):
     assert record["source"] == str(source) and record["hub_id"] is None
     assert record["files"]["model.safetensors"]["sha256"] == file_sha256(source / "model.safetensors")
     pad = len(json.loads((source / "vocab.json").read_text(encoding="utf-8"))) - 1
-    assert record["target_id_order"][:4] == [pad, 1, 2, 0]  # our pad, unk, (an ordinary piece), eos
+    assert record["id_order"]["target"] == {"pad": pad, "unk": 1, "eos": 0, "bos": None}  # Marian's
+    assert their_order(run_dir)[:5] == [pad, 1, 2, 0, 3]  # our pad, unk, (an ordinary piece), eos, ...
     assert sorted(p.name for p in run_dir.iterdir()) == [CHECKPOINTS, "config.yaml", IMPORT_RECORD, "state.json",
                                                        "tokenizer"]
 

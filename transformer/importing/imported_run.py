@@ -20,12 +20,12 @@ from transformer.checkpoints.layout import Best, RunState, step_dir_name
 from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer.config import config_to_yaml
-from transformer.data.tokenizer import save_tokenizers, tokenizer_fingerprint
+from transformer.data.tokenizer import BOS, BOS_ID, UNK_ID, save_tokenizers, tokenizer_fingerprint
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.importing.marian import (CONFIG_FILE, MarianShape, read_generation, read_marian_config,
                                           read_weights, our_state_dict)
 from transformer.importing.source import WEIGHTS_FILE, ModelSource, open_source
-from transformer.importing.tokenizer_files import ImportedTokenizer, check_target_language, read_tokenizer
+from transformer.importing.tokenizer_files import ImportedTokenizer, Vocabulary, check_target_language, read_tokenizer
 from transformer.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,20 @@ def _record(found: ModelSource, tokenizer: ImportedTokenizer, prefix: str | None
             target_language: str | None) -> dict[str, Any]:
     return {"format": IMPORT_FORMAT, "version": IMPORT_VERSION, **found.record(), "tokenizer": tokenizer.kind,
             "target_language": target_language, "source_prefix": prefix,
-            # What the ids of the run are: our id i is the model's id order[i] (pad 0, unk 1, eos 3).
-            "source_id_order": tokenizer.source.order, "target_id_order": tokenizer.target.order}
+            # What the ids of the run are: vocabulary.py's permutation of each side, given by its special ids.
+            "id_order": {"rule": ORDER_RULE, "source": _specials(tokenizer.source), "target": _specials(tokenizer.target)}}
+
+
+# How a side's ids were permuted (vocabulary.id_order), as the record says it.
+ORDER_RULE = ("our id i is the model's id order[i]: its pad 0, its unk 1, its bos (else its lowest other id) 2, "
+              "its eos 3, then its other ids in increasing order")
+
+
+def _specials(side: Vocabulary) -> dict[str, int | None]:
+    """The model's ids of a side's special tokens, which give its permutation (ORDER_RULE)."""
+    bos = side.order[BOS_ID]
+    return {"pad": side.pad, "unk": side.order[UNK_ID], "eos": side.eos,
+            "bos": bos if side.tokens[bos] == BOS else None}
 
 
 def _header(found: ModelSource) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from test_cli import user_error  # noqa: E402
 from transformer.checkpoints.format import MODEL_FILE, read_meta  # noqa: E402
 from transformer.checkpoints.layout import BEST, CHECKPOINTS, IMPORT_RECORD, read_run_state  # noqa: E402
 from transformer.checkpoints.lookup import find_checkpoint, load_run_config  # noqa: E402
-from transformer.checkpoints.rundir import RunDirectory  # noqa: E402
 from transformer.decoding import max_output_length  # noqa: E402
 from transformer.export.run_cache import ctranslate2_model  # noqa: E402
 from transformer.files import file_sha256  # noqa: E402
@@ -256,7 +254,8 @@ def _add_positions(source: Path, shift: float) -> None:
     tensors = load_file(str(source / "model.safetensors"))
     model, _ = load_marian(source)
     table = model.model.encoder.embed_positions.weight.detach().clone() + shift
-    tensors["model.encoder.embed_positions.weight"], tensors["model.decoder.embed_positions.weight"] = table, table.clone()
+    tensors["model.encoder.embed_positions.weight"] = table
+    tensors["model.decoder.embed_positions.weight"] = table.clone()  # safetensors stores no shared memory
     save_file(tensors, str(source / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -272,17 +271,18 @@ def _truncate(name: str):
 
 
 BAD = {
-    "another architecture": (lambda s: _edit_config(s, model_type="bart", architectures=["BartForConditionalGeneration"]),
+    "another architecture": (lambda s: _edit_config(s, model_type="bart",
+                                                    architectures=["BartForConditionalGeneration"]),
                              "{s}/config.json: a bart (BartForConditionalGeneration), not MarianMT: only MarianMT "
                              "models (model_type marian, such as Helsinki-NLP's OPUS-MT) are imported"),
     "no config": (lambda s: (s / "config.json").unlink(), "{s}/config.json: missing"),
     "config not JSON": (lambda s: (s / "config.json").write_text("{", encoding="utf-8"),
                         "{s}/config.json: damaged, not JSON (Expecting property name enclosed in double quotes: line 1 "
                         "column 2 (char 1))"),
-    "pickle only": (_pickle_only, "{s}: holds pytorch_model.bin and no model.safetensors; a pickle is never loaded here "
-                                  "(it can run code). Convert it where you trust it: load it with transformers "
-                                  "(MarianMTModel.from_pretrained) and save_pretrained it, which writes "
-                                  "model.safetensors"),
+    "pickle only": (_pickle_only, "{s}: holds pytorch_model.bin and no model.safetensors; a pickle is never loaded "
+                                  "here (it can run code). Convert it where you trust it: load it with "
+                                  "transformers (MarianMTModel.from_pretrained) and save_pretrained it, which "
+                                  "writes model.safetensors"),
     "weights truncated": (_truncate("model.safetensors"), "{s}/model.safetensors: damaged, not a safetensors file *"),
     "a tensor missing": (lambda s: _drop_tensor(s, "model.decoder.layers.1.fc2.bias"),
                          "{s}/model.safetensors: the tensor model.decoder.layers.1.fc2.bias is missing; the file is "

@@ -311,5 +311,5 @@ class HuggingFaceExporter(Exporter):
         })
 
 
-__all__ = ["HF_FORMAT", "HF_VERSION", "MODEL_CARD", "residual_permutation", "one_vocabulary", "check_expressible", "hf_state_dict",
-           "build_hf_model", "max_logit_difference", "HuggingFaceExporter"]
+__all__ = ["HF_FORMAT", "HF_VERSION", "MODEL_CARD", "residual_permutation", "one_vocabulary", "check_expressible",
+           "hf_state_dict", "build_hf_model", "max_logit_difference", "HuggingFaceExporter"]

@@ -122,7 +122,8 @@ def _record(found: ModelSource, tokenizer: ImportedTokenizer, prefix: str | None
     return {"format": IMPORT_FORMAT, "version": IMPORT_VERSION, **found.record(), "tokenizer": tokenizer.kind,
             "target_language": target_language, "source_prefix": prefix,
             # What the ids of the run are: vocabulary.py's permutation of each side, given by its special ids.
-            "id_order": {"rule": ORDER_RULE, "source": _specials(tokenizer.source), "target": _specials(tokenizer.target)}}
+            "id_order": {"rule": ORDER_RULE, "source": _specials(tokenizer.source),
+                         "target": _specials(tokenizer.target)}}
 
 
 # How a side's ids were permuted (vocabulary.id_order), as the record says it.

@@ -353,6 +353,23 @@ def test_a_run_directory_that_exists_is_refused(tmp_path: Path, marian_dir: Mari
                                   "run directory")
 
 
+def test_a_source_that_is_neither_a_directory_nor_a_hub_id_is_one_line(tmp_path: Path, marian_dir: MarianDir,
+                                                                         monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine", encoding="utf-8")
+    cases = [(["notes.txt"], "notes.txt: is a file; give the directory that holds the model's config.json and "
+                             "model.safetensors"),
+             (["models/opus/en-fr"], "models/opus/en-fr: no such directory (and not a Hub model id such as "
+                                     "Helsinki-NLP/opus-mt-en-fr)")]
+    marian_dir(tmp_path / "opus")
+    cases.append((["opus", "--revision", "main"], "opus: a local directory has no revisions; a revision is for a "
+                                                  "Hub model id"))
+    for args, message in cases:
+        assert import_model(args[0], tmp_path / "run", *args[1:]) == 2
+        assert user_error(capsys) == message
+        nothing_written(tmp_path / "run")
+
+
 def test_a_hub_id_offline_and_not_cached_is_one_line(tmp_path: Path, monkeypatch, capsys):
     from huggingface_hub import constants
 

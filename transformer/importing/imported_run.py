@@ -1,9 +1,9 @@
 """A model of another toolkit imported as a run of ours: `import_model` reads it (source.py finds the
-files, marian.py checks the config and maps the weights, tokenizer_files.py brings the tokenizer into
-our ids), rebuilds it as our Transformer, and writes a run directory as training would leave one:
-config.yaml, tokenizer/, one checkpoint that `best` names, state.json, and imported.json recording the
-source. Everything is read and checked before anything is written, and the run appears whole or not at
-all (RunDirectory.written_whole, the run's one writer).
+files, marian.py checks the config, marian_weights.py maps the weights, tokenizer_files.py brings the
+tokenizer into our ids), rebuilds it as our Transformer, and writes a run directory as training would
+leave one: config.yaml, tokenizer/, one checkpoint that `best` names, state.json, and imported.json
+recording the source. Everything is read and checked before anything is written, and the run appears
+whole or not at all (RunDirectory.written_whole, the run's one writer).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig, To
 from transformer.config import config_to_yaml
 from transformer.data.tokenizer import BOS, BOS_ID, UNK_ID, save_tokenizers, tokenizer_fingerprint
 from transformer.errors import CheckpointError, ConfigError, UserError
-from transformer.importing.marian import (CONFIG_FILE, MarianShape, read_generation, read_marian_config,
-                                          read_weights, our_state_dict)
+from transformer.importing.marian import CONFIG_FILE, MarianShape, read_generation, read_marian_config
+from transformer.importing.marian_weights import our_state_dict, read_weights
 from transformer.importing.source import WEIGHTS_FILE, ModelSource, open_source
 from transformer.importing.tokenizer_files import ImportedTokenizer, Vocabulary, check_target_language, read_tokenizer
 from transformer.model import Transformer

@@ -40,7 +40,9 @@ def read_weights(directory: Path) -> dict[str, Tensor]:
                             "(it can run code). Convert it where you trust it: load it with transformers "
                             "(MarianMTModel.from_pretrained) and save_pretrained it, which writes "
                             f"{WEIGHTS_FILE}")
-        raise UserError(f"{path}: missing; a transformers model directory holds its weights there")
+        raise UserError(f"{path}: missing; a transformers model directory holds its weights there (a model "
+                        "shipped as pytorch_model.bin alone, a pickle, is never loaded here: load it with "
+                        "transformers and save_pretrained it, which writes model.safetensors)")
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

@@ -139,13 +139,14 @@ def read_marian_config(directory: Path) -> MarianShape:
         refuse(f"eos_token_id is a list {eos}", "our searches end an output at one end token")
     src_vocab_size = _integer(config, "vocab_size", path, 4)
     shared = config.get("share_encoder_decoder_embeddings", True)
-    tgt_vocab_size = src_vocab_size if shared else (config.get("decoder_vocab_size") or src_vocab_size)
+    tgt_vocab_size = (src_vocab_size if shared or config.get("decoder_vocab_size") is None
+                      else _integer(config, "decoder_vocab_size", path, 4))
     bos = config.get("bos_token_id")
     return MarianShape(
         d_model=d_model, n_heads=n_heads, n_encoder_layers=_integer(config, "encoder_layers", path, 1),
         n_decoder_layers=_integer(config, "decoder_layers", path, 1),
         d_ff=_integer(config, "encoder_ffn_dim", path, 1), dropout=float(dropout), activation=ACTIVATIONS[activation],
-        max_len=_integer(config, "max_position_embeddings", path, 2), src_vocab_size=src_vocab_size,
+        max_len=_integer(config, "max_position_embeddings", path, 3),  # a start token and two more src_vocab_size=src_vocab_size,
         tgt_vocab_size=tgt_vocab_size, shared_embeddings=bool(shared),
         tied_output=bool(config.get("tie_word_embeddings", True)),
         pad_id=_integer(config, "pad_token_id", path), eos_id=_integer(config, "eos_token_id", path),

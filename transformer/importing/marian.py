@@ -146,7 +146,8 @@ def read_marian_config(directory: Path) -> MarianShape:
         d_model=d_model, n_heads=n_heads, n_encoder_layers=_integer(config, "encoder_layers", path, 1),
         n_decoder_layers=_integer(config, "decoder_layers", path, 1),
         d_ff=_integer(config, "encoder_ffn_dim", path, 1), dropout=float(dropout), activation=ACTIVATIONS[activation],
-        max_len=_integer(config, "max_position_embeddings", path, 3),  # a start token and two more src_vocab_size=src_vocab_size,
+        # At least a start token and two more: the run's data.max_length (at least 2) stays below it.
+        max_len=_integer(config, "max_position_embeddings", path, 3), src_vocab_size=src_vocab_size,
         tgt_vocab_size=tgt_vocab_size, shared_embeddings=bool(shared),
         tied_output=bool(config.get("tie_word_embeddings", True)),
         pad_id=_integer(config, "pad_token_id", path), eos_id=_integer(config, "eos_token_id", path),

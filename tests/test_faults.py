@@ -52,6 +52,12 @@ class Where:
     run: Path
     tmp: Path
     cache: Path  # datasets' cache of the scripts' processes
+    marian: Path | None = None  # a tiny MarianMT directory, for import_model.py's cases
+
+    @property
+    def imported(self) -> Path:
+        """Where import_model.py's cases write their run: in a folder of the case's own."""
+        return self.tmp / "out" / "imported"
 
     @functools.cached_property
     def copy(self) -> Path:
@@ -124,6 +130,10 @@ def translate_torch(where: Where, *extra: str) -> list[str]:
 
 def export_ct2(where: Where, *extra: str) -> list[str]:
     return ["--run", where.run, "--to", "ctranslate2", "--quiet", *extra]
+
+
+def imports(where: Where, *extra: str) -> list:
+    return [where.marian, "--run-dir", where.imported, "--quiet", *extra]
 
 
 def served(run: Path, *extra: str) -> list[str]:
@@ -205,6 +215,24 @@ def written_under_the_longest_name(where: Where, ended: Ended) -> None:
 
 def current_directory_untouched(where: Where, ended: Ended) -> None:
     assert where.tmp.is_dir() and not [name for name in where.tmp.iterdir() if name.name.startswith(".tmp-")]
+
+
+def nothing_imported(where: Where, ended: Ended) -> None:
+    nothing_beside(where.imported)
+
+
+def imported_verifies(where: Where, ended: Ended) -> None:
+    """The imported run's one checkpoint (its weights: an imported checkpoint has no training state)."""
+    read_meta(where.imported / CHECKPOINTS / step_dir_name(0), verify=True)
+
+
+def killed_import_then_imported(where: Where, ended: Ended) -> None:
+    """A killed import leaves its temporary (it runs no code to remove it); the next one removes it."""
+    assert not where.imported.exists()
+    again = run_script("import_model.py", imports(where), NONE, where.tmp, where.cache)
+    assert again.code == 0, again.stderr
+    imported_verifies(where, again)
+    assert sorted(p.name for p in where.imported.parent.iterdir()) == ["imported"]
 
 
 def no_new_run(where: Where, ended: Ended) -> None:
@@ -354,6 +382,25 @@ CASES = [
          2, not_installed("transformers", 'pip install -e ".[hf]"'), no_export, quiet=True),
     Case("export.py", sigkill_at("transformer.files:publish_directory"), lambda w: export_ct2(w, w.export), -9, "",
          killed_export_then_exported, quiet=True),
+    # import_model.py writes a new run from a tiny MarianMT directory, whole or not at all
+    Case("import_model.py", FULL_DISK, imports, 2,
+         r"error: cannot write the run \S+imported: File too large; nothing was written", nothing_imported,
+         quiet=True),
+    Case("import_model.py", READ_ONLY, imports, 2,
+         r"error: cannot write the run \S+imported: (Read-only file system|Permission denied); nothing was written",
+         nothing_imported, quiet=True, read_only=lambda w: w.imported.parent),
+    Case("import_model.py", LONG, lambda w: [w.marian, "--run-dir", w.tmp / LONG_NAME, "--quiet"], 2,
+         rf"error: cannot write the run \S*{LONG_NAME}: File name too long; nothing was written", quiet=True),
+    Case("import_model.py", CURRENT_DIRECTORY, lambda w: [w.marian, "--run-dir", ".", "--quiet"], 2,
+         re.escape("error: .: is the current directory; nothing was written. Choose a new run directory"),
+         current_directory_untouched, quiet=True),
+    Case("import_model.py", STDOUT_CLOSED, imports, 0, "", imported_verifies, quiet=True),
+    Case("import_model.py", sigint_at("transformer.checkpoints.files:write_checkpoint"), imports, 130,
+         r"interrupted: nothing was imported; \S+imported is as it was", nothing_imported, quiet=True),
+    Case("import_model.py", sigterm_at("transformer.checkpoints.files:write_checkpoint"), imports, 143,
+         r"stopped by SIGTERM: nothing was imported; \S+imported is as it was", nothing_imported, quiet=True),
+    Case("import_model.py", sigkill_at("transformer.checkpoints.files:write_checkpoint"), imports, -9, "",
+         killed_import_then_imported, quiet=True),
     # serve.py; the CTranslate2 engine exports into the run on first use, so those cases serve a copy
     Case("serve.py", FULL_DISK, lambda w: served(w.copy, "--engine", "ctranslate2"), 2,
          r"error: cannot write the CTranslate2 export \S+: File too large(; .*)?", step_10_verifies),
@@ -371,6 +418,19 @@ CASES = [
 ]
 
 
+@functools.cache
+def _marian_source(root: Path, build: Callable[[Path], Path]) -> Path:
+    return build(root / "opus-mt-en-fr")
+
+
+def marian_source(request: pytest.FixtureRequest) -> Path:
+    """A tiny MarianMT directory (tests/marian_dirs.py) shared by import_model.py's cases, read only."""
+    build = request.getfixturevalue("marian_dir")
+    root = request.getfixturevalue("tmp_path_factory").getbasetemp() / "faults-marian"
+    root.mkdir(exist_ok=True)
+    return _marian_source(root, build)
+
+
 def case_id(case: Case) -> str:
     return f"{case.script}-{case.fault.name}".replace(" ", "-")
 
@@ -378,10 +438,13 @@ def case_id(case: Case) -> str:
 @pytest.mark.parametrize("case", CASES, ids=[case_id(case) for case in CASES])
 def test_a_script_under_a_fault_ends_in_one_line_and_keeps_what_was_done(case: Case, trained_run: Path,
                                                                          process_cache: Path, tmp_path: Path,
-                                                                         capfd, monkeypatch):
+                                                                         capfd, monkeypatch, request):
     if case.fault.read_only and (why := read_only_unavailable()):
         pytest.skip(why)
-    where = Where(trained_run, tmp_path, tmp_path / "cache" if case.own_cache else process_cache)
+    where = Where(trained_run, tmp_path, tmp_path / "cache" if case.own_cache else process_cache,
+                  marian_source(request) if case.script == "import_model.py" else None)
+    if case.script == "import_model.py" and case.fault is not CURRENT_DIRECTORY:
+        where.imported.parent.mkdir()
     args = case.args(where)  # before the read-only directory is chosen: the arguments make it
     if case.fault in ARGUMENT_ONLY:
         ended = run_main(case.script, args, tmp_path, capfd, monkeypatch)

@@ -71,7 +71,7 @@ def _intact(checkpoint: Path, need_training_state: bool) -> bool:
     return True
 
 
-def _os_reason(error: BaseException) -> str | None:
+def write_failure_reason(error: BaseException) -> str | None:
     """The operating system's reason for a failed write, or None if `error` is not an I/O failure.
 
     torch.save reports a full disk as a RuntimeError whose context is the OSError, safetensors as a
@@ -128,7 +128,7 @@ def write_checkpoint(directory: Path, model: Transformer, training_state: dict[s
         _write_json(directory / META_FILE, full_meta)
         _fsync_file(directory / META_FILE)
     except (OSError, SafetensorError, RuntimeError) as error:
-        reason = _os_reason(error)
+        reason = write_failure_reason(error)
         if reason is None:
             raise
         target = replaces or directory

@@ -3,6 +3,7 @@ checkpoints: shared by the run's writer (rundir.py) and its readers (lookup.py).
 
     config.yaml  state.json  tokenizer/  heldout/  checkpoints/step_*/  checkpoints/best -> step_*/
     tensorboard/  train.log  .lock  ctranslate2/<weights hash>/ (translate.py's cached export)
+    imported.json (a run imported from another toolkit: where its model came from)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ TENSORBOARD_DIR = "tensorboard"
 LOG_FILE = "train.log"
 LOCK_FILE = ".lock"
 EXPORTS_DIR = "ctranslate2"
+IMPORT_RECORD = "imported.json"  # an imported run's source: the model's id or path, revision, file hashes
 BEST_METRIC = "valid_bleu"  # higher is better
 CORRUPT_PREFIX = "corrupt-"  # a damaged checkpoint moved aside: corrupt-<its name>-<pid>
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -129,6 +131,6 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 __all__ = ["RUN_CONFIG", "STATE_FILE", "STATE_FORMAT", "TOKENIZER_DIR", "HELDOUT_DIR", "CHECKPOINTS", "BEST",
-           "TENSORBOARD_DIR", "LOG_FILE", "LOCK_FILE", "EXPORTS_DIR", "BEST_METRIC", "CORRUPT_PREFIX",
+           "TENSORBOARD_DIR", "LOG_FILE", "LOCK_FILE", "EXPORTS_DIR", "IMPORT_RECORD", "BEST_METRIC", "CORRUPT_PREFIX",
            "checkpoint_location", "step_dir_name", "is_step_dir_name", "UnusableRunState", "Best", "RunState",
            "read_run_state", "list_checkpoints"]

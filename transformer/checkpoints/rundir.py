@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from transformer.checkpoints.format import CHECKPOINT_FILES
-from transformer.checkpoints.layout import (BEST, CHECKPOINTS, CORRUPT_PREFIX, EXPORTS_DIR, HELDOUT_DIR, LOCK_FILE,
-                                            LOG_FILE, RUN_CONFIG, STATE_FILE, TENSORBOARD_DIR, TOKENIZER_DIR,
+from transformer.checkpoints.layout import (BEST, CHECKPOINTS, CORRUPT_PREFIX, EXPORTS_DIR, HELDOUT_DIR, IMPORT_RECORD,
+                                            LOCK_FILE, LOG_FILE, RUN_CONFIG, STATE_FILE, TENSORBOARD_DIR, TOKENIZER_DIR,
                                             RunState, UnusableRunState, is_step_dir_name, list_checkpoints,
                                             read_run_state, step_dir_name)
 from transformer.checkpoints.pins import claim_for_removal
 from transformer.errors import CheckpointError, ExportCacheError
-from transformer.files import (TEMPORARY_PREFIX, publish_directory, remove_leftovers, temporary_path,
-                               write_directory_atomic, write_json_atomic, write_text_atomic)
+from transformer.files import (TEMPORARY_PREFIX, fsync_directory, publish_directory, real_destination,
+                               remove_leftovers, same_file, temporary_path, write_directory_atomic, write_json_atomic,
+                               write_text_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,42 @@ class RunDirectory:
     def is_run(self) -> bool:
         return self.state_file.exists()
 
+    @classmethod
+    @contextlib.contextmanager
+    def written_whole(cls, path: Path) -> Iterator["RunDirectory"]:
+        """A new run that appears whole or not at all (an imported one): the block fills the run of a
+        temporary folder beside `path`, which becomes `path` in one rename as the block ends. On any
+        failure or interruption the temporary, and any parent folder made for it, is removed: nothing is
+        left. `path` must be new, or an empty folder (which the rename replaces), and not the current one."""
+        path = Path(path)
+        if path.is_symlink() and not path.exists():
+            raise CheckpointError(f"{path}: a link to nothing stands there; nothing was written. Choose a new "
+                                  "run directory")
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            what = "a file" if not path.is_dir() else "a run" if (path / STATE_FILE).exists() else "a folder"
+            raise CheckpointError(f"{path}: exists ({what}, not empty); nothing was written. Choose a new run "
+                                  "directory")
+        if same_file(path, Path.cwd()):
+            raise CheckpointError(f"{path}: is the current directory; nothing was written. Choose a new run "
+                                  "directory")
+        final = real_destination(path)
+        remove_leftovers(final)  # of a write of it that was killed midway
+        made = [parent for parent in final.parents if not parent.exists()]  # innermost first
+        tmp = temporary_path(final)
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+            yield cls(tmp)
+            fsync_directory(tmp)
+            os.replace(tmp, final)  # onto an empty folder, or none; one filled meanwhile is refused (ENOTEMPTY)
+            fsync_directory(final.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            for parent in made:
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+            raise
+
     def create(self) -> None:
         """Make the folder a run (an empty run state) if it is not one yet."""
         self.check_trainable(self.path)
@@ -167,6 +204,10 @@ class RunDirectory:
 
     def write_config(self, text: str) -> None:
         write_text_atomic(self.config_file, text)
+
+    def write_import_record(self, record: dict) -> None:
+        """imported.json: where an imported run's model came from (layout.IMPORT_RECORD)."""
+        write_json_atomic(self.path / IMPORT_RECORD, record)
 
     def replace_tokenizer(self, save: Callable[[Path], None]) -> None:
         """`save(directory)` writes the tokenizer files into a fresh directory, which then replaces tokenizer/."""

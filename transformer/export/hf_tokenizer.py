@@ -28,7 +28,9 @@ def import_transformers() -> Any:
 
 def build_hf_tokenizer(tokenizers: Tokenizers, max_len: int) -> Any:
     """A fast tokenizer that gives exactly our source ids for a raw text: clean_text as a normalizer
-    before our tokenizer's own, our BPE, and EOS appended (our sources have EOS and no BOS)."""
+    before our tokenizer's own, our source tokenizer, and EOS appended (our sources have EOS and no BOS).
+    Where the run has two tokenizer files over one vocabulary (an imported OPUS-MT model), the source one:
+    it decodes target ids too."""
     transformers = import_transformers()
     from tokenizers import Tokenizer, normalizers, processors
 
@@ -40,7 +42,9 @@ def build_hf_tokenizer(tokenizers: Tokenizers, max_len: int) -> Any:
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, unk_token=UNK, pad_token=PAD,
+        # An imported Marian vocabulary has no <s>: naming one would add it to the vocabulary.
+        tokenizer_object=tokenizer, bos_token=BOS if tokenizer.token_to_id(BOS) is not None else None,
+        eos_token=EOS, unk_token=UNK, pad_token=PAD,
         model_max_length=max_len,  # with truncation=True: max_len - 1 subwords and EOS, as we truncate
         padding_side="right",
         model_input_names=["input_ids", "attention_mask"],  # no token_type_ids, which generate() would refuse

@@ -25,7 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from transformer.checkpoints.format import MODEL_FILE
-from transformer.checkpoints.lookup import load_decode_config, run_dir_of
+from transformer.checkpoints.layout import RUN_CONFIG
+from transformer.checkpoints.lookup import load_decode_config, load_run_config, run_dir_of
 from transformer.config import DecodeConfig, ModelConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
 from transformer.decoding import DecodeOptions
@@ -58,10 +59,23 @@ def residual_permutation(d_model: int) -> Tensor:
 # --------------------------------------------------------------------------- what can be expressed
 
 
-def check_expressible(model: Transformer, tokenizers: Tokenizers) -> None:
-    """A one-line UserError for whatever the Hugging Face classes cannot reproduce exactly."""
+def one_vocabulary(found: Path, tokenizers: Tokenizers) -> bool:
+    """Whether the run of checkpoint `found` reads both languages into one vocabulary's ids: one tokenizer
+    file, or two (an imported OPUS-MT model's two SentencePiece models over one vocab.json) whose run says
+    tokenizer.joint. Its source tokenizer then decodes target ids too, as MarianTokenizer decodes them with
+    its source model."""
+    if tokenizers.joint:
+        return True
+    run_dir = run_dir_of(found)
+    return ((run_dir / RUN_CONFIG).is_file() and load_run_config(run_dir).tokenizer.joint
+            and tokenizers.source_vocab_size == tokenizers.target_vocab_size)
+
+
+def check_expressible(model: Transformer, tokenizers: Tokenizers, joint: bool | None = None) -> None:
+    """A one-line UserError for whatever the Hugging Face classes cannot reproduce exactly. `joint`: whether
+    source and target share one vocabulary (`one_vocabulary`; default: one tokenizer file)."""
     config = model.config
-    if not tokenizers.joint:
+    if not (tokenizers.joint if joint is None else joint):
         raise UserError("the run has separate source and target vocabularies (tokenizer.joint: false); a Hugging Face "
                         "tokenizer directory holds one vocabulary for both, so only joint-vocabulary runs export")
     if config.pre_norm and not config.share_embeddings:
@@ -273,7 +287,7 @@ class HuggingFaceExporter(Exporter):
     def write_files(self, found: Path, directory: Path) -> None:
         transformers = import_transformers()
         model, meta, tokenizers = load_checkpoint_and_tokenizers(found, "cpu")
-        check_expressible(model, tokenizers)
+        check_expressible(model, tokenizers, one_vocabulary(found, tokenizers))
         decode = load_decode_config(run_dir_of(found))
         hf_model = build_hf_model(model, decode)
         _self_check(model, hf_model)
@@ -297,5 +311,5 @@ class HuggingFaceExporter(Exporter):
         })
 
 
-__all__ = ["HF_FORMAT", "HF_VERSION", "MODEL_CARD", "residual_permutation", "check_expressible", "hf_state_dict",
-           "build_hf_model", "max_logit_difference", "HuggingFaceExporter"]
+__all__ = ["HF_FORMAT", "HF_VERSION", "MODEL_CARD", "residual_permutation", "one_vocabulary", "check_expressible",
+           "hf_state_dict", "build_hf_model", "max_logit_difference", "HuggingFaceExporter"]

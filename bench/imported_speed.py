@@ -75,7 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reference", type=Path, required=True, help="a trained run of ours; its test split is the input")
     parser.add_argument("--vocab", type=int, default=58_101, help="entries of the imported vocabulary")
-    parser.add_argument("--spm-vocab", type=int, default=8_000, help="pieces of each SentencePiece model")
+    parser.add_argument("--spm-vocab", type=int, default=2_000, help="pieces of each SentencePiece model")
     parser.add_argument("--output-length", type=int, default=16, help="subwords of every imported-model output")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--limit", type=int, default=0, help="only the first N test sentences (0: all)")

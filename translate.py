@@ -239,9 +239,22 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
         report = lines.translate_lines(translator, source, out, translator.decode.n_best, args.reference, progress,
                                        attention_dir=maps, alignment_layer=layer, prefix=args.prefix,
                                        prefix_column=args.prefix_column, jsonl=args.format == "jsonl",
-                                       constraints_column=args.constraints_column, glossary=glossary)
+                                       constraints_column=args.constraints_column, glossary=glossary,
+                                       unmet=lambda number, phrases: warn_unmet(number, phrases, progress))
     if report:
         print(report, file=sys.stderr)
+
+
+def warn_unmet(number: int, phrases: list[str], progress) -> None:
+    """One `warning:` line for input line `number`, kept although its translation lacks `phrases` (the search
+    found none with every constraint; this one met the most); above the progress bar when there is one."""
+    said = ", ".join(map(repr, phrases))
+    message = (f"warning: line {number}: no translation found holds every required phrase; this one, which "
+               f"meets the most, lacks {said}")
+    if progress is not None:
+        progress.write(message, file=sys.stderr)
+    else:
+        print(message, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -453,3 +453,79 @@ def test_cli_max_length_b_is_advised_only_where_raising_it_can_help(trained_run:
     error = user_error(capsys)
     assert re.fullmatch(r"line 1: --constraint need \d+ subwords, more than the 1 an output of this source may "
                         r"have \(--max-length-b raises it\)", error), error
+
+
+# --------------------------------------------------------------------------- phrases that cannot all be met (issue 58)
+
+
+def test_a_sentence_whose_phrases_cannot_all_be_met_gets_the_end_that_met_the_most():
+    """Every hypothesis is ruled out: both phrases fill the length limit exactly, and either order writes an
+    avoided phrase across their junction (after it only a glued subword may follow, and none is). Once such a
+    sentence got no hypothesis, a blank line; now the ends that met the most constraints, then the best score."""
+    model, sources = tiny_model(17), random_sources(18, 3)
+    phrases = Phrases(((20, 21), (22, 23)), ((21, 22), (23, 20)))
+    found = search(model, sources, [4] * 3, [phrases] * 3, beam_size=4, n_best=3)
+    for hypotheses, source in zip(found, sources):
+        assert hypotheses
+        met = [sum(contains(h.tokens, p) for p in phrases.constraints) for h in hypotheses]
+        assert met[0] == 1 and met == sorted(met, reverse=True)
+        for h in hypotheses:
+            assert h.tokens and len(h.tokens) <= 4 and not any(contains(h.tokens, p) for p in phrases.avoid)
+            with torch.no_grad():
+                assert abs(h.log_prob - sequence_log_prob(model, source, h.tokens)) < 1e-4
+        best_met = [h for h, m in zip(hypotheses, met) if m == met[0]]
+        assert [h.score for h in best_met] == sorted((h.score for h in best_met), reverse=True)
+    # A sentence whose phrases can be met is searched as before, beside it.
+    alone = search(model, sources[:1], [10], [Phrases(((20, 21),))])
+    mixed = search(model, sources[:2], [10, 4], [Phrases(((20, 21),)), phrases])
+    assert [h.tokens for h in mixed[0]] == [h.tokens for h in alone[0]] and contains(mixed[0][0].tokens, (20, 21))
+
+
+UNMEETABLE = ["--max-length-a", "0", "--max-length-b", "8", "--avoid", "gare la", "--avoid", "maison la"]
+
+
+def test_cli_a_line_whose_phrases_cannot_all_be_met_is_kept_and_reported(trained_run: Path, capsys, monkeypatch):
+    """Issue 58: `la gare` and `la maison` fill the 8 subwords an output may have, and either order writes an
+    avoided phrase: every hypothesis was ruled out and the line came out blank (`the search finished no
+    translation of 1 sentence(s) ...`). Now the line holds the translation that met the most phrases, a
+    warning names the line and the phrase it lacks, and --format jsonl says met: false."""
+    lines = "I'm cold.\tfroid\n\nWhere is the station?\tla gare\tla maison\n".encode()
+    stdin_of(monkeypatch, lines)
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--constraints-column", "--format", "jsonl",
+                     *UNMEETABLE) == 0
+    out, err = capsys.readouterr()
+    first, blank, third = [json.loads(line) for line in out.splitlines()]
+    assert first["met"] is True and first["constraints"] == [{"phrase": "froid", "met": True}]
+    assert "met" not in blank and blank["translation"] == ""
+    assert third["translation"] and third["met"] is False
+    unmet = [c["phrase"] for c in third["constraints"] if not c["met"]]
+    assert len(unmet) == 1 and met_phrases(third["translation"], [p for p in ("la gare", "la maison")
+                                                                  if p not in unmet]) == [True]
+    assert err.splitlines() == [f"warning: line 3: no translation found holds every required phrase; this one, "
+                                f"which meets the most, lacks {unmet[0]!r}"]
+    assert "left blank" not in err
+    stdin_of(monkeypatch, lines)  # the text output: the same translation, the same warning
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--constraints-column", *UNMEETABLE) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [first["translation"], "", third["translation"]]
+    assert err.splitlines() == [f"warning: line 3: no translation found holds every required phrase; this one, "
+                                f"which meets the most, lacks {unmet[0]!r}"]
+
+
+def test_cli_lines_without_phrases_translate_as_without_a_glossary_and_report_nothing(trained_run: Path, capsys,
+                                                                                       tmp_path: Path):
+    """A glossary that matches no term of a line: its jsonl record is the plain run's, with constraints: [] and no
+    met (it was searched held to no phrase); a line with a term gets met: true."""
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("station\tgare\n", encoding="utf-8")
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--format", "jsonl", "I'm cold.") == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--format", "jsonl", "--glossary", str(glossary),
+                     "I'm cold.", "Where is the station?") == 0
+    out, err = capsys.readouterr()
+    cold, station = map(json.loads, out.splitlines())
+    # The score is scored in a batch of two here, padded: equal but for float rounding.
+    assert cold["score"] == pytest.approx(plain["score"], abs=1e-4)
+    assert {**cold, "score": 0, "n_best": 0} == {**plain, "score": 0, "n_best": 0, "constraints": []}
+    assert [c["text"] for c in cold["n_best"]] == [c["text"] for c in plain["n_best"]]
+    assert station["met"] is True and not err

@@ -199,6 +199,28 @@ def test_constraints_and_avoid_hold_in_every_translation(client: TestClient, tra
             assert "gare" in candidate["text"].split() and word not in candidate["text"].split()
 
 
+def test_a_text_whose_constraints_cannot_all_be_met_gets_the_translation_that_met_the_most(trained_run: Path,
+                                                                                             client: TestClient):
+    """Issue 58: `la gare` and `la maison` fill the 8 subwords the server's run allows, and either order writes an
+    avoided phrase: the text was answered with "" and nothing said. Now its translation met the most phrases and
+    says met: false; a text whose phrases were met says true, a blank one (not searched) has no met, and a request
+    without phrases is answered as before, without these fields."""
+    engine = load_translator(trained_run, device="cpu", max_length_a=0, max_length_b=8)
+    with local_client(create_app(engine, torch_engine=engine)) as tight:
+        answer = translate(tight, texts=["Where is the station?", ""], constraints=["la gare", "la maison"],
+                           avoid=["gare la", "maison la"])["translations"]
+        held = translate(tight, texts=[SENTENCE], constraints=["la gare"])["translations"][0]
+    unmet, blank = answer
+    assert unmet["translation"] and unmet["met"] is False
+    assert sorted(c["met"] for c in unmet["constraints"]) == [False, True]
+    assert [c["phrase"] for c in unmet["constraints"]] == ["la gare", "la maison"]
+    assert "met" not in blank and blank["constraints"] == [{"phrase": "la gare", "met": False},
+                                                           {"phrase": "la maison", "met": False}]
+    assert held["met"] is True and held["constraints"] == [{"phrase": "la gare", "met": True}]
+    plain = translate(client, texts=[SENTENCE])["translations"][0]
+    assert set(plain) == {"source", "translation", "n_best", "alignment"}
+
+
 def test_the_limits_are_inclusive(client: TestClient):
     result = translate(client, texts=["a" * MAX_CHARS] + ["Hi."] * (MAX_TEXTS - 1))["translations"]
     assert len(result) == MAX_TEXTS

@@ -140,6 +140,24 @@ def test_a_constrained_trace_records_what_the_search_decided(tiny_tokenizers: To
     assert {(c.met, c.bank) for step in unconstrained.steps for c in step.candidates} == {(None, None)}
 
 
+def test_a_trace_whose_phrases_cannot_all_be_met_says_so(tiny_tokenizers: Tokenizers):
+    """Issue 58: both phrases fill the output and either order writes an avoided phrase, so no hypothesis finishes;
+    the output is the end that met the most, and the trace says so rather than 'finished no hypothesis'."""
+    constraints = ("la gare", "la maison")
+    room = sum(len(phrase_ids(tiny_tokenizers, phrase, "constraints")) for phrase in constraints)
+    engine = translator(tiny_tokenizers, 0, beam=3)
+    engine = dataclasses.replace(engine, decode=dataclasses.replace(
+        engine.decode, max_length_a=0.0, max_length_b=room, constraints=constraints, avoid=("gare la", "maison la")))
+    trace = trace_search(engine, SENTENCES[0])
+    assert trace.output_ids and trace.output_text == engine.translate([SENTENCES[0]])[0][0]
+    assert trace.met is False and trace.winner is None and not trace.finished
+    assert trace.verdict().startswith("No hypothesis could finish holding every required phrase ('la gare', "
+                                      "'la maison'): the output, ")
+    assert "(1 of 2)" in trace.verdict()
+    assert trace_search(held(translator(tiny_tokenizers, 0, beam=3), ("gare",)), SENTENCES[0]).met is True
+    assert trace_search(translator(tiny_tokenizers, 0, beam=3), SENTENCES[0]).met is None
+
+
 def test_the_verdict_names_the_length_penalty_when_it_decided(tiny_tokenizers: Tokenizers):
     # Search until a sentence where a longer hypothesis won against a more probable one.
     for seed in range(40):

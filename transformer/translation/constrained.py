@@ -41,6 +41,12 @@ class ConstrainedBeamSearch(BeamSearch):
     forced nothing else is ruled out (phrases.py refuses a prefix holding an avoided phrase); the prefix's tokens
     count towards the constraints. Log-probs are the model's, never renormalised, so scores and the stopping bound
     (exact: an open beam, met or not, can only lose log-probability) are those of BeamSearch.
+
+    A sentence may finish no hypothesis: every beam can die (its unwritten constraint tokens no longer fit, an
+    avoided phrase closes the only way on, or the banks' leftover slots went to likelier beams that had lost
+    their progress through a phrase). So each step also keeps, aside, the best ends of beams that could end but
+    for an unmet constraint (`_keep_unmet`); `run` returns those, the ones that met the most constraints first,
+    where nothing finished, rather than no translation at all.
     """
 
     def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor, options: DecodeOptions,
@@ -56,6 +62,18 @@ class ConstrainedBeamSearch(BeamSearch):
         self.texts: list[str] = []  # and their text, where a sentence avoids phrases
         glued = sorted(set().union(*(p.glued for p in phrases))) if phrases else []
         self.glued = torch.tensor(glued, dtype=torch.long, device=src.device)
+        # The rows that could end here but for an unmet constraint, and their EOS logits (`_logits`), and per
+        # sentence the n_best best such ends kept so far, each with the constraints it met (`_keep_unmet`).
+        self.unmet_ends: tuple[list[int], list[float]] = ([], [])
+        self.unmet: list[list[tuple[int, Hypothesis]]] = [[] for _ in range(src.shape[0])]
+
+    def run(self) -> list[list[Hypothesis]]:
+        """Per sentence, its n_best finished hypotheses, best first; a sentence none of whose hypotheses could
+        finish with every constraint (the length limit, an avoided phrase, progress lost while the banks were
+        shared out) gets its best unmet ends instead, those that met the most constraints first, then by score:
+        a translation that misses a phrase, which the text path reports (texts.ConstraintsMet), and never none."""
+        finished = super().run()
+        return [hypotheses or [h for _, h in self.unmet[i]] for i, hypotheses in enumerate(finished)]
 
     def _next_beams(self, step: int, found: Candidates, logits: Tensor, log_norm: Tensor
                     ) -> tuple[Tensor, Tensor, BeamCandidates | None]:
@@ -71,6 +89,7 @@ class ConstrainedBeamSearch(BeamSearch):
         best, best_rows, best_tokens = found.log_probs.tolist(), found.origin.tolist(), found.tokens.tolist()
         extra_scores, extra = extra_scores.view(n, -1).tolist(), extra.view(n, -1).tolist()
         penalty = self._length_penalty(step)
+        self._keep_unmet(penalty, log_norm)
         new_scores, origin, next_tokens, self.next_states = [], [], [], []
         for i in range(n):
             phrases = self.phrases[int(self.sentences[i])]
@@ -109,6 +128,32 @@ class ConstrainedBeamSearch(BeamSearch):
                 state = self.states[row].advance(token, phrases, self.history[row])
                 growing.append((score, row, token, state, state.met_tokens(phrases.constraints)))
         return finished, growing
+
+    def _keep_unmet(self, penalty: float, log_norm: Tensor) -> None:
+        """Keep, per sentence, the n_best best of this step's unmet ends: live rows that hold at least one token
+        and could end here (EOS not ruled out by an avoided phrase) but for a constraint they have not met, as
+        hypotheses ending in EOS at the model's log-prob, scored as finished ones are, ranked by the constraints
+        met, then by score."""
+        rows, eos_logits = self.unmet_ends
+        if not rows:
+            return
+        index = torch.tensor(rows, device=log_norm.device)
+        log_probs = (self.scores.reshape(-1)[index] + torch.tensor(eos_logits, device=log_norm.device)
+                     - log_norm[index, 0]).tolist()
+        sentences = self.sentences.tolist()
+        for row, log_prob in zip(rows, log_probs):
+            if log_prob == NEG_INF or not self.history[row]:  # an empty output would leave the line blank
+                continue
+            sentence = sentences[row // self.k]
+            phrases, kept = self.phrases[sentence], self.unmet[sentence]
+            met, score = self.states[row].met_count(), log_prob / penalty
+            if len(kept) == self.n_best and (met, score) <= (kept[-1][0], kept[-1][1].score):
+                continue
+            if phrases.avoid_text is not None and phrases.writes_avoided(self.texts[row] + " "):
+                continue  # an avoided phrase spelled in other subwords than its forms, ended by the EOS
+            kept.append((met, Hypothesis(list(self.history[row]), score, log_prob)))
+            kept.sort(key=lambda end: (-end[0], -end[1].score))  # stable: equal ones keep their order
+            del kept[self.n_best:]
 
     def _advance(self, done: Tensor, origin: Tensor, tokens: Tensor) -> None:
         """BeamSearch's, and the chosen beams' progress through their phrases kept with them."""
@@ -206,6 +251,7 @@ class ConstrainedBeamSearch(BeamSearch):
         if completed_rows and self.glued.numel():
             rows = torch.tensor(completed_rows, device=logits.device)
             logits[rows[:, None], self.glued[None, :]] = NEG_INF
+        self.unmet_ends = (eos_rows, logits[eos_rows, EOS_ID].tolist() if eos_rows else [])
         if eos_rows:
             logits[eos_rows, EOS_ID] = NEG_INF
         if only_rows:
@@ -252,10 +298,11 @@ def constrained_search(models: Models, src: Tensor, src_pad_mask: Tensor, max_le
                        observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
     """`ConstrainedBeamSearch` of B sentences, arguments as search.BeamSearch's and each sentence's
     `phrases`. Returns, per sentence, its `options.n_best` hypotheses best first: each contains every
-    constraint and no avoided phrase (as ids); a sentence whose search finished none gets none. A sentence
-    without phrases is searched by BeamSearch itself, as plain beam search with these options searches it
-    (the torch engine sends such a sentence to the method its options choose without phrases instead,
-    greedy search at beam 1: torch_engine.SEARCHES). `observer` watches every step of a search of one
+    constraint and no avoided phrase (as ids); a sentence whose search finished none gets the best ends it
+    could have that hold no avoided phrase, those that met the most constraints first (ConstrainedBeamSearch.run).
+    A sentence without phrases is searched by BeamSearch itself, as plain beam search with these options
+    searches it (the torch engine sends such a sentence to the method its options choose without phrases
+    instead, greedy search at beam 1: torch_engine.SEARCHES). `observer` watches every step of a search of one
     sentence, each candidate with its phrases met and its bank."""
     check_observed(observer, src)
     results: list[list[Hypothesis]] = [[] for _ in phrases]

@@ -20,6 +20,7 @@ from torch import Tensor
 from transformer.data.tokenizer import EOS_ID, Tokenizers
 from transformer.decoding import STRATEGIES, traced_strategy
 from transformer.errors import UserError
+from transformer.translation.phrases import met_phrases
 from transformer.translation.search import BeamCandidates
 from transformer.translation.texts import source_ids, target_prefix_ids, text_phrases
 from transformer.translation.torch_engine import Translator
@@ -105,6 +106,9 @@ class SearchTrace:
     constraints: list[str] = field(default_factory=list)
     constraint_pieces: list[list[str]] = field(default_factory=list)  # their subwords, as the search writes them
     avoid: list[str] = field(default_factory=list)  # constrained search: the phrases no output contains
+    # Constrained search: whether the output holds every constraint (phrases.met_phrases); false where no
+    # hypothesis could finish with them all, and the output is the end that met the most (constrained.py).
+    met: bool | None = None
 
     @property
     def held_to_phrases(self) -> bool:
@@ -134,6 +138,12 @@ class SearchTrace:
             held = (" A hypothesis could finish only once it held every required phrase ("
                     + ", ".join(map(repr, self.constraints)) + ").")
         if winner is None:
+            if self.met is False and self.output_ids:
+                met = sum(met_phrases(self.output_text, self.constraints))
+                return (f"No hypothesis could finish holding every required phrase ("
+                        + ", ".join(map(repr, self.constraints)) + f"): the output, {self.output_text!r}, is the "
+                        f"hypothesis that met the most of them ({met} of {len(self.constraints)}), then scored best, "
+                        "ended with EOS where it could have ended but for the phrases it lacks.")
             return "The search finished no hypothesis." + held
         said = (f"{winner.text!r} won with score {winner.score:.3f} = log-prob {winner.log_prob:.3f} / length "
                 f"penalty {winner.length_penalty:.3f} ({len(winner.tokens) + 1} subwords with EOS, alpha {self.alpha:g}).")
@@ -259,11 +269,13 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
     # The phrases as the search held to them (Candidate.met indexes `constraints`), in words and in subwords.
     constraints = [] if phrases is None else [list(ids) for ids in phrases.constraints]
     avoid = [] if phrases is None else [list(ids) for ids in phrases.avoid]
+    constraint_texts = _texts(tokenizers, constraints)
     return SearchTrace(strategy.name, decode.beam_size, decode.length_penalty, decode.n_best,
                        decode.max_output_length(len(sources[0]), translator.max_len), sources[0],
                        [source_piece(i) or f"<{i}>" for i in sources[0]], output, recorder.pieces(output), texts[0],
-                       recorder.steps, recorder.finished, _texts(tokenizers, constraints),
-                       [recorder.pieces(ids) for ids in constraints], _texts(tokenizers, avoid))
+                       recorder.steps, recorder.finished, constraint_texts,
+                       [recorder.pieces(ids) for ids in constraints], _texts(tokenizers, avoid),
+                       None if phrases is None else all(met_phrases(texts[0], constraint_texts)))
 
 
 def _texts(tokenizers: Tokenizers, phrases: list[list[int]]) -> list[str]:

@@ -221,6 +221,21 @@ def test_a_text_whose_constraints_cannot_all_be_met_gets_the_translation_that_me
     assert set(plain) == {"source", "translation", "n_best", "alignment"}
 
 
+def test_a_constraint_may_accept_alternatives(client: TestClient):
+    answer = translate(client, texts=[SENTENCE, "Where is the station?"], constraints=["gare|maison"])
+    for translation in answer["translations"]:
+        assert translation["met"] is True and translation["constraints"] == [{"phrase": "gare|maison", "met": True}]
+        words = translation["translation"].split()
+        assert "gare" in words or "maison" in words
+    trace = client.post("/explain", json={"text": SENTENCE, "constraints": ["gare|maison"]}).json()
+    assert trace["constraints"] == ["gare|maison"] and trace["met"] is True
+    assert [len(options) for options in trace["constraint_pieces"]] == [2]
+    response = client.post("/translate", json={"texts": [SENTENCE], "constraints": ["gare|"]})
+    assert response.status_code == 422
+    assert response.json()["error"] == (r"constraints 'gare|' has an empty alternative: nothing to require (a "
+                                        r"literal | is written \|)")
+
+
 def test_the_limits_are_inclusive(client: TestClient):
     result = translate(client, texts=["a" * MAX_CHARS] + ["Hi."] * (MAX_TEXTS - 1))["translations"]
     assert len(result) == MAX_TEXTS

@@ -101,7 +101,7 @@ def test_a_constrained_trace_records_what_the_search_decided(tiny_tokenizers: To
     assert trace.method == "constrained" and trace.output_text == engine.translate([text], n_best=2)[0][0]
     assert (trace.constraints, trace.avoid) == (list(constraints), list(avoid))
     required = [list(phrase_ids(tiny_tokenizers, phrase, "constraints")) for phrase in constraints]
-    assert trace.constraint_pieces == [[tiny_tokenizers.target.id_to_token(i) for i in ids] for ids in required]
+    assert trace.constraint_pieces == [[[tiny_tokenizers.target.id_to_token(i) for i in ids]] for ids in required]
     total = sum(map(len, required))
     # The finished hypotheses are the search's own n-best, which hold every phrase.
     sources = source_ids([text], engine.tokenizers, engine.max_len - 1)

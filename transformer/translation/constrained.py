@@ -16,7 +16,8 @@ from torch import Tensor
 
 from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.decoding import DecodeOptions
-from transformer.translation.phrases import Forms, Phrases, Progress, ends_with
+from transformer.translation.forms import Forms
+from transformer.translation.phrases import Phrases, Progress, ends_with
 from transformer.translation.search import (NEG_INF, BeamCandidates, BeamSearch, Candidates, Hypothesis, Models,
                                             SearchObserver, check_observed, groups_of_rows)
 
@@ -31,7 +32,9 @@ class ConstrainedBeamSearch(BeamSearch):
     many constraint tokens they have written, and the k next beams are shared out among the banks
     (dynamic beam allocation): each bank gets k // banks slots, the fullest banks the rest, and slots a
     bank cannot fill go to the best candidates left. So hypotheses that have met more phrases are not
-    crowded out by likelier ones that have met fewer.
+    crowded out by likelier ones that have met fewer. A constraint may accept alternatives (Phrases.alternatives):
+    the tokens that begin or continue any of them advance it, whichever is written whole meets it, and it counts
+    once, by its shortest alternative's subwords, in the banks and in the length check (phrases.Progress).
 
     A phrase is written as whole words: it starts with a word start (phrases.phrase_ids), and the subword after it
     may not glue onto its last word. A beam whose remaining length just fits its unwritten constraint tokens may
@@ -126,7 +129,7 @@ class ConstrainedBeamSearch(BeamSearch):
                 finished.append((score, row))
             else:
                 state = self.states[row].advance(token, phrases, self.history[row])
-                growing.append((score, row, token, state, state.met_tokens(phrases.constraints)))
+                growing.append((score, row, token, state, state.met_tokens(phrases)))
         return finished, growing
 
     def _keep_unmet(self, penalty: float, log_norm: Tensor) -> None:
@@ -167,7 +170,7 @@ class ConstrainedBeamSearch(BeamSearch):
         """The step of the observed sentence as `_next_beams` decided it: every candidate it considered, best
         first (the EOS ones, which all finish, and the `growing` ones, of which those `_allocate` has
         `chosen` are the next beams), each with the phrases it has written whole and its bank."""
-        constraints = phrases.constraints
+        constraints = phrases.alternatives
         considered = [(score, row, EOS_ID, self.states[row]) for score, row in finished]
         considered += [(score, row, token, state) for score, row, token, state, _ in growing]
         considered.sort(key=lambda c: -c[0])  # stable: the pool's order among equal scores
@@ -181,7 +184,7 @@ class ConstrainedBeamSearch(BeamSearch):
             torch.tensor([i for i, c in enumerate(considered) if (c[1], c[2]) in kept], dtype=torch.long,
                          device=device),
             penalty, met=[[j for j in range(len(constraints)) if c[3].met >> j & 1] for c in considered],
-            banks=[c[3].met_tokens(constraints) for c in considered])
+            banks=[c[3].met_tokens(phrases) for c in considered])
 
     def _allocate(self, growing: list[tuple], total: int) -> list[tuple[float, int, int, Progress]]:
         """The k next beams of one sentence from its growing candidates (best first), shared out among the
@@ -218,7 +221,7 @@ class ConstrainedBeamSearch(BeamSearch):
         row_max, sentences = self.row_max.tolist(), self.sentences.tolist()
         live = (self.scores.reshape(-1) > NEG_INF).tolist()
         after_avoided_rows, only_rows, only_tokens, avoided_rows, avoided_tokens = [], [], [], [], []
-        eos_rows, completed_rows = [], []
+        eos_rows, completed_rows, continuing_rows, continuing_tokens = [], [], [], []
         for row, state in enumerate(self.states):
             if not live[row]:
                 continue
@@ -228,19 +231,22 @@ class ConstrainedBeamSearch(BeamSearch):
             phrases = self.phrases[sentences[i]]
             if state.completed:
                 completed_rows.append(row)
+                for token in state.continuing(phrases):  # a longer alternative goes on with a glued subword
+                    continuing_rows.append(row)
+                    continuing_tokens.append(token)
             for token in _avoided_next(phrases, history[row]):
                 avoided_rows.append(row)
                 avoided_tokens.append(token)
             if any(_ends_in_open_form(forms, history[row]) for forms in phrases.avoid_forms):
                 after_avoided_rows.append(row)
-            if not phrases.constraints or state.all_met(phrases.constraints):
+            if not phrases.constraints or state.all_met(phrases):
                 continue
             eos_rows.append(row)
             room = row_max[i] - step  # tokens this row may still write, this one included
-            unwritten = phrases.tokens - state.met_tokens(phrases.constraints)
+            unwritten = state.unwritten(phrases)
             if unwritten >= room:  # only the constraint tokens fit (or nothing does: the row dies)
                 only_rows.append(row)
-                only_tokens.append(state.next_tokens(phrases.constraints) if unwritten == room else [])
+                only_tokens.append(state.next_tokens(phrases, fewest=True) if unwritten == room else [])
         if avoided_rows:  # the last subword of an avoided phrase's form that ends at a word end (`▁gare.`)
             logits[avoided_rows, avoided_tokens] = NEG_INF
         if after_avoided_rows:  # only a subword that makes the avoided phrase part of a longer word
@@ -250,7 +256,10 @@ class ConstrainedBeamSearch(BeamSearch):
             logits[after_avoided_rows] = allowed
         if completed_rows and self.glued.numel():
             rows = torch.tensor(completed_rows, device=logits.device)
+            continuing = logits[continuing_rows, continuing_tokens] if continuing_rows else None
             logits[rows[:, None], self.glued[None, :]] = NEG_INF
+            if continuing is not None:
+                logits[continuing_rows, continuing_tokens] = continuing
         self.unmet_ends = (eos_rows, logits[eos_rows, EOS_ID].tolist() if eos_rows else [])
         if eos_rows:
             logits[eos_rows, EOS_ID] = NEG_INF
@@ -269,7 +278,7 @@ class ConstrainedBeamSearch(BeamSearch):
     def _phrase_tokens(self) -> Tensor:
         """(n*k, E) per row, the tokens that advance one of its constraints (PAD: none)."""
         k, sentences = self.k, self.sentences.tolist()
-        rows = [state.next_tokens(self.phrases[sentences[row // k]].constraints)
+        rows = [state.next_tokens(self.phrases[sentences[row // k]])
                 for row, state in enumerate(self.states)]
         width = max(1, max((len(r) for r in rows), default=0))
         return torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows], dtype=torch.long,

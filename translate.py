@@ -112,15 +112,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="input lines are source<TAB>prefix: each translation starts with its line's prefix")
     terms = parser.add_argument_group("terminology (constrained beam search, torch engine)")
     terms.add_argument("--constraint", action="append", default=[], metavar="PHRASE",
-                       help="every translation contains PHRASE (repeat it for several)")
+                       help="every translation contains PHRASE (repeat it for several); 'a|b' accepts either "
+                            "alternative (\\| is a literal bar, \\\\ a backslash)")
     terms.add_argument("--avoid", action="append", default=[], metavar="PHRASE",
-                       help="no translation contains PHRASE (repeat it for several)")
+                       help="no translation contains PHRASE (repeat it for several); 'a|b' avoids both")
     terms.add_argument("--constraints-column", action="store_true",
                        help="input lines are source<TAB>phrase[<TAB>phrase...]: each translation contains its "
-                            "line's phrases")
+                            "line's phrases (each may be 'a|b', as for --constraint)")
     terms.add_argument("--glossary", type=path_argument, metavar="FILE",
                        help="a TSV of source term<TAB>target term: a line whose source holds a source term (whole "
-                            "words, any case) gets its target term as a constraint")
+                            "words, any case) gets its target term as a constraint ('a|b': either alternative)")
     add("--score", action="store_true", help="score given translations instead of translating: input lines "
         "source<TAB>target, or --input with --targets; prints log-prob, log-prob per token and perplexity per pair")
     add("--targets", type=path_argument, metavar="FILE", help="with --score and --input: the target lines")

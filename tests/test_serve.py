@@ -775,6 +775,36 @@ def test_the_page_translates_as_you_type_in_a_browser(server: str, tmp_path: Pat
             browser.close()
 
 
+@pytest.mark.slow
+def test_the_page_says_which_phrases_a_translation_lacks(trained_run: Path, tmp_path: Path):
+    """Issue 58: phrases typed in "Must contain" (one of them with alternatives) that no translation can all hold
+    within the run's 8 subwords beside the avoided phrases: the page shows the translation that met the most and
+    names the phrase it lacks; the search panel shows the alternatives as one phrase."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium)")
+    engine = load_translator(trained_run, device="cpu", max_length_a=0, max_length_b=8)
+    with running(create_app(engine, torch_engine=engine)) as port, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 700})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.locator("#constraints").fill("la gare; la maison|la mer")
+            page.locator("#avoid").fill("gare la; maison la; mer la")
+            page.locator("#source").press_sequentially("Where is the station?", delay=20)
+            page.wait_for_selector("#steps tbody", timeout=15_000)
+            assert page.locator("#translation").inner_text().strip()
+            lacking = page.locator("#unmet").inner_text()
+            assert lacking.startswith("No translation found holds every required phrase; this one, which meets "
+                                      "the most, lacks “"), lacking
+            assert "“la gare”" in lacking or "“la maison|la mer”" in lacking
+            assert page.locator("#error").inner_text() == ""
+            assert "la maison|la mer" in page.locator("#verdict").inner_text()
+        finally:
+            browser.close()
+
+
 # --------------------------------------------------------------------------- a low limit on open files
 
 

@@ -105,8 +105,11 @@ class SearchRequest(BaseModel):
 
     length_penalty: float | None = Field(default=None, description="the GNMT alpha (default: the run's)")
     constraints: list[Text] = Field(default=[], description="target phrases every translation contains "
-                                                            "(constrained beam search, torch engine)")
-    avoid: list[Text] = Field(default=[], description="target phrases no translation contains")
+                                                            "(constrained beam search, torch engine); \"a|b\" "
+                                                            "accepts either alternative (a literal bar is \\|, "
+                                                            "in JSON \"\\\\|\")")
+    avoid: list[Text] = Field(default=[], description="target phrases no translation contains; \"a|b\" avoids "
+                                                      "both")
 
 
 class TranslateRequest(SearchRequest):

@@ -65,8 +65,9 @@ class ConstrainedBeamSearch(BeamSearch):
         self.texts: list[str] = []  # and their text, where a sentence avoids phrases
         glued = sorted(set().union(*(p.glued for p in phrases))) if phrases else []
         self.glued = torch.tensor(glued, dtype=torch.long, device=src.device)
-        # The rows that could end here but for an unmet constraint, and their EOS logits (`_logits`), and per
-        # sentence the n_best best such ends kept so far, each with the constraints it met (`_keep_unmet`).
+        # The rows that could end here but for an unmet constraint, of sentences that have finished nothing, and
+        # their log-probs with that EOS (`_logits`), and per sentence the n_best best such ends kept so far, each
+        # with the constraints it met (`_keep_unmet`).
         self.unmet_ends: tuple[list[int], list[float]] = ([], [])
         self.unmet: list[list[tuple[int, Hypothesis]]] = [[] for _ in range(src.shape[0])]
 
@@ -92,7 +93,7 @@ class ConstrainedBeamSearch(BeamSearch):
         best, best_rows, best_tokens = found.log_probs.tolist(), found.origin.tolist(), found.tokens.tolist()
         extra_scores, extra = extra_scores.view(n, -1).tolist(), extra.view(n, -1).tolist()
         penalty = self._length_penalty(step)
-        self._keep_unmet(penalty, log_norm)
+        self._keep_unmet(penalty)
         new_scores, origin, next_tokens, self.next_states = [], [], [], []
         for i in range(n):
             phrases = self.phrases[int(self.sentences[i])]
@@ -132,20 +133,15 @@ class ConstrainedBeamSearch(BeamSearch):
                 growing.append((score, row, token, state, state.met_tokens(phrases)))
         return finished, growing
 
-    def _keep_unmet(self, penalty: float, log_norm: Tensor) -> None:
-        """Keep, per sentence, the n_best best of this step's unmet ends: live rows that hold at least one token
-        and could end here (EOS not ruled out by an avoided phrase) but for a constraint they have not met, as
-        hypotheses ending in EOS at the model's log-prob, scored as finished ones are, ranked by the constraints
-        met, then by score."""
-        rows, eos_logits = self.unmet_ends
-        if not rows:
-            return
-        index = torch.tensor(rows, device=log_norm.device)
-        log_probs = (self.scores.reshape(-1)[index] + torch.tensor(eos_logits, device=log_norm.device)
-                     - log_norm[index, 0]).tolist()
+    def _keep_unmet(self, penalty: float) -> None:
+        """Keep, per sentence, the n_best best of this step's unmet ends (`_logits` finds them): live rows, of a
+        sentence that has finished nothing yet, that hold at least one token and could end here (EOS not ruled
+        out by an avoided phrase) but for a constraint they have not met, as hypotheses ending in EOS at the
+        model's log-prob, scored as finished ones are, ranked by the constraints met, then by score."""
+        rows, log_probs = self.unmet_ends
         sentences = self.sentences.tolist()
         for row, log_prob in zip(rows, log_probs):
-            if log_prob == NEG_INF or not self.history[row]:  # an empty output would leave the line blank
+            if log_prob == NEG_INF:
                 continue
             sentence = sentences[row // self.k]
             phrases, kept = self.phrases[sentence], self.unmet[sentence]
@@ -221,7 +217,7 @@ class ConstrainedBeamSearch(BeamSearch):
         row_max, sentences = self.row_max.tolist(), self.sentences.tolist()
         live = (self.scores.reshape(-1) > NEG_INF).tolist()
         after_avoided_rows, only_rows, only_tokens, avoided_rows, avoided_tokens = [], [], [], [], []
-        eos_rows, completed_rows, continuing_rows, continuing_tokens = [], [], [], []
+        eos_rows, unmet_rows, completed_rows, continuing_rows, continuing_tokens = [], [], [], [], []
         for row, state in enumerate(self.states):
             if not live[row]:
                 continue
@@ -242,6 +238,8 @@ class ConstrainedBeamSearch(BeamSearch):
             if not phrases.constraints or state.all_met(phrases):
                 continue
             eos_rows.append(row)
+            if history[row] and not self.finished[sentences[i]]:  # an empty output would leave its line blank
+                unmet_rows.append(row)
             room = row_max[i] - step  # tokens this row may still write, this one included
             unwritten = state.unwritten(phrases)
             if unwritten >= room:  # only the constraint tokens fit (or nothing does: the row dies)
@@ -260,7 +258,8 @@ class ConstrainedBeamSearch(BeamSearch):
             logits[rows[:, None], self.glued[None, :]] = NEG_INF
             if continuing is not None:
                 logits[continuing_rows, continuing_tokens] = continuing
-        self.unmet_ends = (eos_rows, logits[eos_rows, EOS_ID].tolist() if eos_rows else [])
+        self.unmet_ends = (unmet_rows, (self.scores.reshape(-1)[unmet_rows] + logits[unmet_rows, EOS_ID]
+                                        - log_norm[unmet_rows, 0]).tolist() if unmet_rows else [])
         if eos_rows:
             logits[eos_rows, EOS_ID] = NEG_INF
         if only_rows:

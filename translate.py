@@ -112,15 +112,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="input lines are source<TAB>prefix: each translation starts with its line's prefix")
     terms = parser.add_argument_group("terminology (constrained beam search, torch engine)")
     terms.add_argument("--constraint", action="append", default=[], metavar="PHRASE",
-                       help="every translation contains PHRASE (repeat it for several)")
+                       help="every translation contains PHRASE (repeat it for several); 'a|b' accepts either "
+                            "alternative (\\| is a literal bar, \\\\ a backslash)")
     terms.add_argument("--avoid", action="append", default=[], metavar="PHRASE",
-                       help="no translation contains PHRASE (repeat it for several)")
+                       help="no translation contains PHRASE (repeat it for several); 'a|b' avoids both")
     terms.add_argument("--constraints-column", action="store_true",
                        help="input lines are source<TAB>phrase[<TAB>phrase...]: each translation contains its "
-                            "line's phrases")
+                            "line's phrases (each may be 'a|b', as for --constraint)")
     terms.add_argument("--glossary", type=path_argument, metavar="FILE",
                        help="a TSV of source term<TAB>target term: a line whose source holds a source term (whole "
-                            "words, any case) gets its target term as a constraint")
+                            "words, any case) gets its target term as a constraint ('a|b': either alternative)")
     add("--score", action="store_true", help="score given translations instead of translating: input lines "
         "source<TAB>target, or --input with --targets; prints log-prob, log-prob per token and perplexity per pair")
     add("--targets", type=path_argument, metavar="FILE", help="with --score and --input: the target lines")
@@ -239,9 +240,22 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
         report = lines.translate_lines(translator, source, out, translator.decode.n_best, args.reference, progress,
                                        attention_dir=maps, alignment_layer=layer, prefix=args.prefix,
                                        prefix_column=args.prefix_column, jsonl=args.format == "jsonl",
-                                       constraints_column=args.constraints_column, glossary=glossary)
+                                       constraints_column=args.constraints_column, glossary=glossary,
+                                       unmet=lambda number, phrases: warn_unmet(number, phrases, progress))
     if report:
         print(report, file=sys.stderr)
+
+
+def warn_unmet(number: int, phrases: list[str], progress) -> None:
+    """One `warning:` line for input line `number`, kept although its translation lacks `phrases` (the search
+    found none with every constraint; this one met the most); above the progress bar when there is one."""
+    said = ", ".join(map(repr, phrases))
+    message = (f"warning: line {number}: no translation found holds every required phrase; this one, which "
+               f"meets the most, lacks {said}")
+    if progress is not None:
+        progress.write(message, file=sys.stderr)
+    else:
+        print(message, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

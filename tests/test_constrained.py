@@ -17,7 +17,7 @@ from test_cli import stdin_of, translate, user_error
 from test_decode import FIRST_WORD, VOCAB, random_sources, recomputed, sequence_log_prob, tiny_model
 from conftest import TinyRun
 from transformer.data.batching import source_tensor
-from transformer.decoding import MAX_PHRASES, DecodeOptions, Sampling
+from transformer.decoding import MAX_PHRASES, DecodeOptions, Sampling, alternatives_of, phrase_of
 from transformer.errors import DecodeOptionError
 from transformer.translation.constrained import constrained_beam_search
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
@@ -299,12 +299,15 @@ def test_a_sentence_without_phrases_is_searched_as_plain_beam_search():
 
 
 def test_required_phrases_are_written_once_when_repeated_or_inside_another():
-    assert constraints_once([(5,), (7, 5, 9), (5,), (8,), (7, 5)], frozenset()) == ((7, 5, 9), (8,))
+    def once(phrases, glued=frozenset()):  # phrases without alternatives
+        return tuple(options[0] for options in constraints_once([(p,) for p in phrases], glued))
+
+    assert once([(5,), (7, 5, 9), (5,), (8,), (7, 5)]) == ((7, 5, 9), (8,))
     # Inside another only as whole words: 5 followed by a glued 9 is part of a longer word, so (7, 5) stays.
-    assert constraints_once([(5,), (7, 5, 9), (8,), (7, 5)], frozenset({9})) == ((7, 5, 9), (8,), (7, 5))
+    assert once([(5,), (7, 5, 9), (8,), (7, 5)], frozenset({9})) == ((7, 5, 9), (8,), (7, 5))
     model, sources = tiny_model(9), random_sources(10, 3)
     for phrases in ([(17,), (17,)], [(17,), (16, 17, 18)]):
-        held = Phrases(constraints_once([tuple(p) for p in phrases], frozenset()))
+        held = Phrases(once([tuple(p) for p in phrases]))
         for hypotheses in search(model, sources, [10] * 3, [held] * 3):
             assert hypotheses[0].tokens.count(17) == 1
 
@@ -417,7 +420,7 @@ def test_a_required_phrase_is_met_by_its_forms(tiny_tokenizers):
     progress = Progress()
     for at, token in enumerate(written):
         progress = progress.advance(token, phrases, written[:at])
-    assert progress.all_met(phrases.constraints)
+    assert progress.all_met(phrases)
     assert met_phrases("La gare.", ["gare", "gar", "la gare", "Gare"]) == [True, False, True, True]
 
 
@@ -453,3 +456,234 @@ def test_cli_max_length_b_is_advised_only_where_raising_it_can_help(trained_run:
     error = user_error(capsys)
     assert re.fullmatch(r"line 1: --constraint need \d+ subwords, more than the 1 an output of this source may "
                         r"have \(--max-length-b raises it\)", error), error
+
+
+# --------------------------------------------------------------------------- phrases that cannot all be met (issue 58)
+
+
+def test_a_sentence_whose_phrases_cannot_all_be_met_gets_the_end_that_met_the_most():
+    """Every hypothesis is ruled out: both phrases fill the length limit exactly, and either order writes an
+    avoided phrase across their junction (after it only a glued subword may follow, and none is). Once such a
+    sentence got no hypothesis, a blank line; now the ends that met the most constraints, then the best score."""
+    model, sources = tiny_model(17), random_sources(18, 3)
+    phrases = Phrases(((20, 21), (22, 23)), ((21, 22), (23, 20)))
+    found = search(model, sources, [4] * 3, [phrases] * 3, beam_size=4, n_best=3)
+    for hypotheses, source in zip(found, sources):
+        assert hypotheses
+        met = [sum(contains(h.tokens, p) for p in phrases.constraints) for h in hypotheses]
+        assert met[0] == 1 and met == sorted(met, reverse=True)
+        for h in hypotheses:
+            assert h.tokens and len(h.tokens) <= 4 and not any(contains(h.tokens, p) for p in phrases.avoid)
+            with torch.no_grad():
+                assert abs(h.log_prob - sequence_log_prob(model, source, h.tokens)) < 1e-4
+        best_met = [h for h, m in zip(hypotheses, met) if m == met[0]]
+        assert [h.score for h in best_met] == sorted((h.score for h in best_met), reverse=True)
+    # A sentence whose phrases can be met is searched as before, beside it.
+    alone = search(model, sources[:1], [10], [Phrases(((20, 21),))])
+    mixed = search(model, sources[:2], [10, 4], [Phrases(((20, 21),)), phrases])
+    assert [h.tokens for h in mixed[0]] == [h.tokens for h in alone[0]] and contains(mixed[0][0].tokens, (20, 21))
+
+
+UNMEETABLE = ["--max-length-a", "0", "--max-length-b", "8", "--avoid", "gare la", "--avoid", "maison la"]
+
+
+def test_cli_a_line_whose_phrases_cannot_all_be_met_is_kept_and_reported(trained_run: Path, capsys, monkeypatch):
+    """Issue 58: `la gare` and `la maison` fill the 8 subwords an output may have, and either order writes an
+    avoided phrase: every hypothesis was ruled out and the line came out blank (`the search finished no
+    translation of 1 sentence(s) ...`). Now the line holds the translation that met the most phrases, a
+    warning names the line and the phrase it lacks, and --format jsonl says met: false."""
+    lines = "I'm cold.\tfroid\n\nWhere is the station?\tla gare\tla maison\n".encode()
+    stdin_of(monkeypatch, lines)
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--constraints-column", "--format", "jsonl",
+                     *UNMEETABLE) == 0
+    out, err = capsys.readouterr()
+    first, blank, third = [json.loads(line) for line in out.splitlines()]
+    assert first["met"] is True and first["constraints"] == [{"phrase": "froid", "met": True}]
+    assert "met" not in blank and blank["translation"] == ""
+    assert third["translation"] and third["met"] is False
+    unmet = [c["phrase"] for c in third["constraints"] if not c["met"]]
+    assert len(unmet) == 1 and met_phrases(third["translation"], [p for p in ("la gare", "la maison")
+                                                                  if p not in unmet]) == [True]
+    assert err.splitlines() == [f"warning: line 3: no translation found holds every required phrase; this one, "
+                                f"which meets the most, lacks {unmet[0]!r}"]
+    assert "left blank" not in err
+    stdin_of(monkeypatch, lines)  # the text output: the same translation, the same warning
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--constraints-column", *UNMEETABLE) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [first["translation"], "", third["translation"]]
+    assert err.splitlines() == [f"warning: line 3: no translation found holds every required phrase; this one, "
+                                f"which meets the most, lacks {unmet[0]!r}"]
+
+
+def test_cli_lines_without_phrases_translate_as_without_a_glossary_and_report_nothing(trained_run: Path, capsys,
+                                                                                       tmp_path: Path):
+    """A glossary that matches no term of a line: its jsonl record is the plain run's, with constraints: [] and no
+    met (it was searched held to no phrase); a line with a term gets met: true."""
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("station\tgare\n", encoding="utf-8")
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--format", "jsonl", "I'm cold.") == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--format", "jsonl", "--glossary", str(glossary),
+                     "I'm cold.", "Where is the station?") == 0
+    out, err = capsys.readouterr()
+    cold, station = map(json.loads, out.splitlines())
+    # The score is scored in a batch of two here, padded: equal but for float rounding.
+    assert cold["score"] == pytest.approx(plain["score"], abs=1e-4)
+    assert {**cold, "score": 0, "n_best": 0} == {**plain, "score": 0, "n_best": 0, "constraints": []}
+    assert [c["text"] for c in cold["n_best"]] == [c["text"] for c in plain["n_best"]]
+    assert station["met"] is True and not err
+
+
+# --------------------------------------------------------------------------- alternatives (issue 58)
+
+
+def scripted(model, after: dict[int, int], boost: float = 8.0):
+    """`model`, changed so that right after each token of `after` its follower gets `boost` more logit: a model
+    that prefers given words, whatever its random weights."""
+    decode, project, last = model.decode, model.project, {}
+
+    def decode_last(prefix, *args):
+        last["tokens"] = prefix[:, -1]
+        return decode(prefix, *args)
+
+    def project_boosted(states):
+        logits = project(states)
+        for token, follower in after.items():
+            logits[last["tokens"] == token, follower] += boost
+        return logits
+
+    model.decode, model.project = decode_last, project_boosted
+    return model
+
+
+@pytest.mark.parametrize("phrase, alternatives", [
+    ("gare", ("gare",)), ("nez qui coule|nez coule-t-il", ("nez qui coule", "nez coule-t-il")),
+    (r"a\|b", ("a|b",)), (r"a\\|b", ("a\\", "b")), (r"C:\x|y", ("C:\\x", "y")), (r"a\\b", ("a\\b",)),
+    ("symptôme | symptômes", ("symptôme ", " symptômes")), ("a|", ("a", "")),
+])
+def test_a_phrase_s_alternatives_are_split_at_each_bar_not_escaped(phrase, alternatives):
+    assert alternatives_of(phrase) == alternatives
+    assert alternatives_of(phrase_of(alternatives)) == alternatives
+
+
+def test_the_alternative_the_model_prefers_is_written_not_the_first():
+    model, sources = scripted(tiny_model(23), {BOS_ID: 25, 25: 26}), random_sources(24, 4)
+    first, preferred = (30, 31), (25, 26)
+    alone = search(model, sources, [10] * 4, [Phrases((first,))] * 4)
+    either = search(model, sources, [10] * 4, [Phrases((first,), alternatives=((first, preferred),))] * 4)
+    for only_first, held in zip(alone, either):
+        assert contains(only_first[0].tokens, first)
+        assert contains(held[0].tokens, preferred) and not contains(held[0].tokens, first)
+        assert held[0].score > only_first[0].score
+
+
+def test_a_longer_alternative_may_continue_the_word_a_shorter_one_ends():
+    """`symptôme|symptômes` where `symptômes` is `symptôme` + a glued `s`: right after a phrase no glued subword
+    may follow (it would end inside a longer word), except one that goes on with a longer alternative."""
+    model, sources = scripted(tiny_model(21), {20: 21, 21: 22}), random_sources(22, 4)
+    short, longer = (20,), (20, 21)
+    glued = frozenset({21})
+    held = search(model, sources, [8] * 4, [Phrases((short,), (), glued, alternatives=((short, longer),))] * 4)
+    assert all(contains(hs[0].tokens, (20, 21, 22)) for hs in held)
+    alone = search(model, sources, [8] * 4, [Phrases((short,), (), glued)] * 4)
+    assert not any(contains(hs[0].tokens, longer) for hs in alone)
+
+
+def test_a_phrase_s_alternatives_count_once_in_the_bank():
+    """Progress through every alternative at once; whichever is written meets the phrase, which counts once,
+    by its shortest alternative's subwords, however many of its alternatives are written."""
+    phrases = Phrases(((5, 6, 7), (9,)), alternatives=(((5, 6, 7), (5, 8)), ((9,),)))
+    assert phrases.tokens == 3 and phrases.shortest == (2, 1)
+    state = Progress().advance(5, phrases, [])
+    assert (state.current, state.position, state.next_tokens(phrases)) == (0, 1, [6, 8])
+    assert state.next_tokens(phrases, fewest=True) == [8] and state.unwritten(phrases) == 2
+    assert state.met_tokens(phrases) == 1
+    written = [5]
+    for token in (6, 7, 5, 8):
+        state = state.advance(token, phrases, written)
+        written.append(token)
+        if token == 7:
+            assert state.met_count() == 1 and state.met_tokens(phrases) == 2 and state.unwritten(phrases) == 1
+    assert state.met_count() == 1 and state.met_tokens(phrases) == 2 and not state.all_met(phrases)
+    assert state.next_tokens(phrases) == [9]
+    state = state.advance(9, phrases, written)
+    assert state.all_met(phrases) and state.met_tokens(phrases) == phrases.tokens
+
+
+def test_alternatives_are_one_constraint_written_once_and_nested_as_phrases_are():
+    def once(*constraints, glued=frozenset()):
+        return constraints_once([tuple(tuple(ids) for ids in c) for c in constraints], glued)
+
+    # An alternative holding another as whole words accepts nothing more: `nez|nez qui coule` is `nez`.
+    assert once([(5,), (5, 6, 7)]) == (((5,),),)
+    assert once([(5,), (5, 6)], glued=frozenset({6})) == (((5,), (5, 6)),)  # `symptôme|symptômes` stays
+    # The same alternatives in another order are the same constraint.
+    assert once([(5,), (8,)], [(8,), (5,)]) == (((5,), (8,)),)
+    # `gare` implies `gare|maison`, and `la gare` implies `gare`: the implied one is dropped.
+    assert once([(5,)], [(5,), (8,)]) == (((5,),),)
+    assert once([(5,), (8,)], [(4, 5)], [(4, 8)]) == (((4, 5),), ((4, 8),))
+    assert once([(5,), (8,)], [(4, 5), (4, 8)]) == (((4, 5), (4, 8)),)
+    assert once([(5,), (8,)], [(4, 5), (9,)]) == (((5,), (8,)), ((4, 5), (9,)))  # `9` writes neither
+
+
+def test_a_phrase_is_met_by_any_of_its_alternatives_as_whole_words():
+    assert met_phrases("Il est à la maison.", ["gare|maison", "gare|garçon", "Maison|x", "mais|on"]) == [
+        True, False, True, False]
+    assert met_phrases("a|b c", [r"a\|b", "a|b"]) == [True, True]
+
+
+def test_cli_a_constraint_s_alternatives(trained_run: Path, capsys, tmp_path: Path, monkeypatch):
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--format", "jsonl", "--constraint",
+                     "gare|maison", *SENTENCES) == 0
+    for line in capsys.readouterr().out.splitlines():
+        record = json.loads(line)
+        assert record["met"] is True and record["constraints"] == [{"phrase": "gare|maison", "met": True}]
+        assert met_phrases(record["translation"], ["gare", "maison"]) != [False, False]
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("station\tgare|maison\ncold\tfroid|chaud\t\n", encoding="utf-8")
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--format", "jsonl", "--glossary", str(glossary),
+                     *SENTENCES) == 0
+    cold, station = map(json.loads, capsys.readouterr().out.splitlines())
+    assert cold["constraints"] == [{"phrase": "froid|chaud", "met": True}] and cold["met"] is True
+    assert station["constraints"] == [{"phrase": "gare|maison", "met": True}] and station["met"] is True
+    stdin_of(monkeypatch, "Where is the station?\tgare|maison\tla\n".encode())
+    assert translate(trained_run, "--engine", "torch", "--quiet", "--constraints-column", "--format", "jsonl") == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["met"] is True and [c["phrase"] for c in record["constraints"]] == ["gare|maison", "la"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--constraint", "gare|"], r"--constraint 'gare|' has an empty alternative: nothing to require (a literal | is "
+                                r"written \|)"),
+    (["--constraint", "gare|| maison"], "--constraint 'gare|| maison' has an empty alternative"),
+    (["--avoid", "|gare"], "--avoid '|gare' has an empty alternative: nothing to avoid"),
+    (["--constraint", "|".join("abcdefghi")], "--constraint 'a|b|c|d|e|f|g|h|i' has 9 alternatives, more than the 8 "
+                                              "a phrase may have"),
+    (["--constraint", "gare|maison", "--avoid", "maison"], "--constraint 'gare|maison': its alternative 'maison' is "
+                                                           "also avoided (--avoid 'maison'); a phrase is required or "
+                                                           "avoided, not both"),
+    (["--constraint", "gare|la maison", "--avoid", "froid|maison"], "--constraint 'gare|la maison': its alternative "
+                                                                    "'la maison' holds an avoided phrase (--avoid "
+                                                                    "'maison')"),
+    # An escaped bar is a literal one, which the tiny vocabulary lacks: one phrase, not two alternatives.
+    (["--constraint", r"gare\|maison"], "--constraint 'gare|maison' holds characters the target vocabulary lacks"),
+])
+def test_cli_bad_alternatives_are_one_line(trained_run: Path, capsys, args, message):
+    assert translate(trained_run, "--quiet", *args, "I'm cold.") == 2
+    assert user_error(capsys).startswith(message)
+
+
+def test_cli_bad_alternatives_name_their_line(trained_run: Path, capsys, monkeypatch, tmp_path: Path):
+    stdin_of(monkeypatch, "I'm cold.\tfroid\nGo.\tva|\n".encode())
+    assert translate(trained_run, "--quiet", "--constraints-column") == 2
+    assert user_error(capsys) == (r"line 2: the constraints column 'va|' has an empty alternative: nothing to "
+                                  r"require (a literal | is written \|)")
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("cold\tfroid\nstation\t|gare\n", encoding="utf-8")
+    assert translate(trained_run, "--quiet", "--glossary", str(glossary), "I'm cold.") == 2
+    assert user_error(capsys) == (f"{glossary}, line 2: the target term '|gare' has an empty alternative: nothing to "
+                                  r"require (a literal | is written \|)")
+    glossary.write_text("cold\tfroid|l'ami\n", encoding="utf-8")
+    assert translate(trained_run, "--quiet", "--glossary", str(glossary), "--avoid", "l\u2019ami", "I'm cold.") == 2
+    assert user_error(capsys) == (f"{glossary}, line 1: the target term \"froid|l'ami\": its alternative \"l'ami\" "
+                                  "is also avoided (--avoid 'l\u2019ami'); a phrase is required or avoided, not both")

@@ -199,6 +199,43 @@ def test_constraints_and_avoid_hold_in_every_translation(client: TestClient, tra
             assert "gare" in candidate["text"].split() and word not in candidate["text"].split()
 
 
+def test_a_text_whose_constraints_cannot_all_be_met_gets_the_translation_that_met_the_most(trained_run: Path,
+                                                                                             client: TestClient):
+    """Issue 58: `la gare` and `la maison` fill the 8 subwords the server's run allows, and either order writes an
+    avoided phrase: the text was answered with "" and nothing said. Now its translation met the most phrases and
+    says met: false; a text whose phrases were met says true, a blank one (not searched) has no met, and a request
+    without phrases is answered as before, without these fields."""
+    engine = load_translator(trained_run, device="cpu", max_length_a=0, max_length_b=8)
+    with local_client(create_app(engine, torch_engine=engine)) as tight:
+        answer = translate(tight, texts=["Where is the station?", ""], constraints=["la gare", "la maison"],
+                           avoid=["gare la", "maison la"])["translations"]
+        held = translate(tight, texts=[SENTENCE], constraints=["la gare"])["translations"][0]
+    unmet, blank = answer
+    assert unmet["translation"] and unmet["met"] is False
+    assert sorted(c["met"] for c in unmet["constraints"]) == [False, True]
+    assert [c["phrase"] for c in unmet["constraints"]] == ["la gare", "la maison"]
+    assert "met" not in blank and blank["constraints"] == [{"phrase": "la gare", "met": False},
+                                                           {"phrase": "la maison", "met": False}]
+    assert held["met"] is True and held["constraints"] == [{"phrase": "la gare", "met": True}]
+    plain = translate(client, texts=[SENTENCE])["translations"][0]
+    assert set(plain) == {"source", "translation", "n_best", "alignment"}
+
+
+def test_a_constraint_may_accept_alternatives(client: TestClient):
+    answer = translate(client, texts=[SENTENCE, "Where is the station?"], constraints=["gare|maison"])
+    for translation in answer["translations"]:
+        assert translation["met"] is True and translation["constraints"] == [{"phrase": "gare|maison", "met": True}]
+        words = translation["translation"].split()
+        assert "gare" in words or "maison" in words
+    trace = client.post("/explain", json={"text": SENTENCE, "constraints": ["gare|maison"]}).json()
+    assert trace["constraints"] == ["gare|maison"] and trace["met"] is True
+    assert [len(options) for options in trace["constraint_pieces"]] == [2]
+    response = client.post("/translate", json={"texts": [SENTENCE], "constraints": ["gare|"]})
+    assert response.status_code == 422
+    assert response.json()["error"] == (r"constraints 'gare|' has an empty alternative: nothing to require (a "
+                                        r"literal | is written \|)")
+
+
 def test_the_limits_are_inclusive(client: TestClient):
     result = translate(client, texts=["a" * MAX_CHARS] + ["Hi."] * (MAX_TEXTS - 1))["translations"]
     assert len(result) == MAX_TEXTS
@@ -734,6 +771,36 @@ def test_the_page_translates_as_you_type_in_a_browser(server: str, tmp_path: Pat
             shot = Path(os.environ.get("SERVE_SCREENSHOT", tmp_path / "serve.png"))
             page.screenshot(path=str(shot), full_page=True)
             assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        finally:
+            browser.close()
+
+
+@pytest.mark.slow
+def test_the_page_says_which_phrases_a_translation_lacks(trained_run: Path, tmp_path: Path):
+    """Issue 58: phrases typed in "Must contain" (one of them with alternatives) that no translation can all hold
+    within the run's 8 subwords beside the avoided phrases: the page shows the translation that met the most and
+    names the phrase it lacks; the search panel shows the alternatives as one phrase."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium)")
+    engine = load_translator(trained_run, device="cpu", max_length_a=0, max_length_b=8)
+    with running(create_app(engine, torch_engine=engine)) as port, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 700})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.locator("#constraints").fill("la gare; la maison|la mer")
+            page.locator("#avoid").fill("gare la; maison la; mer la")
+            page.locator("#source").press_sequentially("Where is the station?", delay=20)
+            page.wait_for_selector("#steps tbody", timeout=15_000)
+            assert page.locator("#translation").inner_text().strip()
+            lacking = page.locator("#unmet").inner_text()
+            assert lacking.startswith("No translation found holds every required phrase; this one, which meets "
+                                      "the most, lacks “"), lacking
+            assert "“la gare”" in lacking or "“la maison|la mer”" in lacking
+            assert page.locator("#error").inner_text() == ""
+            assert "la maison|la mer" in page.locator("#verdict").inner_text()
         finally:
             browser.close()
 

@@ -141,7 +141,7 @@ def test_a_constrained_trace_is_the_search_translate_runs(client: TestClient, be
     assert trace["method"] == "constrained" and trace["beam_steps"]
     assert trace["output_text"] == served["translation"] and "gare" in served["translation"].split()
     assert (trace["constraints"], trace["avoid"]) == (["gare"], ["la"])
-    total = sum(len(pieces) for pieces in trace["constraint_pieces"])
+    total = sum(min(map(len, options)) for options in trace["constraint_pieces"])
     for step in trace["steps"]:
         assert sum(c["fate"] == "live" for c in step["candidates"]) <= beam
         for c in step["candidates"]:

@@ -101,7 +101,7 @@ def test_a_constrained_trace_records_what_the_search_decided(tiny_tokenizers: To
     assert trace.method == "constrained" and trace.output_text == engine.translate([text], n_best=2)[0][0]
     assert (trace.constraints, trace.avoid) == (list(constraints), list(avoid))
     required = [list(phrase_ids(tiny_tokenizers, phrase, "constraints")) for phrase in constraints]
-    assert trace.constraint_pieces == [[tiny_tokenizers.target.id_to_token(i) for i in ids] for ids in required]
+    assert trace.constraint_pieces == [[[tiny_tokenizers.target.id_to_token(i) for i in ids]] for ids in required]
     total = sum(map(len, required))
     # The finished hypotheses are the search's own n-best, which hold every phrase.
     sources = source_ids([text], engine.tokenizers, engine.max_len - 1)
@@ -138,6 +138,24 @@ def test_a_constrained_trace_records_what_the_search_decided(tiny_tokenizers: To
     json.dumps(trace.to_dict(), allow_nan=False)
     unconstrained = trace_search(translator(tiny_tokenizers, seed, beam=3), text)
     assert {(c.met, c.bank) for step in unconstrained.steps for c in step.candidates} == {(None, None)}
+
+
+def test_a_trace_whose_phrases_cannot_all_be_met_says_so(tiny_tokenizers: Tokenizers):
+    """Issue 58: both phrases fill the output and either order writes an avoided phrase, so no hypothesis finishes;
+    the output is the end that met the most, and the trace says so rather than 'finished no hypothesis'."""
+    constraints = ("la gare", "la maison")
+    room = sum(len(phrase_ids(tiny_tokenizers, phrase, "constraints")) for phrase in constraints)
+    engine = translator(tiny_tokenizers, 0, beam=3)
+    engine = dataclasses.replace(engine, decode=dataclasses.replace(
+        engine.decode, max_length_a=0.0, max_length_b=room, constraints=constraints, avoid=("gare la", "maison la")))
+    trace = trace_search(engine, SENTENCES[0])
+    assert trace.output_ids and trace.output_text == engine.translate([SENTENCES[0]])[0][0]
+    assert trace.met is False and trace.winner is None and not trace.finished
+    assert trace.verdict().startswith("No hypothesis could finish holding every required phrase ('la gare', "
+                                      "'la maison'): the output, ")
+    assert "(1 of 2)" in trace.verdict()
+    assert trace_search(held(translator(tiny_tokenizers, 0, beam=3), ("gare",)), SENTENCES[0]).met is True
+    assert trace_search(translator(tiny_tokenizers, 0, beam=3), SENTENCES[0]).met is None
 
 
 def test_the_verdict_names_the_length_penalty_when_it_decided(tiny_tokenizers: Tokenizers):

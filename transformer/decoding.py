@@ -36,6 +36,9 @@ MAX_SEED = 2**32 - 1  # CTranslate2's random generator takes an unsigned 32-bit 
 # The most constraints, and the most avoided phrases, one text may have: every constraint adds a bank
 # of beams per step, and the search keeps one state per beam and phrase (translation/constrained.py).
 MAX_PHRASES = 16
+# The most alternatives one phrase may accept (`nez qui coule|nez coule-t-il`): each is tokenized with its forms
+# and proposed to every beam each step.
+MAX_ALTERNATIVES = 8
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,8 @@ def _refuse(name: str, reason: str, where: str, index: int | None) -> None:
 
 def check_phrases(phrases: Any, name: str, where: str = "") -> tuple[str, ...]:
     """`phrases` (target phrases, constraints or avoided ones: option `name`) as a tuple of strings, refused
-    when one is blank or when there are more than MAX_PHRASES. The one check of a phrase's text, for the
+    when one is blank, when there are more than MAX_PHRASES, or when one has a blank alternative or too many
+    (`check_alternatives`). The one check of a phrase's text, for the
     options and for each text's own phrases (`where`: e.g. "line 3: ", said first); whether a phrase has
     subwords, and fits its output, is the text path's (texts.py)."""
     if isinstance(phrases, str) or not all(isinstance(phrase, str) for phrase in phrases):
@@ -249,27 +253,79 @@ def check_phrases(phrases: Any, name: str, where: str = "") -> tuple[str, ...]:
                 where, None)
     if len(phrases) > MAX_PHRASES:
         _refuse(name, f"has {len(phrases)} phrases, more than the {MAX_PHRASES} a text may have", where, None)
+    for phrase in phrases:
+        check_alternatives(phrase, name, where)
     return phrases
+
+
+ALTERNATIVE = "|"  # separates the alternatives a phrase accepts; `\\|` is a literal bar, `\\\\` a backslash
+
+
+def alternatives_of(phrase: str) -> tuple[str, ...]:
+    """The alternatives `phrase` accepts (`nez qui coule|nez coule-t-il`), any one of which meets it, split at
+    each bar: a backslash before a bar or a backslash makes that character literal (`\\|` is a bar, `\\\\` a
+    backslash, so `a\\\\|b` is `a\\` or `b`); any other backslash is itself."""
+    if ALTERNATIVE not in phrase and "\\" not in phrase:  # the common case, read as it is
+        return (phrase,)
+    found, current, at = [], [], 0
+    while at < len(phrase):
+        character = phrase[at]
+        if character == "\\" and phrase[at + 1: at + 2] in (ALTERNATIVE, "\\"):
+            current.append(phrase[at + 1])
+            at += 2
+            continue
+        if character == ALTERNATIVE:
+            found.append("".join(current))
+            current = []
+        else:
+            current.append(character)
+        at += 1
+    return (*found, "".join(current))
+
+
+def phrase_of(alternatives: Sequence[str]) -> str:
+    """The phrase that accepts `alternatives`, written as `alternatives_of` reads it."""
+    return ALTERNATIVE.join(alternative.replace("\\", "\\\\").replace(ALTERNATIVE, "\\" + ALTERNATIVE)
+                            for alternative in alternatives)
+
+
+def check_alternatives(phrase: str, name: str, where: str = "", index: int | None = None) -> None:
+    """Refuse a phrase (of option `name`) with a blank alternative (`a|`, `a||b`) or more than MAX_ALTERNATIVES;
+    `where` and `index` say which text, as check_phrases and PhraseError say."""
+    alternatives = alternatives_of(phrase)
+    if len(alternatives) == 1:
+        return
+    if any(not alternative.strip() for alternative in alternatives):
+        _refuse(name, f"{phrase!r} has an empty alternative: nothing to {'avoid' if name == 'avoid' else 'require'} "
+                      f"(a literal {ALTERNATIVE} is written \\{ALTERNATIVE})", where, index)
+    if len(alternatives) > MAX_ALTERNATIVES:
+        _refuse(name, f"{phrase!r} has {len(alternatives)} alternatives, more than the {MAX_ALTERNATIVES} a phrase "
+                      "may have", where, index)
 
 
 def check_not_avoided(constraints: Sequence[str], avoid: Sequence[str], name: str = "constraints", where: str = "",
                       index: int | None = None) -> None:
-    """The one check that no constraint (option `name`, which the refusal blames) is an avoided phrase or holds
-    one as whole words: no output could contain the one without the other. Compared as cleaned text by the
-    whole-word rule (data.text.whole_words): `l'hôtel` and `l’hôtel` are one phrase, `gare` is in `la gare du
-    Nord` but not in `gares`. For the options (DecodeOptions) and for each text's own constraints (`where`
-    or `index`: which text, as check_phrases and PhraseError say)."""
+    """The one check that no constraint (option `name`, which the refusal blames), nor any of its alternatives,
+    is an avoided phrase (or one of its alternatives) or holds one as whole words: no output could contain the
+    one without the other. Compared as cleaned text by the whole-word rule (data.text.whole_words): `l'hôtel`
+    and `l’hôtel` are one phrase, `gare` is in `la gare du Nord` but not in `gares`. For the options
+    (DecodeOptions) and for each text's own constraints (`where` or `index`: which text, as check_phrases and
+    PhraseError say)."""
+    avoided_alternatives = [avoided for phrase in avoid for avoided in alternatives_of(phrase)]
     for phrase in constraints:
-        for avoided in avoid:
-            if not clean_text(avoided):  # nothing left of it: phrases.phrase_ids refuses it by its own name
-                continue
-            pattern = whole_words([avoided])
-            if pattern.search(clean_text(phrase)):
-                said = f"{option('avoid')} {avoided!r}"
-                _refuse(name, f"{phrase!r} is also avoided ({said}); a phrase is required or avoided, not both"
-                        if pattern.fullmatch(clean_text(phrase)) else
-                        f"{phrase!r} holds an avoided phrase ({said}); no output can contain one without the other",
-                        where, index)
+        alternatives = alternatives_of(phrase)
+        for alternative in alternatives:
+            named = f"{phrase!r}" if len(alternatives) == 1 else f"{phrase!r}: its alternative {alternative!r}"
+            for avoided in avoided_alternatives:
+                if not clean_text(avoided):  # nothing left of it: phrases.phrase_ids refuses it by its own name
+                    continue
+                pattern = whole_words([avoided])
+                if pattern.search(clean_text(alternative)):
+                    said = f"{option('avoid')} {avoided!r}"
+                    _refuse(name, f"{named} is also avoided ({said}); a phrase is required or avoided, not both"
+                            if pattern.fullmatch(clean_text(alternative)) else
+                            f"{named} holds an avoided phrase ({said}); no output can contain one without the other",
+                            where, index)
 
 
 ENGINES = ("torch", "ctranslate2")
@@ -330,7 +386,8 @@ def traced_strategy(options: DecodeOptions) -> Strategy:
     return strategy
 
 
-__all__ = ["MAX_PHRASES", "PhraseError", "check_phrases", "check_not_avoided",
+__all__ = ["MAX_PHRASES", "MAX_ALTERNATIVES", "PhraseError", "check_phrases", "ALTERNATIVE", "alternatives_of",
+           "phrase_of", "check_alternatives", "check_not_avoided",
            "MAX_BEAM", "MAX_LENGTH_PENALTY", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "MAX_SEED", "Range", "RANGES",
            "check_option", "Sampling", "RunDecodeSettings", "SETTINGS", "max_output_length", "DecodeOptions",
            "ENGINES", "Strategy", "STRATEGIES", "strategy_of", "traced_strategy"]

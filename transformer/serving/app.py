@@ -39,7 +39,7 @@ from transformer.errors import DecodeOptionError, UserError
 from transformer.serving.batcher import Batcher
 from transformer.serving.explain_response import ExplainResponse, ExplainWork, explain_texts
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
-from transformer.translation.texts import Engine, translate_scored
+from transformer.translation.texts import ConstraintsMet, Engine, translate_held, translate_scored
 from transformer.translation.torch_engine import Translator
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,11 @@ class SearchRequest(BaseModel):
 
     length_penalty: float | None = Field(default=None, description="the GNMT alpha (default: the run's)")
     constraints: list[Text] = Field(default=[], description="target phrases every translation contains "
-                                                            "(constrained beam search, torch engine)")
-    avoid: list[Text] = Field(default=[], description="target phrases no translation contains")
+                                                            "(constrained beam search, torch engine); \"a|b\" "
+                                                            "accepts either alternative (a literal bar is \\|, "
+                                                            "in JSON \"\\\\|\")")
+    avoid: list[Text] = Field(default=[], description="target phrases no translation contains; \"a|b\" avoids "
+                                                      "both")
 
 
 class TranslateRequest(SearchRequest):
@@ -153,11 +156,24 @@ class Alignment(BaseModel):
     pairs: list[tuple[int, int]]  # hard alignment (source, output), EOS left out (attention.hard_alignment)
 
 
+class ConstraintMet(BaseModel):
+    """One of a request's constraints, as given, and whether the translation contains it."""
+
+    phrase: str
+    met: bool
+
+
 class Translation(BaseModel):
     source: str
     translation: str
     n_best: list[NBestCandidate]
     alignment: Alignment | None = None
+    # A request held to phrases only (left out of other answers, which stay as they were: /translate answers
+    # without the fields never set): each constraint and whether the best translation contains it, and, for a
+    # text searched (not blank), whether it met them all; false where no translation could, and the one that
+    # met the most is given (translation/constrained.py).
+    constraints: list[ConstraintMet] | None = None
+    met: bool | None = None
 
 
 class TranslateResponse(BaseModel):
@@ -222,11 +238,15 @@ class Translations:
         texts = [text for text, _ in items]
         prefixes = [prefix for _, prefix in items] if any(prefix for _, prefix in items) else None
         n_best = work.options.n_best
+        reports: list[ConstraintsMet | None] = [None] * len(texts)
         try:
             if work.alignment:
                 attended = translate_with_attention(engine, texts, n_best, prefixes=prefixes, with_scores=True)
                 candidates = [[(a.text, a.log_prob) for a in row] for row in attended]
                 alignments = [alignment_of(row[0]) for row in attended]
+            elif work.options.constrained:
+                candidates, reports = translate_held(engine, texts, n_best, prefixes, with_scores=True)
+                alignments = [None] * len(texts)
             else:
                 candidates = translate_scored(engine, texts, n_best, prefixes)
                 alignments = [None] * len(texts)
@@ -235,8 +255,19 @@ class Translations:
                 raise
             raise error.at(f"texts.{error.index}: ") from None
         return [Translation(source=text, translation=row[0][0], alignment=alignment,
-                            n_best=[NBestCandidate(text=t, score=s) for t, s in row])
-                for text, row, alignment in zip(texts, candidates, alignments)]
+                            n_best=[NBestCandidate(text=t, score=s) for t, s in row], **_phrases_met(report))
+                for text, row, alignment, report in zip(texts, candidates, alignments, reports)]
+
+
+def _phrases_met(report: ConstraintsMet | None) -> dict[str, Any]:
+    """A Translation's fields of what it holds of its constraints: none for a request without phrases."""
+    if report is None:
+        return {}
+    said: dict[str, Any] = {"constraints": [ConstraintMet(phrase=phrase, met=met)
+                                            for phrase, met in zip(report.constraints, report.met)]}
+    if report.held:
+        said["met"] = report.all_met
+    return said
 
 
 class BodyLimit:
@@ -427,7 +458,8 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
                 # translation calls since the start, and the requests and texts they served
                 "batches": dataclasses.asdict(served)}
 
-    @app.post("/translate", response_model=TranslateResponse)
+    # exclude_unset: a Translation's fields of phrases are set only for a request held to phrases.
+    @app.post("/translate", response_model=TranslateResponse, response_model_exclude_unset=True)
     async def translate(request: TranslateRequest, http: Request) -> TranslateResponse:
         sampling = None if request.sampling is None else Sampling(**request.sampling.model_dump())
         options = DecodeOptions.over(engine.decode, sampling, request.n_best, tuple(request.constraints),

@@ -16,7 +16,8 @@ from torch import Tensor
 
 from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.decoding import DecodeOptions
-from transformer.translation.phrases import Forms, Phrases, Progress, ends_with
+from transformer.translation.forms import Forms
+from transformer.translation.phrases import Phrases, Progress, ends_with
 from transformer.translation.search import (NEG_INF, BeamCandidates, BeamSearch, Candidates, Hypothesis, Models,
                                             SearchObserver, check_observed, groups_of_rows)
 
@@ -31,7 +32,9 @@ class ConstrainedBeamSearch(BeamSearch):
     many constraint tokens they have written, and the k next beams are shared out among the banks
     (dynamic beam allocation): each bank gets k // banks slots, the fullest banks the rest, and slots a
     bank cannot fill go to the best candidates left. So hypotheses that have met more phrases are not
-    crowded out by likelier ones that have met fewer.
+    crowded out by likelier ones that have met fewer. A constraint may accept alternatives (Phrases.alternatives):
+    the tokens that begin or continue any of them advance it, whichever is written whole meets it, and it counts
+    once, by its shortest alternative's subwords, in the banks and in the length check (phrases.Progress).
 
     A phrase is written as whole words: it starts with a word start (phrases.phrase_ids), and the subword after it
     may not glue onto its last word. A beam whose remaining length just fits its unwritten constraint tokens may
@@ -41,6 +44,12 @@ class ConstrainedBeamSearch(BeamSearch):
     forced nothing else is ruled out (phrases.py refuses a prefix holding an avoided phrase); the prefix's tokens
     count towards the constraints. Log-probs are the model's, never renormalised, so scores and the stopping bound
     (exact: an open beam, met or not, can only lose log-probability) are those of BeamSearch.
+
+    A sentence may finish no hypothesis: every beam can die (its unwritten constraint tokens no longer fit, an
+    avoided phrase closes the only way on, or the banks' leftover slots went to likelier beams that had lost
+    their progress through a phrase). So each step also keeps, aside, the best ends of beams that could end but
+    for an unmet constraint (`_keep_unmet`); `run` returns those, the ones that met the most constraints first,
+    where nothing finished, rather than no translation at all.
     """
 
     def __init__(self, models: Models, src: Tensor, src_pad_mask: Tensor, max_lengths: Tensor, options: DecodeOptions,
@@ -56,6 +65,19 @@ class ConstrainedBeamSearch(BeamSearch):
         self.texts: list[str] = []  # and their text, where a sentence avoids phrases
         glued = sorted(set().union(*(p.glued for p in phrases))) if phrases else []
         self.glued = torch.tensor(glued, dtype=torch.long, device=src.device)
+        # The rows that could end here but for an unmet constraint, of sentences that have finished nothing, and
+        # their log-probs with that EOS (`_logits`), and per sentence the n_best best such ends kept so far, each
+        # with the constraints it met (`_keep_unmet`).
+        self.unmet_ends: tuple[list[int], list[float]] = ([], [])
+        self.unmet: list[list[tuple[int, Hypothesis]]] = [[] for _ in range(src.shape[0])]
+
+    def run(self) -> list[list[Hypothesis]]:
+        """Per sentence, its n_best finished hypotheses, best first; a sentence none of whose hypotheses could
+        finish with every constraint (the length limit, an avoided phrase, progress lost while the banks were
+        shared out) gets its best unmet ends instead, those that met the most constraints first, then by score:
+        a translation that misses a phrase, which the text path reports (texts.ConstraintsMet), and never none."""
+        finished = super().run()
+        return [hypotheses or [h for _, h in self.unmet[i]] for i, hypotheses in enumerate(finished)]
 
     def _next_beams(self, step: int, found: Candidates, logits: Tensor, log_norm: Tensor
                     ) -> tuple[Tensor, Tensor, BeamCandidates | None]:
@@ -71,6 +93,7 @@ class ConstrainedBeamSearch(BeamSearch):
         best, best_rows, best_tokens = found.log_probs.tolist(), found.origin.tolist(), found.tokens.tolist()
         extra_scores, extra = extra_scores.view(n, -1).tolist(), extra.view(n, -1).tolist()
         penalty = self._length_penalty(step)
+        self._keep_unmet(penalty)
         new_scores, origin, next_tokens, self.next_states = [], [], [], []
         for i in range(n):
             phrases = self.phrases[int(self.sentences[i])]
@@ -107,8 +130,29 @@ class ConstrainedBeamSearch(BeamSearch):
                 finished.append((score, row))
             else:
                 state = self.states[row].advance(token, phrases, self.history[row])
-                growing.append((score, row, token, state, state.met_tokens(phrases.constraints)))
+                growing.append((score, row, token, state, state.met_tokens(phrases)))
         return finished, growing
+
+    def _keep_unmet(self, penalty: float) -> None:
+        """Keep, per sentence, the n_best best of this step's unmet ends (`_logits` finds them): live rows, of a
+        sentence that has finished nothing yet, that hold at least one token and could end here (EOS not ruled
+        out by an avoided phrase) but for a constraint they have not met, as hypotheses ending in EOS at the
+        model's log-prob, scored as finished ones are, ranked by the constraints met, then by score."""
+        rows, log_probs = self.unmet_ends
+        sentences = self.sentences.tolist()
+        for row, log_prob in zip(rows, log_probs):
+            if log_prob == NEG_INF:
+                continue
+            sentence = sentences[row // self.k]
+            phrases, kept = self.phrases[sentence], self.unmet[sentence]
+            met, score = self.states[row].met_count(), log_prob / penalty
+            if len(kept) == self.n_best and (met, score) <= (kept[-1][0], kept[-1][1].score):
+                continue
+            if phrases.avoid_text is not None and phrases.writes_avoided(self.texts[row] + " "):
+                continue  # an avoided phrase spelled in other subwords than its forms, ended by the EOS
+            kept.append((met, Hypothesis(list(self.history[row]), score, log_prob)))
+            kept.sort(key=lambda end: (-end[0], -end[1].score))  # stable: equal ones keep their order
+            del kept[self.n_best:]
 
     def _advance(self, done: Tensor, origin: Tensor, tokens: Tensor) -> None:
         """BeamSearch's, and the chosen beams' progress through their phrases kept with them."""
@@ -122,7 +166,7 @@ class ConstrainedBeamSearch(BeamSearch):
         """The step of the observed sentence as `_next_beams` decided it: every candidate it considered, best
         first (the EOS ones, which all finish, and the `growing` ones, of which those `_allocate` has
         `chosen` are the next beams), each with the phrases it has written whole and its bank."""
-        constraints = phrases.constraints
+        constraints = phrases.alternatives
         considered = [(score, row, EOS_ID, self.states[row]) for score, row in finished]
         considered += [(score, row, token, state) for score, row, token, state, _ in growing]
         considered.sort(key=lambda c: -c[0])  # stable: the pool's order among equal scores
@@ -136,7 +180,7 @@ class ConstrainedBeamSearch(BeamSearch):
             torch.tensor([i for i, c in enumerate(considered) if (c[1], c[2]) in kept], dtype=torch.long,
                          device=device),
             penalty, met=[[j for j in range(len(constraints)) if c[3].met >> j & 1] for c in considered],
-            banks=[c[3].met_tokens(constraints) for c in considered])
+            banks=[c[3].met_tokens(phrases) for c in considered])
 
     def _allocate(self, growing: list[tuple], total: int) -> list[tuple[float, int, int, Progress]]:
         """The k next beams of one sentence from its growing candidates (best first), shared out among the
@@ -173,7 +217,7 @@ class ConstrainedBeamSearch(BeamSearch):
         row_max, sentences = self.row_max.tolist(), self.sentences.tolist()
         live = (self.scores.reshape(-1) > NEG_INF).tolist()
         after_avoided_rows, only_rows, only_tokens, avoided_rows, avoided_tokens = [], [], [], [], []
-        eos_rows, completed_rows = [], []
+        eos_rows, unmet_rows, completed_rows, continuing_rows, continuing_tokens = [], [], [], [], []
         for row, state in enumerate(self.states):
             if not live[row]:
                 continue
@@ -183,19 +227,24 @@ class ConstrainedBeamSearch(BeamSearch):
             phrases = self.phrases[sentences[i]]
             if state.completed:
                 completed_rows.append(row)
+                for token in state.continuing(phrases):  # a longer alternative goes on with a glued subword
+                    continuing_rows.append(row)
+                    continuing_tokens.append(token)
             for token in _avoided_next(phrases, history[row]):
                 avoided_rows.append(row)
                 avoided_tokens.append(token)
             if any(_ends_in_open_form(forms, history[row]) for forms in phrases.avoid_forms):
                 after_avoided_rows.append(row)
-            if not phrases.constraints or state.all_met(phrases.constraints):
+            if not phrases.constraints or state.all_met(phrases):
                 continue
             eos_rows.append(row)
+            if history[row] and not self.finished[sentences[i]]:  # an empty output would leave its line blank
+                unmet_rows.append(row)
             room = row_max[i] - step  # tokens this row may still write, this one included
-            unwritten = phrases.tokens - state.met_tokens(phrases.constraints)
+            unwritten = state.unwritten(phrases)
             if unwritten >= room:  # only the constraint tokens fit (or nothing does: the row dies)
                 only_rows.append(row)
-                only_tokens.append(state.next_tokens(phrases.constraints) if unwritten == room else [])
+                only_tokens.append(state.next_tokens(phrases, fewest=True) if unwritten == room else [])
         if avoided_rows:  # the last subword of an avoided phrase's form that ends at a word end (`▁gare.`)
             logits[avoided_rows, avoided_tokens] = NEG_INF
         if after_avoided_rows:  # only a subword that makes the avoided phrase part of a longer word
@@ -205,7 +254,12 @@ class ConstrainedBeamSearch(BeamSearch):
             logits[after_avoided_rows] = allowed
         if completed_rows and self.glued.numel():
             rows = torch.tensor(completed_rows, device=logits.device)
+            continuing = logits[continuing_rows, continuing_tokens] if continuing_rows else None
             logits[rows[:, None], self.glued[None, :]] = NEG_INF
+            if continuing is not None:
+                logits[continuing_rows, continuing_tokens] = continuing
+        self.unmet_ends = (unmet_rows, (self.scores.reshape(-1)[unmet_rows] + logits[unmet_rows, EOS_ID]
+                                        - log_norm[unmet_rows, 0]).tolist() if unmet_rows else [])
         if eos_rows:
             logits[eos_rows, EOS_ID] = NEG_INF
         if only_rows:
@@ -223,7 +277,7 @@ class ConstrainedBeamSearch(BeamSearch):
     def _phrase_tokens(self) -> Tensor:
         """(n*k, E) per row, the tokens that advance one of its constraints (PAD: none)."""
         k, sentences = self.k, self.sentences.tolist()
-        rows = [state.next_tokens(self.phrases[sentences[row // k]].constraints)
+        rows = [state.next_tokens(self.phrases[sentences[row // k]])
                 for row, state in enumerate(self.states)]
         width = max(1, max((len(r) for r in rows), default=0))
         return torch.tensor([r + [PAD_ID] * (width - len(r)) for r in rows], dtype=torch.long,
@@ -252,10 +306,11 @@ def constrained_search(models: Models, src: Tensor, src_pad_mask: Tensor, max_le
                        observer: SearchObserver | None = None) -> list[list[Hypothesis]]:
     """`ConstrainedBeamSearch` of B sentences, arguments as search.BeamSearch's and each sentence's
     `phrases`. Returns, per sentence, its `options.n_best` hypotheses best first: each contains every
-    constraint and no avoided phrase (as ids); a sentence whose search finished none gets none. A sentence
-    without phrases is searched by BeamSearch itself, as plain beam search with these options searches it
-    (the torch engine sends such a sentence to the method its options choose without phrases instead,
-    greedy search at beam 1: torch_engine.SEARCHES). `observer` watches every step of a search of one
+    constraint and no avoided phrase (as ids); a sentence whose search finished none gets the best ends it
+    could have that hold no avoided phrase, those that met the most constraints first (ConstrainedBeamSearch.run).
+    A sentence without phrases is searched by BeamSearch itself, as plain beam search with these options
+    searches it (the torch engine sends such a sentence to the method its options choose without phrases
+    instead, greedy search at beam 1: torch_engine.SEARCHES). `observer` watches every step of a search of one
     sentence, each candidate with its phrases met and its bank."""
     check_observed(observer, src)
     results: list[list[Hypothesis]] = [[] for _ in phrases]

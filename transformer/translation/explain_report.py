@@ -374,8 +374,9 @@ def _render_beam(trace: SearchTrace) -> list[str]:
 
 
 def _render_constrained(trace: SearchTrace) -> list[str]:
-    k, total = trace.beam_size, sum(len(pieces) for pieces in trace.constraint_pieces)
-    constraints = "; ".join(f"{phrase!r} ({' '.join(pieces)})" for phrase, pieces in
+    # A phrase's alternatives count once in the banks, by the subwords of the shortest (phrases.Progress).
+    k, total = trace.beam_size, sum(min(map(len, options)) for options in trace.constraint_pieces)
+    constraints = "; ".join(f"{phrase!r} ({' | '.join(' '.join(pieces) for pieces in options)})" for phrase, options in
                             zip(trace.constraints, trace.constraint_pieces)) or "none"
     avoided = ", ".join(map(repr, trace.avoid)) or "none"
     banks = (f"The others sit in banks by the subwords of required phrases they have written (bank 0 to {total}; "
@@ -384,7 +385,8 @@ def _render_constrained(trace: SearchTrace) -> list[str]:
              "pruned." if total else f"The {k} best of the others live on; the rest are pruned.")
     return _prose(f"3. The search, step by step: constrained beam search, beam k = {k}, length penalty alpha = "
                   f"{trace.alpha:g}, at most {trace.max_length} output subwords",
-                  f"Required phrases (their subwords): {constraints}. Avoided phrases: {avoided}.",
+                  f"Required phrases (their subwords; a | between alternatives, any one of which meets the "
+                  f"phrase): {constraints}. Avoided phrases: {avoided}.",
                   "Beam search held to phrases (dynamic beam allocation, Post & Vilar, 2018). Each step extends "
                   "every live hypothesis by one subword; the candidates are the "
                   f"{2 * k} (2k) (hypothesis, subword) pairs with the highest log-prob, each hypothesis's own most "

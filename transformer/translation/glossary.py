@@ -1,7 +1,8 @@
 """A glossary: a TSV file of `source term<TAB>target term` lines, read once and checked line by line,
 and the target terms a text calls for (its source terms found as whole words in any case, by the one
-whole-word rule, data.text.whole_words), which constrained search then holds to as constraints. No torch
-here.
+whole-word rule, data.text.whole_words), which constrained search then holds to as constraints. A target
+term may accept alternatives (`nez qui coule|nez coule-t-il`, decoding.alternatives_of), as every
+constraint may; a source term is read as written. No torch here.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator, TextIO
+from typing import BinaryIO, Callable, Iterable, Iterator, TextIO
 
 from transformer.data.text import iter_lines, read_lines, without_empty_trailing_cells
 from transformer.errors import UserError, option
@@ -26,8 +26,8 @@ from transformer.files import atomic_writer, remove_file_leftovers
 from transformer.translation.metrics import score
 from transformer.decoding import PhraseError, check_not_avoided, check_phrases
 from transformer.translation.glossary import Glossary
-from transformer.translation.phrases import met_phrases
-from transformer.translation.texts import Engine, score_texts, translate_scored, translate_texts
+from transformer.translation.texts import (ConstraintsMet, Engine, score_texts, translate_held, translate_scored,
+                                           translate_texts)
 
 # Lines read from a stream before translating them: large enough to batch and sort by length,
 # small enough that a long file streams and memory stays flat.
@@ -113,18 +113,23 @@ def _json_line(record: dict) -> str:
 
 
 def _records(sources: list[str], prefixes: list[str] | None, translations: list[list[tuple]],
-             met: list[list[tuple[str, bool]]] | None = None) -> list[str]:
+             reports: list[ConstraintsMet] | None = None) -> list[str]:
     """One JSON object per source: its translation and score, its n-best list (text, score, and the
-    alignment when one was made) and, when one was given, its prefix; with `met`, each constraint
-    and whether the translation contains it."""
+    alignment when one was made) and, when one was given, its prefix; with `reports`, each constraint
+    and whether the translation contains it, and, for a line searched held to phrases, whether it met
+    them all (false: no translation could, and this one met the most)."""
     lines = []
     for i, (source, candidates) in enumerate(zip(sources, translations)):
         n_best = [dict(text=c[0], score=c[1], **({"alignment": c[2]} if len(c) > 2 else {})) for c in candidates]
         record = {"source": source, "translation": n_best[0]["text"], "score": n_best[0]["score"]}
         if prefixes is not None:
             record["prefix"] = prefixes[i]
-        if met is not None:
-            record["constraints"] = [{"phrase": phrase, "met": was_met} for phrase, was_met in met[i]]
+        if reports is not None:
+            report = reports[i]
+            record["constraints"] = [{"phrase": phrase, "met": met} for phrase, met in
+                                     zip(report.constraints, report.met)]
+            if report.held:
+                record["met"] = report.all_met
         if "alignment" in n_best[0]:
             record["alignment"] = n_best[0]["alignment"]
         lines.append(_json_line({**record, "n_best": n_best}))
@@ -184,37 +189,36 @@ def _checked_phrases(engine: Engine, number: int, phrases: list[str]) -> list[st
 
 
 def _search_chunk(translator: Engine, chunk: list[str], n_best: int, prefixes: list[str] | None,
-                  text_constraints: list[list[str]] | None, jsonl: bool, first: int) -> tuple[list[str], list[str]]:
-    """(output lines, best translations) of a chunk whose first line is input line `first`, searched
-    with the chunk's prefixes and phrases; a phrase no output can hold to is refused naming its line."""
+                  text_constraints: list[list[str]] | None, jsonl: bool, first: int
+                  ) -> tuple[list[str], list[str], list[ConstraintsMet]]:
+    """(output lines, best translations, and what each holds of its constraints where the search holds to
+    phrases) of a chunk whose first line is input line `first`, searched with the chunk's prefixes and
+    phrases; a phrase no output can hold to is refused naming its line."""
     try:
-        if jsonl and translator.decode.constrained:
-            from transformer.translation.texts import decode_outputs, output_log_probs, search_texts_and_phrases
-
-            sources, results, _ = search_texts_and_phrases(translator, chunk, n_best, True, prefixes, text_constraints)
-            texts = decode_outputs(translator.tokenizers, results)
-            scored = [list(zip(c, p)) for c, p in zip(texts, output_log_probs(translator, sources, results))]
-            names = [[*translator.decode.constraints, *(text_constraints[i] if text_constraints else [])]
-                     for i in range(len(chunk))]
-            met = [list(zip(names[i], met_phrases(texts[i][0], names[i]) if sources[i] else [False] * len(names[i])))
-                   for i in range(len(chunk))]
-            return _records(chunk, prefixes, scored, met), [c[0][0] for c in scored]
-        if jsonl:
+        reports: list[ConstraintsMet] = []
+        if translator.decode.constrained:
+            scored, reports = translate_held(translator, chunk, n_best, prefixes, text_constraints, with_scores=jsonl)
+        elif jsonl:
             scored = translate_scored(translator, chunk, n_best, prefixes)
-            return _records(chunk, prefixes, scored), [c[0][0] for c in scored]
-        candidates = translate_texts(translator, chunk, n_best, prefixes=prefixes, text_constraints=text_constraints)
-        # A search may finish fewer than n_best (constraints, a tiny vocabulary): empty columns keep each line's count.
-        return ["\t".join(c + [""] * (n_best - len(c))) for c in candidates], [c[0] for c in candidates]
+        else:
+            scored = [[(text, None) for text in candidates] for candidates in
+                      translate_texts(translator, chunk, n_best, prefixes=prefixes)]
     except PhraseError as error:
         if error.index is None:
             raise
         raise error.at(f"line {first + error.index}: ") from None  # its options marked
+    best = [candidates[0][0] for candidates in scored]
+    if jsonl:
+        return _records(chunk, prefixes, scored, reports or None), best, reports
+    # A search may finish fewer than n_best (constraints, a tiny vocabulary): empty columns keep each line's count.
+    return ["\t".join([text for text, _ in c] + [""] * (n_best - len(c))) for c in scored], best, reports
 
 
 def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_best: int, chunk_size: int,
                      progress=None, attention_dir: Path | None = None, alignment_layer: int | None = None,
                      prefix: str | None = None, prefix_column: bool = False, jsonl: bool = False,
-                     constraints_column: bool = False, glossary: Glossary | None = None) -> list[str]:
+                     constraints_column: bool = False, glossary: Glossary | None = None,
+                     unmet: Callable[[int, list[str]], None] | None = None) -> list[str]:
     """Translate lines chunk by chunk, writing each chunk's output as soon as it is ready; returns
     the best translations. `attention_dir`: write DIR/N.png for input line N (1-based, blank lines
     counted); `alignment_layer` (0-based): follow each translation with a tab and its alignment.
@@ -222,7 +226,9 @@ def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_be
     starts with it; `prefix_column`: each line is source<TAB>prefix instead. `jsonl`: one JSON object
     per line (`_records`) instead of tab-separated text. `constraints_column`: each line is
     source<TAB>phrase[<TAB>phrase…], phrases its translations must contain; `glossary`: the target terms
-    of the source terms a line contains are such phrases (both need decode.per_text_constraints)."""
+    of the source terms a line contains are such phrases (both need decode.per_text_constraints). `unmet`:
+    called, once its chunk is written, with the number of each line whose translation leaves constraints
+    unmet (no translation could meet them all: it is the one that met the most) and those constraints."""
     inspect = attention_dir is not None or alignment_layer is not None
     if inspect:
         chunk_size = min(chunk_size, ATTENTION_CHUNK)
@@ -243,15 +249,21 @@ def translate_stream(translator: Engine, lines: Iterable[str], out: TextIO, n_be
                 _checked_phrases(translator, number, [*(own if constraints_column else []),
                                                       *(glossary.targets_of(source) if glossary else [])])
                 for number, (source, own) in enumerate(pairs, start=first)]
+        reports: list[ConstraintsMet] = []
         if inspect:
             output, best = _inspect_chunk(translator, chunk, n_best, first, attention_dir, alignment_layer,
                                           prefixes, jsonl)
         else:
-            output, best = _search_chunk(translator, chunk, n_best, prefixes, text_constraints, jsonl, first)
+            output, best, reports = _search_chunk(translator, chunk, n_best, prefixes, text_constraints, jsonl,
+                                                  first)
         out.write("".join(line + "\n" for line in output))
         written.extend(best)
-        first += len(chunk)
         out.flush()
+        if unmet is not None:
+            for number, report in enumerate(reports, start=first):
+                if report.held and not report.all_met:
+                    unmet(number, report.unmet)
+        first += len(chunk)
         if progress is not None:
             progress.update(len(chunk))
     return written

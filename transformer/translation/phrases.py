@@ -6,47 +6,33 @@ search.
 
 Phrases are whole words: a constraint (a phrase every output contains) is met by any of its forms (`gare`,
 `▁gare.`, `Gare`) that no subword glued onto it makes a longer word, and an avoided phrase is kept out where
-it stands as whole words (`gare`, `gare.`), not where it begins a longer word (`gares`). Constraints are
-deduplicated by their ids, and one standing as whole words inside another is dropped: writing the longer one
-meets both.
+it stands as whole words (`gare`, `gare.`), not where it begins a longer word (`gares`). A constraint may
+accept alternatives (`nez qui coule|nez coule-t-il`, decoding.alternatives_of): any one of them, written whole,
+meets it, and it counts once. Constraints are deduplicated by their alternatives, and one that another implies
+is dropped (`gare` beside `la gare`: writing the longer one meets both).
 """
 
 from __future__ import annotations
 
 import re
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from transformer.data.text import clean_text, whole_words
-from transformer.data.tokenizer import EOS_ID, UNK_ID, Tokenizers
-from transformer.decoding import DecodeOptions, PhraseError, check_not_avoided
+from transformer.data.tokenizer import UNK_ID, Tokenizers
+from transformer.decoding import DecodeOptions, PhraseError, alternatives_of, check_alternatives, check_not_avoided
 from transformer.errors import option
+from transformer.translation.forms import (Forms, Ids, has_vocabulary, merged_forms, own_form, phrase_forms,
+                                           target_vocabulary)
 
-Ids = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Forms:
-    """Every way an output may write one phrase as subwords. BPE splits text only at spaces, so a word
-    and the punctuation or elision attached to it are one piece, tokenized together: `gare.` is `▁gare.`,
-    not `▁gare` + `.`, and `l'hôpital` holds no `▁hôpital`. A form is the phrase (its first letter in
-    either case) with nothing, or with an elision the vocabulary holds (`l'`, `qu'`), before it, and
-    nothing, or punctuation the vocabulary holds after a word (`.`, `?`), after it: each tokenized as the
-    whole piece. `ending` finds the forms by their last subword; `closed` ones end at a word end (with
-    their punctuation), the others end where the next subword decides (one that glues on makes a longer
-    word). `closed_after` finds the closed forms by the subword before their last (None: one-subword forms),
-    so that a search can rule out the last subword of each form a hypothesis is one subword from."""
-
-    ending: dict[int, tuple[tuple[Ids, bool], ...]] = field(default_factory=dict)
-    closed_after: dict[int | None, tuple[Ids, ...]] = field(default_factory=dict)
+Alternatives = tuple[Ids, ...]  # the subword sequences any one of which, written whole, meets one constraint
 
 
 @dataclass(frozen=True)
 class Phrases:
-    """The phrases of one sentence, as target ids: each output must contain every one of `constraints` and
-    none of `avoid` (as whole words). Both hold each phrase as written alone (what a search writes to meet
-    a constraint); their `Forms` are what meets or breaks them."""
+    """The phrases of one sentence, as target ids: each output must contain every one of `constraints` (one
+    of its `alternatives`) and none of `avoid` (as whole words). Both hold each phrase as written alone (what
+    a search writes to meet a constraint); their `Forms` are what meets or breaks them."""
 
     constraints: tuple[Ids, ...] = ()
     avoid: tuple[Ids, ...] = ()
@@ -61,6 +47,11 @@ class Phrases:
     # piece; a model may still write `▁chan` + `ter.`).
     avoid_text: re.Pattern | None = field(default=None, compare=False)
     pieces: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    # Each constraint's accepted alternatives as written alone, `constraints[j]` first (constraints[j] names
+    # constraint j); each constraint alone by default. `shortest`: the subwords of each one's shortest, the
+    # fewest that meet it, which the bank and the length checks count.
+    alternatives: tuple[Alternatives, ...] = ()
+    shortest: tuple[int, ...] = field(default=(), init=False, compare=False, repr=False)
 
     def writes_avoided(self, text: str) -> bool:
         """Whether `text` (an output's text so far, with what follows it: a space for EOS, else a word
@@ -69,14 +60,21 @@ class Phrases:
         return self.avoid_text is not None and self.avoid_text.search(text) is not None
 
     def __post_init__(self) -> None:  # a phrase with no forms given has its own ids as its one form
+        if not self.alternatives:
+            object.__setattr__(self, "alternatives", tuple((ids,) for ids in self.constraints))
+        if [alternatives[0] for alternatives in self.alternatives] != list(self.constraints):
+            raise ValueError("each constraint's alternatives start with the constraint")  # a caller's bug
+        object.__setattr__(self, "shortest", tuple(min(map(len, options)) for options in self.alternatives))
         if len(self.constraint_forms) != len(self.constraints):
-            object.__setattr__(self, "constraint_forms", tuple(_own_form(ids) for ids in self.constraints))
+            object.__setattr__(self, "constraint_forms", tuple(merged_forms([own_form(ids) for ids in options])
+                                                               for options in self.alternatives))
         if len(self.avoid_forms) != len(self.avoid):
-            object.__setattr__(self, "avoid_forms", tuple(_own_form(ids) for ids in self.avoid))
+            object.__setattr__(self, "avoid_forms", tuple(own_form(ids) for ids in self.avoid))
 
     @property
     def tokens(self) -> int:
-        return sum(len(phrase) for phrase in self.constraints)
+        """The fewest subwords that meet every constraint: each one's shortest alternative."""
+        return sum(self.shortest)
 
     @property
     def empty(self) -> bool:
@@ -85,14 +83,17 @@ class Phrases:
 
 @dataclass(frozen=True)
 class Progress:
-    """How far one hypothesis is through its sentence's constraints: a bit per phrase met, the phrase
-    it is in the middle of (-1: none) with the tokens of it written so far, and the phrase its last token
-    completed (-1: none)."""
+    """How far one hypothesis is through its sentence's constraints: a bit per phrase met, the phrase it is
+    in the middle of (-1: none) with the tokens of it written so far and, as a bit per alternative, those of
+    its alternatives they begin (all begun at one subword), and the phrase its last token completed (-1:
+    none). A phrase completed by one alternative may stay `current` while a longer one that continues its
+    last word (`symptôme|symptômes`) may still be written."""
 
     met: int = 0
     current: int = -1
     position: int = 0
     just_met: int = -1
+    alive: int = 0
 
     @property
     def completed(self) -> bool:
@@ -103,46 +104,110 @@ class Progress:
         """The progress after writing `token` after `history` (the tokens so far). A phrase begun and then
         left loses its progress (Post & Vilar, Section 3): it must be written whole, in one piece. A phrase
         is also met by any of its forms (Forms: `gare.` as one subword). A glued subword right after an
-        open form takes the phrase back (it was not a whole word): the search never writes one there, but a
-        forced prefix may."""
-        constraints = phrases.constraints
+        open form takes the phrase back (it was not a whole word), unless it goes on with a longer
+        alternative: the search writes one there only so, but a forced prefix may."""
+        met = self.met
         if self.completed and token in phrases.glued:
-            return Progress(self.met & ~(1 << self.just_met))
+            met &= ~(1 << self.just_met)
+        alive, complete = self._continued(token, phrases)
         for j, forms in enumerate(phrases.constraint_forms):
-            if self.met >> j & 1:
+            if met >> j & 1:
                 continue
             for form, closed in forms.ending.get(token, ()):
                 if ends_with(history, form[:-1]):
-                    return Progress(self.met | 1 << j, just_met=-1 if closed else j)
-        if self.current >= 0:
-            phrase = constraints[self.current]
-            if phrase[self.position] == token:
-                if self.position + 1 == len(phrase):
-                    return Progress(self.met | 1 << self.current, just_met=self.current)
-                return Progress(self.met, self.current, self.position + 1)
-        for j, phrase in enumerate(constraints):
-            if not self.met >> j & 1 and phrase[0] == token:
-                return (Progress(self.met | 1 << j, just_met=j) if len(phrase) == 1 else
-                        Progress(self.met, j, 1))
-        return Progress(self.met) if self.current >= 0 or self.completed else self
+                    if closed:
+                        return Progress(met | 1 << j)
+                    # Met; a longer alternative that goes on from here stays under way (`symptôme|symptômes`).
+                    going, at = (alive, self.position + 1) if j == self.current else (_started(phrases, j, token)[0], 1)
+                    return Progress(met | 1 << j, j if going else -1, at if going else 0, j, going)
+        if alive or complete:
+            j = self.current
+            return Progress(met | (1 << j if complete else 0), j if alive else -1, self.position + 1 if alive else 0,
+                            j if complete else -1, alive)
+        for j in range(len(phrases.alternatives)):
+            if met >> j & 1:
+                continue
+            started, complete = _started(phrases, j, token)
+            if started or complete:
+                return Progress(met | (1 << j if complete else 0), j if started else -1, 1 if started else 0,
+                                j if complete else -1, started)
+        return Progress(met) if self.current >= 0 or self.completed else self
 
-    def met_tokens(self, constraints: tuple[Ids, ...]) -> int:
-        """The bank: tokens of constraints written (whole phrases met, and the one under way)."""
-        return sum(len(p) for j, p in enumerate(constraints) if self.met >> j & 1) + self.position
+    def _continued(self, token: int, phrases: Phrases) -> tuple[int, bool]:
+        """The alternatives of the phrase under way that `token` continues beyond it (bits), and whether it
+        completes one."""
+        if self.current < 0:
+            return 0, False
+        alive, complete = 0, False
+        for a, alternative in enumerate(phrases.alternatives[self.current]):
+            if self.alive >> a & 1 and alternative[self.position] == token:
+                if len(alternative) == self.position + 1:
+                    complete = True
+                else:
+                    alive |= 1 << a
+        return alive, complete
+
+    def _under_way(self, phrases: Phrases) -> list[Ids]:
+        """The alternatives of the unmet phrase under way that the tokens so far begin ([] for none)."""
+        if self.current < 0 or self.met >> self.current & 1:
+            return []
+        return [options for a, options in enumerate(phrases.alternatives[self.current]) if self.alive >> a & 1]
+
+    def met_tokens(self, phrases: Phrases) -> int:
+        """The bank: the subwords of the constraints met (each its shortest alternative's, whichever was
+        written: a constraint counts once) and of the one under way (fewer than its shortest's)."""
+        written = sum(n for j, n in enumerate(phrases.shortest) if self.met >> j & 1)
+        if self._under_way(phrases):
+            written += min(self.position, phrases.shortest[self.current] - 1)
+        return written
+
+    def unwritten(self, phrases: Phrases) -> int:
+        """The fewest subwords still to write to meet every constraint."""
+        left = sum(n for j, n in enumerate(phrases.shortest) if not self.met >> j & 1)
+        under_way = self._under_way(phrases)
+        if under_way:
+            left += min(map(len, under_way)) - self.position - phrases.shortest[self.current]
+        return left
 
     def met_count(self) -> int:
         """Whole constraints met."""
         return bin(self.met).count("1")
 
-    def all_met(self, constraints: tuple[Ids, ...]) -> bool:
-        return self.met == (1 << len(constraints)) - 1
+    def all_met(self, phrases: Phrases) -> bool:
+        return self.met == (1 << len(phrases.alternatives)) - 1
 
-    def next_tokens(self, constraints: tuple[Ids, ...]) -> list[int]:
-        """The tokens that advance a constraint: the next of the one under way, or the first of each
-        phrase not yet met."""
-        if self.current >= 0:
-            return [constraints[self.current][self.position]]
-        return list(dict.fromkeys(p[0] for j, p in enumerate(constraints) if not self.met >> j & 1))
+    def next_tokens(self, phrases: Phrases, fewest: bool = False) -> list[int]:
+        """The tokens that advance a constraint: the next of the alternatives under way, or the first of each
+        alternative of each phrase not yet met. `fewest`: only those that keep to `unwritten`, the fewest
+        subwords that meet every constraint (an alternative no longer than its phrase's shortest)."""
+        under_way = self._under_way(phrases)
+        if under_way:
+            least = min(map(len, under_way))
+            return list(dict.fromkeys(ids[self.position] for ids in under_way if not fewest or len(ids) == least))
+        return list(dict.fromkeys(ids[0] for j, options in enumerate(phrases.alternatives) if not self.met >> j & 1
+                                  for ids in options if not fewest or len(ids) == phrases.shortest[j]))
+
+    def continuing(self, phrases: Phrases) -> list[int]:
+        """Where the last token completed a phrase whose longer alternative may go on with a glued subword
+        (`symptôme` + `s` of `symptôme|symptômes`), those subwords, which the rule against gluing onto a
+        phrase just completed lets through."""
+        if not self.completed or self.current != self.just_met:
+            return []
+        return list(dict.fromkeys(ids[self.position] for a, ids in enumerate(phrases.alternatives[self.current])
+                                  if self.alive >> a & 1))
+
+
+def _started(phrases: Phrases, j: int, token: int) -> tuple[int, bool]:
+    """The alternatives of constraint `j` that `token` begins and that go on beyond it (bits), and whether it
+    is one of them whole."""
+    started, complete = 0, False
+    for a, alternative in enumerate(phrases.alternatives[j]):
+        if alternative[0] == token:
+            if len(alternative) == 1:
+                complete = True
+            else:
+                started |= 1 << a
+    return started, complete
 
 
 def phrase_ids(tokenizers: Tokenizers, phrase: str, name: str, index: int | None = None) -> Ids:
@@ -162,111 +227,9 @@ def phrase_ids(tokenizers: Tokenizers, phrase: str, name: str, index: int | None
     return tuple(ids)
 
 
-def glued_subwords(tokenizers: Tokenizers) -> frozenset[int]:
-    """The target subwords that continue the word before them: no word-start mark, a letter or digit first
-    (punctuation, which Metaspace also leaves unmarked, ends a word rather than continuing it)."""
-    if not _has_vocabulary(tokenizers):  # a stand-in without a subword vocabulary
-        return frozenset()
-    return frozenset(i for token, i in tokenizers.target.get_vocab().items() if token and not token.startswith("\u2581")
-                     and token[0].isalnum())
-
-
 def ends_with(tokens: Sequence[int], phrase: Sequence[int]) -> bool:
     n = len(phrase)
     return len(tokens) >= n and (n == 0 or tuple(tokens[len(tokens) - n:]) == tuple(phrase))
-
-
-def _own_form(ids: Ids) -> Forms:
-    """A phrase whose only form is its own ids, open (a stand-in tokenizer's, or a test's)."""
-    return Forms({ids[-1]: ((ids, False),)}, {})
-
-
-@dataclass(frozen=True)
-class Affixes:
-    """What the target vocabulary attaches to words: elisions before (`l'`, `qu'`: a few letters and an
-    apostrophe, then a letter), each with the letters it is seen before, and punctuation after (`.`, `?`:
-    a letter, then non-word characters), read from its subwords, so that no language's list is written
-    here and a phrase gets only the elisions its first letter is seen after (`l'hôpital`, not `l'gare`)."""
-
-    before: dict[str, frozenset[str]] = field(default_factory=dict)
-    after: tuple[str, ...] = ()
-
-
-_ELISION = re.compile(r"^\u2581?(\w{1,4}['’])(\w)")
-_TRAILING = re.compile(r"\w(\W+)$")
-
-
-def _has_vocabulary(tokenizers: Tokenizers) -> bool:
-    return getattr(getattr(tokenizers, "target", None), "get_vocab", None) is not None
-
-
-def vocabulary_affixes(tokenizers: Tokenizers) -> Affixes:
-    if not _has_vocabulary(tokenizers):  # a stand-in without a subword vocabulary
-        return Affixes()
-    before: dict[str, set[str]] = {}
-    after = set()
-    for token in tokenizers.target.get_vocab():
-        if match := _ELISION.match(token):
-            before.setdefault(match[1], set()).add(match[2].lower())
-        if match := _TRAILING.search(token.replace("\u2581", " ")):
-            if " " not in match[1]:
-                after.add(match[1])
-    return Affixes({lead: frozenset(letters) for lead, letters in sorted(before.items())}, tuple(sorted(after)))
-
-
-def phrase_forms(tokenizers: Tokenizers, text: str, canonical: Ids, affixes: Affixes) -> Forms:
-    """The Forms of `text` (cleaned), whose ids alone are `canonical`."""
-    text = clean_text(text)
-    firsts = dict.fromkeys([text, text[:1].swapcase() + text[1:]])
-    leads = [lead for lead, letters in affixes.before.items() if text[:1].lower() in letters]
-    pieces = [(before + word + after, bool(after)) for word in firsts for before in ("", *leads)
-              for after in ("", *affixes.after)]
-    encoded = tokenizers.encode_target([piece for piece, _ in pieces])
-    ending: dict[int, dict[Ids, bool]] = {canonical[-1]: {canonical: False}}
-    closed_after: dict[int | None, dict[Ids, None]] = {}
-    for ids, (_, closed) in zip(encoded, pieces):
-        ids = tuple(ids)
-        if not ids or UNK_ID in ids:
-            continue
-        ending.setdefault(ids[-1], {}).setdefault(ids, closed)
-        if closed:
-            closed_after.setdefault(ids[-2] if len(ids) > 1 else None, {})[ids] = None
-    return Forms({token: tuple(forms.items()) for token, forms in ending.items()},
-                 {token: tuple(forms) for token, forms in closed_after.items()})
-
-
-def target_pieces(tokenizers: Tokenizers) -> tuple[str, ...]:
-    """Each target id's text as it reads inside an output (its word-start mark a space; specials empty)."""
-    vocab = tokenizers.target.get_vocab()
-    pieces = [""] * (max(vocab.values()) + 1)
-    for token, i in vocab.items():
-        if i > EOS_ID:
-            pieces[i] = token.replace("\u2581", " ")
-    return tuple(pieces)
-
-
-@dataclass(frozen=True)
-class TargetVocabulary:
-    """What phrases read of the target vocabulary: its glued subwords, its affixes and each id's text."""
-
-    glued: frozenset[int] = frozenset()
-    affixes: Affixes = Affixes()
-    pieces: tuple[str, ...] = ()
-
-
-# Read once per tokenizer (a vocabulary scan costs tens of milliseconds, a request's whole budget on the
-# server); weak keys, so an unloaded tokenizer takes its entry with it.
-_VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def target_vocabulary(tokenizers: Tokenizers) -> TargetVocabulary:
-    if not _has_vocabulary(tokenizers):  # a stand-in without a subword vocabulary
-        return TargetVocabulary()
-    found = _VOCABULARIES.get(tokenizers.target)
-    if found is None:
-        found = TargetVocabulary(glued_subwords(tokenizers), vocabulary_affixes(tokenizers), target_pieces(tokenizers))
-        _VOCABULARIES[tokenizers.target] = found
-    return found
 
 
 def whole_word_at(ids: Sequence[int], phrase: Ids, glued: frozenset[int]) -> int | None:
@@ -278,64 +241,85 @@ def whole_word_at(ids: Sequence[int], phrase: Ids, glued: frozenset[int]) -> int
     return None
 
 
-def constraints_once(constraints: Sequence[Ids], glued: frozenset[int]) -> tuple[Ids, ...]:
-    """The constraints without repeats, and without a phrase that stands as whole words inside another
-    (writing the longer one meets it; `gare` in `gares du Nord` does not), in their first order. Without
-    this, `gare` required twice (a flag and a glossary) or beside `la gare` made the search write it twice."""
-    unique = list(dict.fromkeys(constraints))
-    return tuple(p for p in unique
-                 if not any(q != p and len(q) > len(p) and whole_word_at(q, p, glued) is not None for q in unique))
+def constraints_once(constraints: Sequence[Alternatives], glued: frozenset[int]) -> tuple[Alternatives, ...]:
+    """The constraints (each its alternatives) without repeats, and without one that another implies, in their
+    first order. One implies another when each of its alternatives writes one of the other's as whole words
+    (`la gare` implies `gare`; `gares du Nord` does not): writing it meets both. Without this, `gare` required
+    twice (a flag and a glossary) or beside `la gare` made the search write it twice. Within a constraint, an
+    alternative that writes another as whole words accepts nothing more (`nez|nez qui coule` is `nez`)."""
+    def writes(longer: Ids, shorter: Ids) -> bool:
+        return longer == shorter or whole_word_at(longer, shorter, glued) is not None
+
+    reduced: dict[frozenset[Ids], Alternatives] = {}  # by their alternatives: a repeat in another order is one
+    for options in constraints:
+        unique = list(dict.fromkeys(options))
+        kept = tuple(a for a in unique if not any(b != a and writes(a, b) for b in unique))
+        reduced.setdefault(frozenset(kept), kept)
+    found = list(reduced.values())
+    return tuple(p for p in found if not any(q is not p and all(any(writes(a, b) for b in p) for a in q)
+                                             for q in found))
 
 
 @dataclass(frozen=True)
 class Named:
-    """A phrase as the user gave it, with its ids."""
+    """A phrase (or one alternative of one) as the user gave it, with its ids."""
 
     text: str
     ids: Ids
+
+
+def _alternatives(tokenizers: Tokenizers, phrase: str, name: str, index: int | None = None) -> tuple[Named, ...]:
+    return tuple(Named(text, phrase_ids(tokenizers, text, name, index)) for text in alternatives_of(phrase))
 
 
 def sentence_phrases(tokenizers: Tokenizers, decode: DecodeOptions, count: int, limits: Sequence[int | None],
                      text_constraints: Sequence[Sequence[str]] | None, prefixes: Sequence[Sequence[int]] | None,
                      prefix_texts: Sequence[str] | None = None, hard_cap: int | None = None) -> list[Phrases]:
     """For each of `count` texts, its Phrases: the options' constraints and avoided phrases with the text's
-    own `text_constraints` (None: none), as target ids. `limits`: each text's output length (None: a blank text,
-    not searched); `prefixes`: each text's forced target ids (None: none). A PhraseError, naming the text's
-    index where the text is to blame, when no output could hold to them: an avoided phrase inside a
-    constraint or inside the prefix, or constraints that with the prefix need more subwords than the
-    output may have. `hard_cap`: the most subwords the model writes at all (its max_len - 1), which no
-    option raises (None: the `limits` alone)."""
+    own `text_constraints` (None: none), as target ids; a phrase's alternatives (decoding.alternatives_of) are
+    one constraint, and an avoided phrase's are each avoided. `limits`: each text's output length (None: a
+    blank text, not searched); `prefixes`: each text's forced target ids (None: none). A PhraseError, naming
+    the text's index where the text is to blame, when no output could hold to them: a blank alternative, an
+    avoided phrase inside a constraint or inside the prefix, or constraints that with the prefix need more
+    subwords than the output may have (each its shortest alternative). `hard_cap`: the most subwords the model
+    writes at all (its max_len - 1), which no option raises (None: the `limits` alone)."""
     vocabulary = target_vocabulary(tokenizers)
     glued, affixes = vocabulary.glued, vocabulary.affixes
-    shared = [Named(p, phrase_ids(tokenizers, p, "constraints")) for p in decode.constraints]
-    avoid = [Named(p, phrase_ids(tokenizers, p, "avoid")) for p in decode.avoid]
+    shared = [_alternatives(tokenizers, p, "constraints") for p in decode.constraints]
+    avoid = [n for p in decode.avoid for n in _alternatives(tokenizers, p, "avoid")]
+    texts = {n.ids: n.text for n in [*avoid, *(n for options in shared for n in options)]}
     forms: dict[Ids, Forms] = {}  # by a phrase's ids: each phrase's forms are tokenized once
 
-    subwords = _has_vocabulary(tokenizers)  # else a stand-in (the tests' word-level tokenizers): no forms
+    subwords = has_vocabulary(tokenizers)  # else a stand-in (the tests' word-level tokenizers): no forms
 
-    def forms_of(named: Sequence[Named], ids: Ids) -> Forms:
+    def forms_of(ids: Ids) -> Forms:
         if ids not in forms:
-            forms[ids] = phrase_forms(tokenizers, next(n.text for n in named if n.ids == ids), ids, affixes) \
-                if subwords else _own_form(ids)
+            forms[ids] = phrase_forms(tokenizers, texts[ids], ids, affixes) if subwords else own_form(ids)
         return forms[ids]
 
-    avoid_forms = tuple(forms_of(avoid, n.ids) for n in avoid)
+    avoid_forms = tuple(forms_of(n.ids) for n in avoid)
     avoid_text, pieces = None, ()
     if avoid and subwords:
         avoid_text = whole_words([n.text for n in avoid])
         pieces = vocabulary.pieces
     result = []
     for i in range(count):
-        own = [] if text_constraints is None else [Named(p, phrase_ids(tokenizers, p, "text_constraints", i))
-                                                   for p in text_constraints[i]]
-        # The options' own constraints were checked against the avoided phrases as the options were made.
-        check_not_avoided([n.text for n in own], decode.avoid, "text_constraints", index=i)
+        given = [] if text_constraints is None else list(text_constraints[i])
+        # The options' own constraints were checked as the options were made.
+        for phrase in given:
+            check_alternatives(phrase, "text_constraints", index=i)
+        check_not_avoided(given, decode.avoid, "text_constraints", index=i)
+        own = [_alternatives(tokenizers, p, "text_constraints", i) for p in given]
+        for options in own:
+            for n in options:
+                texts.setdefault(n.ids, n.text)
         prefix = () if prefixes is None else tuple(prefixes[i])
         if prefix and prefix_texts and limits[i] is not None:  # a blank text is not searched: nor its prefix
             _refuse_avoided_in_prefix(prefix_texts[i], avoid, i)
-        constraints = constraints_once([n.ids for n in shared + own], glued)
-        phrases = Phrases(constraints, tuple(n.ids for n in avoid), glued,
-                          tuple(forms_of(shared + own, ids) for ids in constraints), avoid_forms, avoid_text, pieces)
+        constraints = constraints_once([tuple(n.ids for n in options) for options in shared + own], glued)
+        phrases = Phrases(tuple(options[0] for options in constraints), tuple(n.ids for n in avoid), glued,
+                          tuple(merged_forms([forms_of(ids) for ids in options]) for options in constraints),
+                          avoid_forms, avoid_text, pieces, constraints)
         if limits[i] is not None and phrases.constraints:
             _refuse_what_cannot_fit(phrases, prefix, limits[i], hard_cap, "text_constraints" if own else "constraints",
                                     i)
@@ -361,7 +345,7 @@ def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, hard_cap:
     progress = Progress()
     for at, token in enumerate(prefix):
         progress = progress.advance(token, phrases, prefix[:at])
-    unwritten = phrases.tokens - progress.met_tokens(phrases.constraints)
+    unwritten = progress.unwritten(phrases)
     need = len(prefix) + unwritten
     if need <= limit:
         return
@@ -374,12 +358,13 @@ def _refuse_what_cannot_fit(phrases: Phrases, prefix: Ids, limit: int, hard_cap:
 
 
 def met_phrases(output: str, phrases: Sequence[str]) -> list[bool]:
-    """Whether each phrase (as given: repeats and phrases inside others included) stands as whole words in
-    the `output` text, its first letter in either case: the rule the search holds to (Forms)."""
+    """Whether each phrase (as given: repeats and phrases inside others included), one of its alternatives,
+    stands as whole words in the `output` text, its first letter in either case: the rule the search holds
+    to (Forms)."""
     text = clean_text(output)
-    return [whole_words([phrase], any_case=False).search(text) is not None for phrase in phrases]
+    return [whole_words([a for a in alternatives_of(phrase) if clean_text(a)], any_case=False).search(text)
+            is not None for phrase in phrases]
 
 
-__all__ = ["PhraseError", "Forms", "Phrases", "Progress", "Affixes", "vocabulary_affixes", "phrase_forms", "ends_with",
-           "target_pieces", "TargetVocabulary", "target_vocabulary", "phrase_ids", "glued_subwords", "whole_word_at",
+__all__ = ["PhraseError", "Phrases", "Progress", "Alternatives", "ends_with", "phrase_ids", "whole_word_at",
            "constraints_once", "sentence_phrases", "met_phrases"]

@@ -20,7 +20,7 @@ from transformer.data.text import clean_text
 from transformer.data.tokenizer import UNK, UNK_ID, Tokenizers
 from transformer.decoding import DecodeOptions
 from transformer.errors import UserError
-from transformer.translation.phrases import sentence_phrases
+from transformer.translation.phrases import met_phrases, sentence_phrases
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +270,45 @@ def translate_scored(engine: Engine, texts: list[str], n_best: int | None = None
             zip(translations, output_log_probs(engine, sources, results))]
 
 
+@dataclass(frozen=True)
+class ConstraintsMet:
+    """What a text's best translation holds of the constraints it was searched with, as given (the options',
+    then the text's own; repeats and phrases inside others included), each met as phrases.met_phrases says.
+    `held`: the text was searched held to phrases (not blank, and with constraints or avoided phrases)."""
+
+    constraints: tuple[str, ...]
+    met: tuple[bool, ...]
+    held: bool
+
+    @property
+    def all_met(self) -> bool:
+        """Every constraint met: false only where the search found no translation holding them all and gave the
+        one that met the most (constrained.ConstrainedBeamSearch.run)."""
+        return all(self.met)
+
+    @property
+    def unmet(self) -> list[str]:
+        return [phrase for phrase, met in zip(self.constraints, self.met) if not met]
+
+
+def translate_held(engine: Engine, texts: list[str], n_best: int | None = None, prefixes: list[str] | None = None,
+                   text_constraints: list[list[str]] | None = None, with_scores: bool = False
+                   ) -> tuple[list[list[tuple[str, float | None]]], list[ConstraintsMet]]:
+    """`translate_texts` for an engine whose options hold to phrases (decode.constrained): each text's
+    translations best first, each with its log-probability (`output_log_probs`) when `with_scores` (else None),
+    and what its best translation holds of its constraints."""
+    sources, results, phrases = search_texts_and_phrases(engine, texts, n_best, True, prefixes, text_constraints)
+    translations = decode_outputs(engine.tokenizers, results)
+    scores = (output_log_probs(engine, sources, results) if with_scores else
+              [[None] * len(candidates) for candidates in translations])
+    reports = []
+    for i, candidates in enumerate(translations):
+        constraints = (*engine.decode.constraints, *(text_constraints[i] if text_constraints else ()))
+        met = met_phrases(candidates[0], constraints) if sources[i] else [False] * len(constraints)
+        reports.append(ConstraintsMet(constraints, tuple(met), bool(sources[i]) and not phrases[i].empty))
+    return [list(zip(c, s)) for c, s in zip(translations, scores)], reports
+
+
 def output_log_probs(engine: Engine, sources: list[list[int]], results: list[list[list[int]]]
                      ) -> list[list[float | None]]:
     """For each source's outputs (as search_texts gives them), the log-probability of each with an EOS
@@ -283,4 +322,4 @@ __all__ = ["search_texts_and_phrases", "text_phrases",
            "Engine", "PairScore", "gnmt_length_penalty", "truncate_sources",
            "warn_unknown_characters", "source_ids", "length_sorted_batches", "search_in_batches", "target_prefix_ids",
            "candidates_per_text", "search_texts", "decode_outputs", "translate_texts", "score_ids", "score_texts",
-           "translate_scored", "output_log_probs"]
+           "translate_scored", "ConstraintsMet", "translate_held", "output_log_probs"]

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from transformer.data.tokenizer import BOS, EOS_ID, Tokenizers
-from transformer.decoding import STRATEGIES, traced_strategy
+from transformer.decoding import STRATEGIES, phrase_of, traced_strategy
 from transformer.errors import UserError
+from transformer.translation.phrases import met_phrases
 from transformer.translation.search import BeamCandidates
 from transformer.translation.texts import source_ids, target_prefix_ids, text_phrases
 from transformer.translation.torch_engine import Translator
@@ -101,11 +102,16 @@ class SearchTrace:
     steps: list[SearchStep] = field(default_factory=list)
     finished: list[Finished] = field(default_factory=list)  # beam search: all of them, in the order they finished
     # Constrained search: the phrases every output contains, as the search held to them (repeats, and phrases
-    # standing inside another, once: phrases.constraints_once); Candidate.met indexes this list.
+    # another implies, once: phrases.constraints_once), a phrase's alternatives as `a|b` (decoding.phrase_of);
+    # Candidate.met indexes this list.
     constraints: list[str] = field(default_factory=list)
-    constraint_pieces: list[list[str]] = field(default_factory=list)  # their subwords, as the search writes them
+    # Each one's alternatives' subwords, as the search writes them (one list for a phrase without alternatives).
+    constraint_pieces: list[list[list[str]]] = field(default_factory=list)
     avoid: list[str] = field(default_factory=list)  # constrained search: the phrases no output contains
     start_piece: str = BOS  # the subword every hypothesis starts from (model.decoder_start_id's), unseen in its tokens
+    # Constrained search: whether the output holds every constraint (phrases.met_phrases); false where no
+    # hypothesis could finish with them all, and the output is the end that met the most (constrained.py).
+    met: bool | None = None
 
     @property
     def held_to_phrases(self) -> bool:
@@ -135,6 +141,12 @@ class SearchTrace:
             held = (" A hypothesis could finish only once it held every required phrase ("
                     + ", ".join(map(repr, self.constraints)) + ").")
         if winner is None:
+            if self.met is False and self.output_ids:
+                met = sum(met_phrases(self.output_text, self.constraints))
+                return ("No hypothesis could finish holding every required phrase ("
+                        + ", ".join(map(repr, self.constraints)) + f"): the output, {self.output_text!r}, is the "
+                        f"hypothesis that met the most of them ({met} of {len(self.constraints)}), then scored best, "
+                        "ended with EOS where it could have ended but for the phrases it lacks.")
             return "The search finished no hypothesis." + held
         said = (f"{winner.text!r} won with score {winner.score:.3f} = log-prob {winner.log_prob:.3f} / length "
                 f"penalty {winner.length_penalty:.3f} ({len(winner.tokens) + 1} subwords with EOS, alpha {self.alpha:g}).")
@@ -258,14 +270,16 @@ def trace_search(translator: Translator, text: str, prefix: str = "", n_best: in
         finished.text = finished_text
     source_piece = tokenizers.source.id_to_token
     # The phrases as the search held to them (Candidate.met indexes `constraints`), in words and in subwords.
-    constraints = [] if phrases is None else [list(ids) for ids in phrases.constraints]
+    constraints = [] if phrases is None else [[list(ids) for ids in options] for options in phrases.alternatives]
     avoid = [] if phrases is None else [list(ids) for ids in phrases.avoid]
+    constraint_texts = [phrase_of(_texts(tokenizers, options)) for options in constraints]
     return SearchTrace(strategy.name, decode.beam_size, decode.length_penalty, decode.n_best,
                        decode.max_output_length(len(sources[0]), translator.max_len), sources[0],
                        [source_piece(i) or f"<{i}>" for i in sources[0]], output, recorder.pieces(output), texts[0],
-                       recorder.steps, recorder.finished, _texts(tokenizers, constraints),
-                       [recorder.pieces(ids) for ids in constraints], _texts(tokenizers, avoid),
-                       recorder.piece(translator.model.config.decoder_start_id))
+                       recorder.steps, recorder.finished, constraint_texts,
+                       [[recorder.pieces(ids) for ids in options] for options in constraints],
+                       _texts(tokenizers, avoid), recorder.piece(translator.model.config.decoder_start_id),
+                       None if phrases is None else all(met_phrases(texts[0], constraint_texts)))
 
 
 def _texts(tokenizers: Tokenizers, phrases: list[list[int]]) -> list[str]:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformer.training import run
+from transformer.training import precision_choice, run
 from transformer.config import Config, config_from_dict, config_to_dict
 from transformer.data.batching import PairCorpus
 from transformer.data.corpus import load_pairs
@@ -173,6 +173,16 @@ def _quick_tests_start_no_python(request: pytest.FixtureRequest, monkeypatch: py
         popen_init(self, args, *more, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", checked)
+
+
+@pytest.fixture(autouse=True)
+def _auto_precision_times_nothing(monkeypatch: pytest.MonkeyPatch):
+    """`train.precision: auto` in this process trains at fp32 without timing anything, as on a CPU
+    without bf16 units: where the hardware has them, auto would time both precisions at each run's
+    start and pick the faster, and two runs a test compares could pick differently. Tests of that
+    choice (test_precision_choice.py) patch it their own way; a test that trains in a child process
+    and compares its weights states a precision in its config."""
+    monkeypatch.setattr(precision_choice, "fast_bf16", lambda device: False)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -185,7 +185,8 @@ def write_run_config(path: Path, corpora: list[dict]) -> Path:
         "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
                   "dropout": 0.3},
         "train": {"max_steps": 24, "batch_tokens": 104, "warmup_steps": 10, "log_every": 10, "valid_every": 8,
-                  "checkpoint_every": 5, "device": "cpu", "threads": 1, "attention_images": False},
+                  "checkpoint_every": 5, "device": "cpu", "threads": 1, "attention_images": False,
+                  "precision": "fp32"},  # as test_resume's runs, compared across processes
     }
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path

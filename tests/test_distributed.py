@@ -83,8 +83,8 @@ def write_config(path: Path, csv_path: Path, batch_tokens: int, **train: object)
                   "schedule": "inverse_sqrt", "peak_lr": 1e-3, "warmup_steps": 4, "adam_eps": 1e-6,
                   "log_every": 1, "valid_every": 100, "checkpoint_every": STOP_AFTER,
                   "keep_checkpoints": 10, "device": "cpu", "threads": 1, "attention_images": False,
-                  # fp32: the equivalences below are to float rounding; `auto` picks bf16 on CPUs with
-                  # AMX or AVX-512-BF16, whose rounding differs with the summation order.
+                  # fp32: the equivalences below are to float rounding; `auto` may pick bf16 on CPUs
+                  # with AMX or AVX-512-BF16, whose rounding differs with the summation order.
                   "precision": "fp32", **train},
     }
     path.write_text(yaml.safe_dump(config), encoding="utf-8")

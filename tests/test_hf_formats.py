@@ -925,7 +925,8 @@ def test_runs_from_a_saved_dataset_and_from_parquet_end_bitwise_as_the_csv_run(t
     settings = {"data": {"valid_pairs": 4, "test_pairs": 4}, "tokenizer": {"vocab_size": 200, "min_frequency": 1},
                 "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
                 "train": {"max_steps": 6, "batch_tokens": 128, "warmup_steps": 3, "valid_every": 6,
-                          "checkpoint_every": 6, "device": "cpu", "threads": 1, "attention_images": False}}
+                          "checkpoint_every": 6, "device": "cpu", "threads": 1, "attention_images": False,
+                          "precision": "fp32"}}  # each process would time auto's precisions anew
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(settings), encoding="utf-8")
     weights = {}

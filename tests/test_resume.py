@@ -73,7 +73,10 @@ def write_config(path: Path, csv_path: Path, **train: object) -> Path:
                   "dropout": 0.3},
         "train": {"max_steps": MAX_STEPS, "batch_tokens": 104, "accumulate_batches": 2, "warmup_steps": 10,
                   "log_every": 10, "valid_every": 10, "checkpoint_every": CHECKPOINT_EVERY, "device": "cpu",
-                  "threads": 1, "attention_images": False, **train},
+                  "threads": 1, "attention_images": False,
+                  # A run killed in a child process is compared with one trained here: auto could time
+                  # the two precisions differently in each (conftest's _auto_precision_times_nothing).
+                  "precision": "fp32", **train},
     }
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path

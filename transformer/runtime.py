@@ -63,14 +63,21 @@ def fast_bf16(device: torch.device) -> bool:
     return False
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """`auto` -> bf16 where the hardware runs it fast (see `fast_bf16`), else fp32. fp16 is refused
-    off CUDA: its gradient scaler is a CUDA tool, and CPUs gain nothing from fp16 matmuls."""
-    if precision == "auto":
-        return "bf16" if fast_bf16(device) else "fp32"
+def check_precision(precision: str, device: torch.device) -> None:
+    """fp16 is refused off CUDA: its gradient scaler is a CUDA tool, and CPUs gain nothing from fp16
+    matmuls."""
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError(f"train.precision: fp16 needs a CUDA GPU, but this run trains on {device.type}; "
                           "use auto, bf16 or fp32")
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """A precision without measuring, for the benches (which time what they are told): `auto` ->
+    bf16 where the hardware has fast bf16 (see `fast_bf16`), else fp32. A training run decides
+    `auto` by timing its own steps instead (training/precision_choice.py)."""
+    check_precision(precision, device)
+    if precision == "auto":
+        return "bf16" if fast_bf16(device) else "fp32"
     return precision
 
 

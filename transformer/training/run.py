@@ -21,6 +21,7 @@ import torch
 
 from transformer.checkpoints.manager import CheckpointManager, load_checkpoint
 from transformer.checkpoints.parent import Parent, load_parent_weights, open_parent
+from transformer.checkpoints.format import read_meta
 from transformer.checkpoints.layout import Best
 from transformer.checkpoints.lookup import load_run_config
 from transformer.checkpoints.rundir import RunDirectory
@@ -28,10 +29,11 @@ from transformer.config import Config, config_to_dict, config_to_yaml
 from transformer.data.prepare import TokenizerSource, prepare
 from transformer.errors import CheckpointError, ConfigError
 from transformer.model import Transformer, count_parameters
-from transformer.runtime import resolve_precision, seed_everything, select_device
+from transformer.runtime import check_precision, seed_everything, select_device
 from transformer.training import distributed
 from transformer.training.logs import TensorBoard
 from transformer.training.optim import build_optimizer
+from transformer.training.precision_choice import decide_precision, log_precision, write_precision
 from transformer.training.trainer import Trainer, TrainingData, TrainState
 from transformer.training.validation import EvaluationSet, sample_over_lengths
 from transformer.translation.metrics import group_references
@@ -107,7 +109,7 @@ def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambd
     run = RunDirectory(run_dir)
     # Device and precision first: a setting this machine cannot run fails before anything is written.
     device = distributed.training_device(select_device(config.train.device))
-    precision = resolve_precision(config.train.precision, device)
+    check_precision(config.train.precision, device)
     with distributed.process_group(device), contextlib.ExitStack() as held:
         checkpoints, resume_from = None, None
         # Rank 0 alone checks and locks the run directory, for all ranks, and picks the checkpoint to
@@ -121,8 +123,7 @@ def train(config: Config, run_dir: Path, should_stop: Callable[[], bool] = lambd
                     checkpoints = _open_run(config, run, rebuild_state)
                     resume_from = checkpoints.resume_point()
         resume_from = distributed.broadcast_object(resume_from)
-        return _train(config, run, checkpoints, resume_from, device, precision, should_stop, show_progress,
-                      before_training)
+        return _train(config, run, checkpoints, resume_from, device, should_stop, show_progress, before_training)
 
 
 def _open_run(config: Config, run: RunDirectory, rebuild_state: bool) -> CheckpointManager:
@@ -146,12 +147,10 @@ def _open_run(config: Config, run: RunDirectory, rebuild_state: bool) -> Checkpo
 
 
 def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | None, resume_from: Path | None,
-           device: torch.device, precision: str, should_stop: Callable[[], bool], show_progress: bool,
+           device: torch.device, should_stop: Callable[[], bool], show_progress: bool,
            before_training: Callable[[], None]) -> TrainOutcome:
     main = distributed.is_main()
-    # The saved config keeps `auto`; this session trains at what it resolves to on this machine.
-    saved_config = config
-    config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
+    saved_config = config  # keeps `auto`: the precision it chose is recorded in the training state
 
     # Data and tokenizers: rank 0 first, which fills the datasets cache and writes a new run's
     # tokenizer files; the other ranks then read them instead of racing it to write them.
@@ -171,6 +170,13 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
         optimizer = build_optimizer(model, config.train)
         with _writing(run.path):
             tensorboard = TensorBoard(run.tensorboard_dir, enabled=main)
+    # After the model is built, before the Trainer: `auto` times steps on a copy of the model and
+    # restores the random state, so the run goes on exactly as if told the precision it chose.
+    choice = decide_precision(config.train, device, model, data, resuming=resume_from is not None,
+                              recorded=lambda: _recorded_precision(resume_from) if resume_from else None)
+    precision = choice.precision
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
+    log_precision(choice)
     rank, world_size = distributed.rank(), distributed.world_size()
     if rank:  # each rank draws its own dropout masks; rank 0 keeps the stream of a single-process run
         torch.manual_seed(distributed.seed_for_rank(config.train.seed, rank))
@@ -192,6 +198,7 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
                 if resume_from is None:
                     heldout()
                     tensorboard.text(0, "config", "```\n" + config_to_yaml(config) + "\n```")
+                    write_precision(choice, tensorboard)
     already_finished = trainer.finished()
     # Checkpoint saves raise their own CheckpointError; this catches the other writers (TensorBoard
     # re-raises its writer thread's OSError on a later call). The last checkpoint stays the resume point.
@@ -203,6 +210,12 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
                 tensorboard.close()
     return TrainOutcome(run.path, state, checkpoints.best if checkpoints else None, resume_from, already_finished,
                         trainer.stopped_early())
+
+
+def _recorded_precision(checkpoint: Path) -> str | None:
+    """The precision the run resumed from `checkpoint` trained at (None: a checkpoint from before the
+    precision was recorded)."""
+    return read_meta(checkpoint, verify=False)["state"].get("precision")
 
 
 def _prepare_data(config: Config, run: RunDirectory, write: bool, resuming: bool,

@@ -46,6 +46,9 @@ class TrainState:
     # Processes that trained: a global batch holds world_size x batch_tokens tokens, so the data
     # position above counts batches of that size.
     world_size: int = 1
+    # What the run trains at: train.precision, or what `auto` measured at the run's start
+    # (precision_choice.py), which a resume keeps. None in checkpoints from before it was recorded.
+    precision: str | None = None
     budget: BudgetState = field(default_factory=BudgetState)  # the budget as steps: budget.py's
 
     @property

@@ -76,7 +76,7 @@ class Trainer:
         # Rank 0 alone validates and saves, so it alone keeps the average of the weights.
         self.average = WeightAverage(model, self.train_config.ema_decay) \
             if self.train_config.ema_decay and distributed.is_main() else None
-        self.state = TrainState(world_size=self.world_size)
+        self.state = TrainState(world_size=self.world_size, precision=self.train_config.precision)
         self.budget = self._budget()
 
     def _budget(self) -> Budget:
@@ -292,6 +292,7 @@ class Trainer:
             raise CheckpointError("was trained on other sentence pairs: the data file changed since this run "
                                   "started. Train on the new data in a new run directory")
         self.state = TrainState.from_dict(meta["state"])
+        self.state.precision = self.train_config.precision  # a checkpoint from before the record has none
         if "weights" in training:  # the weights loaded so far are the average; these are the trained ones
             if self.average is not None:
                 self.average.restore(self.model, int(training["ema_updates"]))

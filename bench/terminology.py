@@ -62,9 +62,9 @@ def speed_child(run: Path, column_file: Path) -> None:
     sources, phrases = [row[0] for row in rows], [row[1:] for row in rows]
     held = any(phrases)
     translator = load_translator(run, device="cpu", beam_size=5, per_text_constraints=held)
-    translator.translate(sources[:8], constraints=[p for p in phrases[:8]] if held else None)  # warm-up
+    translator.translate(sources[:8], text_constraints=[p for p in phrases[:8]] if held else None)  # warm-up
     start = time.perf_counter()
-    translator.translate(sources, constraints=phrases if held else None)
+    translator.translate(sources, text_constraints=phrases if held else None)
     print(json.dumps({"sentences": len(sources), "seconds": time.perf_counter() - start}))
 
 

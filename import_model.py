@@ -9,8 +9,15 @@ Weights are read from safetensors only: a pickle (pytorch_model.bin) is never lo
 The run directory gets what training leaves: config.yaml, tokenizer/, one checkpoint that
 checkpoints/best names, state.json, and imported.json (the source, its revision and its files' SHA-256).
 Translate with it (`python translate.py --run DIR "I am cold."`), serve it, export it, or fine-tune a new
-run from it (train.init_from). A multilingual model, whose source starts with a target-language token
-such as >>fra<<, needs --target-language.
+run from it (train.init_from).
+
+A multi-target model (opus-mt-en-ROMANCE, ...) has target-language tokens such as >>fra<< in its vocabulary
+and reads one at the start of every source, as MarianTokenizer puts it there from ">>fra<< I am cold.".
+Choose the language once, at import: --target-language fra. The run's source tokenizer then puts >>fra<<
+before every source it encodes (translation with either engine, scoring, the server, fine-tuning data, and
+the CTranslate2 and Hugging Face exports), so the run translates into that language only; import it again
+under another run directory for another language. Without --target-language such a model is refused, its
+codes listed.
 
 The run is written beside DIR and renamed into place once whole: a failed or interrupted import leaves
 nothing. DIR must be new (or an empty folder). Exit codes: 0 imported, 2 a problem with the input or the
@@ -33,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("source", metavar="SOURCE", help="a transformers model directory, or a Hub model id")
     parser.add_argument("--run-dir", type=path_argument, required=True, help="the new run directory to write")
     parser.add_argument("--target-language", metavar="CODE",
-                        help="a multilingual model's target language: the code of its >>CODE<< token")
+                        help="a multi-target model's target language: the code of its >>CODE<< token, put "
+                             "before every source (required for such a model; its codes are listed if missing)")
     parser.add_argument("--revision", help="a Hub model's branch, tag or commit (default: main)")
     parser.add_argument("--quiet", action="store_true", help="no log lines")
     return parser.parse_args(argv)

@@ -341,7 +341,8 @@ class MarianDir(Protocol):
     def __call__(self, dest: Path) -> Path: ...
 
 
-def _marian_dir_copies(tmp_path_factory: pytest.TempPathFactory, separate_vocabs: bool) -> MarianDir:
+def _marian_dir_copies(tmp_path_factory: pytest.TempPathFactory, separate_vocabs: bool,
+                       language_codes: tuple[str, ...] = ()) -> MarianDir:
     from marian_dirs import build_marian_dir
 
     built: list[Path] = []
@@ -349,7 +350,7 @@ def _marian_dir_copies(tmp_path_factory: pytest.TempPathFactory, separate_vocabs
     def copy_of(dest: Path) -> Path:
         if not built:
             built.append(build_marian_dir(tmp_path_factory.mktemp("marian") / "opus-mt-en-fr",
-                                          separate_vocabs=separate_vocabs))
+                                          separate_vocabs=separate_vocabs, language_codes=language_codes))
         shutil.copytree(built[0], dest)
         return dest
 
@@ -367,3 +368,10 @@ def marian_dir(tmp_path_factory: pytest.TempPathFactory) -> MarianDir:
 def marian_dir_separate(tmp_path_factory: pytest.TempPathFactory) -> MarianDir:
     """As `marian_dir`, with separate source and target vocabularies (vocab.json, target_vocab.json)."""
     return _marian_dir_copies(tmp_path_factory, separate_vocabs=True)
+
+
+@pytest.fixture(scope="session")
+def marian_dir_multilingual(tmp_path_factory: pytest.TempPathFactory) -> MarianDir:
+    """As `marian_dir`, a multi-target model (as opus-mt-en-ROMANCE): the target-language tokens >>fra<< and
+    >>spa<< in its vocab.json, one of which starts every source."""
+    return _marian_dir_copies(tmp_path_factory, separate_vocabs=False, language_codes=("fra", "spa"))

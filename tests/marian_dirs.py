@@ -70,9 +70,12 @@ def _normal_pieces(processor) -> list[str]:
             if not (processor.is_unknown(i) or processor.is_control(i) or processor.is_unused(i))]
 
 
-def _marian_vocabulary(processors_and_texts: list[tuple[object, list[str]]]) -> dict[str, int]:
-    """Marian's vocabulary of these SentencePiece models: "</s>" 0, "<unk>" 1, then the pieces, most frequent
-    in the encoded texts first (Marian builds its vocab.yml from the encoded corpus), then "<pad>".
+def _marian_vocabulary(processors_and_texts: list[tuple[object, list[str]]], language_codes: tuple[str, ...] = ()
+                       ) -> dict[str, int]:
+    """Marian's vocabulary of these SentencePiece models: "</s>" 0, "<unk>" 1, then a multi-target model's
+    target-language tokens (">>fra<<" for each code of `language_codes`: one starts every source line of its
+    training corpus, so they are among the most frequent), then the pieces, most frequent in the encoded texts
+    first (Marian builds its vocab.yml from the encoded corpus), then "<pad>".
 
     Every piece of every model is in it, used or not, so that MarianTokenizer never maps a piece of its own
     model to <unk>.
@@ -86,7 +89,7 @@ def _marian_vocabulary(processors_and_texts: list[tuple[object, list[str]]]) -> 
             counts.update(pieces)
     pieces = sorted(order, key=lambda piece: (-counts[piece], order[piece]))
     vocabulary = {EOS_PIECE: 0, UNK_PIECE: 1}
-    for piece in pieces:
+    for piece in [f">>{code}<<" for code in language_codes] + pieces:
         vocabulary[piece] = len(vocabulary)
     vocabulary[PAD_PIECE] = len(vocabulary)
     return vocabulary
@@ -96,11 +99,13 @@ def _write_json(path: Path, value: object) -> None:
     path.write_text(json.dumps(value, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
-def write_tokenizer_files(dest: Path, *, separate_vocabs: bool = False, vocab_size: int = 600
-                          ) -> tuple[dict[str, int], dict[str, int]]:
+def write_tokenizer_files(dest: Path, *, separate_vocabs: bool = False, vocab_size: int = 600,
+                          language_codes: tuple[str, ...] = ()) -> tuple[dict[str, int], dict[str, int]]:
     """MarianTokenizer's files of `build_marian_dir`'s directory (source.spm, target.spm, vocab.json, with
     `separate_vocabs` target_vocab.json, tokenizer_config.json) written into `dest` (created), without the
-    model; returns the source and target vocabularies (one dict twice when joint)."""
+    model; returns the source and target vocabularies (one dict twice when joint). `language_codes`: a
+    multi-target model's, each a token ">>code<<" in every vocabulary (not in the SentencePiece models:
+    MarianTokenizer takes the code off a text before SentencePiece reads it)."""
     import sentencepiece
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -110,15 +115,15 @@ def write_tokenizer_files(dest: Path, *, separate_vocabs: bool = False, vocab_si
     processors = [sentencepiece.SentencePieceProcessor(model_proto=model) for model in spm_bytes]
     side_texts = [[pair[side] for pair in training_pairs()] for side in (0, 1)]
     if separate_vocabs:
-        source_vocab = _marian_vocabulary([(processors[0], side_texts[0])])
-        target_vocab = _marian_vocabulary([(processors[1], side_texts[1])])
+        source_vocab = _marian_vocabulary([(processors[0], side_texts[0])], language_codes)
+        target_vocab = _marian_vocabulary([(processors[1], side_texts[1])], language_codes)
         if len(source_vocab) != len(target_vocab):  # one <pad> id serves both embeddings
             raise ValueError(f"source and target vocabularies differ in size: {len(source_vocab)} and "
                              f"{len(target_vocab)}")
         _write_json(dest / "vocab.json", source_vocab)
         _write_json(dest / "target_vocab.json", target_vocab)
     else:
-        source_vocab = target_vocab = _marian_vocabulary(list(zip(processors, side_texts)))
+        source_vocab = target_vocab = _marian_vocabulary(list(zip(processors, side_texts)), language_codes)
         _write_json(dest / "vocab.json", source_vocab)
     # As convert_marian_to_pytorch's save_tokenizer_config writes it.
     _write_json(dest / "tokenizer_config.json", {"source_lang": "en", "target_lang": "fr",
@@ -128,7 +133,8 @@ def write_tokenizer_files(dest: Path, *, separate_vocabs: bool = False, vocab_si
 
 def build_marian_dir(dest: Path, *, separate_vocabs: bool = False, seed: int = 0, vocab_size: int = 600,
                      d_model: int = 32, layers: int = 2, heads: int = 2, ffn: int = 64,
-                     activation: str = "swish", max_positions: int = 128) -> Path:
+                     activation: str = "swish", max_positions: int = 128, language_codes: tuple[str, ...] = ()
+                     ) -> Path:
     """Write a MarianMT directory at `dest` (created) and return it.
 
     `vocab_size` is each SentencePiece model's size. One vocab.json for both sides (the union of both
@@ -136,13 +142,16 @@ def build_marian_dir(dest: Path, *, separate_vocabs: bool = False, seed: int = 0
     `separate_vocabs` vocab.json for the source and target_vocab.json for the target, each its own model's
     pieces and of equal size (encoder and decoder embeddings apart, the output tied to the decoder's, as the
     newer OPUS-MT models lay them out). Random weights from `seed`, with a non-zero final_logits_bias and the
-    <pad> embedding row zero, as OPUS-MT's converted models have.
+    <pad> embedding row zero, as OPUS-MT's converted models have. `language_codes` make it a multi-target
+    model (opus-mt-en-ROMANCE's kind): a token ">>code<<" for each in the vocabularies, which MarianTokenizer
+    reads at the start of a source text.
     """
     import torch
     import transformers
 
     dest = Path(dest)
-    source_vocab, target_vocab = write_tokenizer_files(dest, separate_vocabs=separate_vocabs, vocab_size=vocab_size)
+    source_vocab, target_vocab = write_tokenizer_files(dest, separate_vocabs=separate_vocabs, vocab_size=vocab_size,
+                                                       language_codes=language_codes)
     size = len(source_vocab)
     pad_id = size - 1
     config = transformers.MarianConfig(

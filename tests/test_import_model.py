@@ -18,18 +18,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before huggingface_hub reads it:
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e \".[test]\")")
 pytest.importorskip("sentencepiece", reason="sentencepiece builds the tiny MarianMT directories (the test extra)")
 
-from conftest import TINY_PAIRS, MarianDir, TinyRun  # noqa: E402
+from conftest import TINY_PAIRS, MarianDir, TinyRun, write_csv  # noqa: E402
 from marian_dirs import load_marian, unseen_pairs  # noqa: E402
 from test_cli import user_error  # noqa: E402
 from transformer.checkpoints.format import MODEL_FILE, read_meta  # noqa: E402
 from transformer.checkpoints.layout import BEST, CHECKPOINTS, IMPORT_RECORD, read_run_state  # noqa: E402
 from transformer.checkpoints.lookup import find_checkpoint, load_run_config  # noqa: E402
+from transformer.data.text import clean_text  # noqa: E402
+from transformer.data.tokenizer import EOS_ID, load_tokenizers  # noqa: E402
 from transformer.decoding import max_output_length  # noqa: E402
 from transformer.export.run_cache import ctranslate2_model  # noqa: E402
 from transformer.files import file_sha256  # noqa: E402
 from transformer.importing.vocabulary import id_order  # noqa: E402
 from transformer.translation.ct2_engine import load_ct2_translator  # noqa: E402
-from transformer.translation.texts import score_texts, search_texts  # noqa: E402
+from transformer.translation.ct2_format import EXPORT_INFO  # noqa: E402
+from transformer.translation.texts import score_texts, search_texts, source_ids  # noqa: E402
 from transformer.translation.torch_engine import load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 import export as export_cli  # noqa: E402  (the CLI scripts at the repository root)
 import import_model as import_cli  # noqa: E402
+import train as train_cli  # noqa: E402
 
 PAIRS = unseen_pairs(40)  # sentences the tiny SentencePiece models never saw
 
@@ -51,21 +55,31 @@ def nothing_written(run_dir: Path) -> None:
     assert not run_dir.parent.exists() or not [p.name for p in run_dir.parent.iterdir() if p.name.startswith(".tmp-")]
 
 
-@pytest.fixture(scope="module", params=["joint", "separate"])
+@pytest.fixture(scope="module", params=["joint", "separate", "multilingual"])
 def imported(request, tmp_path_factory: pytest.TempPathFactory, marian_dir: MarianDir,
-             marian_dir_separate: MarianDir) -> tuple[Path, Path]:
-    """(the MarianMT directory, the run imported from it), with one vocabulary and with two."""
+             marian_dir_separate: MarianDir, marian_dir_multilingual: MarianDir) -> tuple[Path, Path]:
+    """(the MarianMT directory, the run imported from it), with one vocabulary, with two, and a multi-target
+    model's (one vocabulary with >>fra<< and >>spa<<) imported with --target-language fra."""
     root = tmp_path_factory.mktemp(f"import-{request.param}")
-    source = (marian_dir if request.param == "joint" else marian_dir_separate)(root / "opus-mt-en-fr")
-    assert import_model(source, root / "run", "--quiet") == 0
+    build = {"joint": marian_dir, "separate": marian_dir_separate, "multilingual": marian_dir_multilingual}
+    source = build[request.param](root / "opus-mt-en-fr")
+    language = ["--target-language", "fra"] if request.param == "multilingual" else []
+    assert import_model(source, root / "run", "--quiet", *language) == 0
     return source, root / "run"
 
 
-def their_order(run_dir: Path) -> list[int]:
-    """Our target id -> theirs, from the special ids the run records (vocabulary.id_order's rule)."""
+def marian_input(run_dir: Path, text: str) -> str:
+    """What MarianTokenizer is given for the run's source `text`: its target-language token first where the
+    model is a multi-target one (">>fra<< I am cold.")."""
+    prefix = json.loads((run_dir / IMPORT_RECORD).read_text(encoding="utf-8"))["source_prefix"]
+    return f"{prefix} {text}" if prefix else text
+
+
+def their_order(run_dir: Path, side: str = "target") -> list[int]:
+    """Our id -> theirs on `side`, from the special ids the run records (vocabulary.id_order's rule)."""
     record = json.loads((run_dir / IMPORT_RECORD).read_text(encoding="utf-8"))
-    specials = record["id_order"]["target"]
-    size = read_meta(find_checkpoint(run_dir))["tgt_vocab_size"]
+    specials = record["id_order"][side]
+    size = read_meta(find_checkpoint(run_dir))["src_vocab_size" if side == "source" else "tgt_vocab_size"]
     names = {specials[role]: f"<{role}>" for role in ("pad", "unk", "eos", "bos") if specials[role] is not None}
     return id_order({names.get(i, str(i)): i for i in range(size)}, pad="<pad>", unk="<unk>", eos="<eos>",
                     bos="<bos>" if specials["bos"] is not None else None)
@@ -94,11 +108,35 @@ def test_the_run_holds_what_training_leaves(imported):
     pad = len(json.loads((source / "vocab.json").read_text(encoding="utf-8"))) - 1
     assert record["id_order"]["target"] == {"pad": pad, "unk": 1, "eos": 0, "bos": None}  # Marian's
     assert their_order(run_dir)[:5] == [pad, 1, 2, 0, 3]  # our pad, unk, (an ordinary piece), eos, ...
+    multilingual = ">>fra<<" in json.loads((source / "vocab.json").read_text(encoding="utf-8"))
+    assert (record["target_language"], record["source_prefix"]) == (("fra", ">>fra<<") if multilingual
+                                                                    else (None, None))
     assert sorted(p.name for p in run_dir.iterdir()) == [CHECKPOINTS, "config.yaml", IMPORT_RECORD, "state.json",
                                                        "tokenizer"]
 
 
 # --------------------------------------------------------------------------- exactness
+
+
+def test_source_ids_equal_marian_tokenizers(imported):
+    """The ids every source is read by (texts.source_ids: translation, scoring, both engines; training data
+    encode the same way) are MarianTokenizer's for the same text, after the target-language token (">>fra<< "
+    + text) where the model is a multi-target one, on a few hundred sentences the SentencePiece models never
+    saw."""
+    source, run_dir = imported
+    _, tokenizer = load_marian(source)
+    texts = [clean_text(s) for s, _ in unseen_pairs(300)]
+    ours = source_ids(texts, load_translator(run_dir).tokenizers, 10_000, warn_unknown=False)
+    to_ours = {their: our for our, their in enumerate(their_order(run_dir, "source"))}
+    theirs = [[to_ours[i] for i in tokenizer(marian_input(run_dir, text)).input_ids] for text in texts]
+    assert all(ids[-1] == EOS_ID for ids in theirs)  # MarianTokenizer's, which our batching adds
+    assert ours == [ids[:-1] for ids in theirs]
+    codes = {ids[0] for ids in ours}
+    record = json.loads((run_dir / IMPORT_RECORD).read_text(encoding="utf-8"))
+    if record["source_prefix"]:
+        assert codes == {to_ours[tokenizer.convert_tokens_to_ids(">>fra<<")]}
+    else:
+        assert len(codes) > 1
 
 
 @pytest.mark.slow
@@ -110,7 +148,7 @@ def test_teacher_forced_log_probabilities_equal_transformers(imported):
     ours = score_texts(load_translator(run_dir), sources, targets)
     theirs = []
     for text, target in PAIRS:
-        batch = tokenizer(text, text_target=target, return_tensors="pt")
+        batch = tokenizer(marian_input(run_dir, text), text_target=target, return_tensors="pt")
         labels = batch.pop("labels")
         decoder_input_ids = torch.cat([torch.tensor([[model.config.decoder_start_token_id]]), labels[:, :-1]], 1)
         with torch.inference_mode():
@@ -150,7 +188,8 @@ def _generated(model, tokenizer, text: str, beams: int, limit: int, run_dir: Pat
     order = their_order(run_dir)
     never = [order[token] for token in read_meta(find_checkpoint(run_dir))["model_config"]["never_generate"]]
     with torch.inference_mode():
-        ids = model.generate(**tokenizer(text, return_tensors="pt"), num_beams=beams, do_sample=False,
+        ids = model.generate(**tokenizer(marian_input(run_dir, text), return_tensors="pt"), num_beams=beams,
+                             do_sample=False,
                              length_penalty=0.0, early_stopping="never", forced_eos_token_id=None,
                              renormalize_logits=False, max_new_tokens=limit + 1,
                              logits_processor=transformers.LogitsProcessorList(
@@ -169,8 +208,14 @@ def test_greedy_and_beam_outputs_equal_generate(imported, beams: int, engine: st
     if engine == "torch":
         translator = load_translator(run_dir, beam_size=beams, length_penalty=0.0)
     else:  # the export translate.py makes, searching as long as ours (a patience far past the beam)
-        translator = load_ct2_translator(*ctranslate2_model(run_dir, None), device="cpu", beam_size=beams,
-                                         length_penalty=0.0, patience=100.0)
+        exported = ctranslate2_model(run_dir, None)
+        translator = load_ct2_translator(*exported, device="cpu", beam_size=beams, length_penalty=0.0,
+                                         patience=100.0)
+        # The export's tokenizer files carry the run's target-language token, and its description says so.
+        prefix = load_tokenizers(run_dir / "tokenizer").source_prefix
+        assert translator.tokenizers.source_prefix == prefix
+        recipe = json.loads((exported[0] / EXPORT_INFO).read_text(encoding="utf-8"))["source"]
+        assert (">>fra<< first" in recipe) is bool(prefix)
     texts = [s for s, _ in PAIRS]
     sources, outputs = search_texts(translator, texts)
     decode, differ = translator.decode, []
@@ -206,7 +251,7 @@ def test_an_export_of_ours_imports_back_bitwise(tmp_path: Path, tiny_run: TinyRu
 
 
 @pytest.mark.slow
-def test_an_imported_run_exports_to_transformers_and_back(imported, tmp_path: Path):
+def test_an_imported_run_exports_to_transformers_and_back(imported, tmp_path: Path, capsys):
     """export.py --to huggingface on an imported run (two SentencePiece models over one vocabulary: the
     source tokenizer is exported, as MarianTokenizer decodes with its source model), then imported again:
     the same weights bit for bit, the same model config, the same translations."""
@@ -220,11 +265,22 @@ def test_an_imported_run_exports_to_transformers_and_back(imported, tmp_path: Pa
     assert type(transformers.AutoModelForSeq2SeqLM.from_pretrained(exported)).__name__ == "MarianMTModel"
     assert len(transformers.AutoTokenizer.from_pretrained(exported)) == read_meta(find_checkpoint(run_dir))[
         "tgt_vocab_size"]  # no <s> added: the vocabulary has none
-    assert import_model(exported, tmp_path / "back", "--quiet") == 0
+    texts = [s for s, _ in PAIRS]
+    # The exported tokenizer reads a text as ours does, the target-language token first: the exported model
+    # translates into the run's language unasked.
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(exported)
+    assert [hf_tokenizer(text).input_ids for text in texts] == [
+        ids + [EOS_ID] for ids in source_ids(texts, load_translator(run_dir).tokenizers, 10_000, warn_unknown=False)]
+    language = []
+    if json.loads((run_dir / IMPORT_RECORD).read_text(encoding="utf-8"))["source_prefix"]:
+        assert import_model(exported, tmp_path / "back") == 2  # the export is a multi-target model's too
+        assert user_error(capsys) == (f"{exported}: a multilingual model: its source starts with a target-language "
+                                      "token; choose one of fra, spa as the target language")
+        language = ["--target-language", "fra"]
+    assert import_model(exported, tmp_path / "back", "--quiet", *language) == 0
     first, back = find_checkpoint(run_dir), find_checkpoint(tmp_path / "back")
     assert read_meta(back)["model_config"] == read_meta(first)["model_config"]
     assert (first / MODEL_FILE).read_bytes() == (back / MODEL_FILE).read_bytes()
-    texts = [s for s, _ in PAIRS]
     assert (load_translator(tmp_path / "back", beam_size=4).translate(texts)
             == load_translator(run_dir, beam_size=4).translate(texts))
 
@@ -430,3 +486,27 @@ def test_a_target_language_for_a_model_without_one_is_refused(tmp_path: Path, ma
     assert user_error(capsys) == (f"{source}: has no target-language tokens (>>code<<); the target language 'fra' is "
                                   "for multilingual models only")
     nothing_written(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_a_multilingual_import_fine_tunes_with_its_target_language_token(tmp_path: Path,
+                                                                         marian_dir_multilingual: MarianDir):
+    """train.py --init-from a run imported from a multi-target model: the child copies the tokenizer files,
+    the language token with them, so that its training and validation pairs are read as the parent reads a
+    source."""
+    source = marian_dir_multilingual(tmp_path / "opus")
+    assert import_model(source, tmp_path / "parent", "--target-language", "fra", "--quiet") == 0
+    data = write_csv(tmp_path / "pairs.csv", unseen_pairs(80))
+    config = {"data": {"path": str(data), "valid_pairs": 8, "test_pairs": 8, "max_length": 64},
+              "train": {"max_steps": 2, "batch_tokens": 400, "valid_every": 2, "checkpoint_every": 2, "device": "cpu",
+                        "threads": 1, "attention_images": False, "n_valid_samples": 0}}
+    (tmp_path / "child.yaml").write_text(json.dumps(config), encoding="utf-8")
+    assert train_cli.main(["--config", str(tmp_path / "child.yaml"), "--run-dir", str(tmp_path / "child"),
+                           "--init-from", str(tmp_path / "parent"), "--no-progress"]) == 0
+    parent_files, child_files = (sorted((tmp_path / run / "tokenizer").iterdir()) for run in ("parent", "child"))
+    assert [p.name for p in child_files] == [p.name for p in parent_files] == ["source.json", "target.json"]
+    assert [p.read_bytes() for p in child_files] == [p.read_bytes() for p in parent_files]
+    code = load_tokenizers(tmp_path / "parent" / "tokenizer").source_prefix[0][1]
+    child = load_tokenizers(tmp_path / "child" / "tokenizer")
+    assert {ids[0] for ids in child.encode_source([s for s, _ in unseen_pairs(80)])} == {code}
+    assert load_translator(tmp_path / "child").translate(["I am cold."])  # and it translates

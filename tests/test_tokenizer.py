@@ -15,7 +15,7 @@ from transformer.data.text import clean_text
 from transformer.errors import CheckpointError
 from transformer.data.tokenizer import (
     BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID, Tokenizers, load_tokenizers, save_tokenizers,
-    tokenizer_fingerprint, tokenizers_digest, train_tokenizers,
+    tokenizer_fingerprint, tokenizers_digest, train_tokenizers, with_source_prefix,
 )
 
 FRENCH = [
@@ -254,3 +254,43 @@ def test_a_tokenizer_file_whose_merges_build_a_special_token_loads_and_reads_ord
         assert not {PAD_ID, UNK_ID, BOS_ID, EOS_ID} & set(ids), ids
     assert loaded.decode_target(loaded.encode_target(texts)) == texts
     assert tokenizer_fingerprint(tmp_path) == fingerprint
+
+
+# --------------------------------------------------------------------------- a source prefix
+
+
+def test_our_tokenizers_have_no_source_prefix_and_encode_sources_as_without_special_tokens(
+        joint: Tokenizers, separate: Tokenizers, tiny_tokenizers: Tokenizers, all_pairs, tmp_path: Path):
+    """encode_source runs the source tokenizer's post-processor, which the tokenizers trained here lack:
+    the same ids as without it, and a saved file as it was."""
+    texts = all_pairs[0] + FRENCH + SPELLED_TEXTS + ["", " "]
+    for tokenizers in (joint, separate, tiny_tokenizers):
+        assert json.loads(tokenizers.source.to_str())["post_processor"] is None
+        assert tokenizers.source_prefix == ()
+        assert tokenizers.encode_source(texts) == [encoding.ids for encoding in
+                                                   tokenizers.source.encode_batch(texts, add_special_tokens=False)]
+    save_tokenizers(tiny_tokenizers, tmp_path / "a")
+    save_tokenizers(load_tokenizers(tmp_path / "a"), tmp_path / "b")
+    assert (tmp_path / "a" / "joint.json").read_bytes() == (tmp_path / "b" / "joint.json").read_bytes()
+
+
+@pytest.mark.parametrize("layout", ["joint", "separate"])
+def test_a_source_prefix_starts_every_source_only_and_lives_in_the_file(layout: str, joint: Tokenizers,
+                                                                        separate: Tokenizers, tmp_path: Path):
+    tokenizers = joint if layout == "joint" else separate
+    code = 7  # an ordinary piece stands for the language token
+    prefixed = with_source_prefix(tokenizers, ">>fra<<", code)
+    texts = FRENCH + SPELLED_TEXTS + [">>fra<< Oui"]
+    plain_source, plain_target = tokenizers.encode_source(texts), tokenizers.encode_target(texts)
+    assert prefixed.encode_source(texts) == [[code] + ids for ids in plain_source]
+    assert prefixed.encode_target(texts) == plain_target  # one file for both sides holds it, unused there
+    assert prefixed.source_prefix == ((">>fra<<", code),) and tokenizers.source_prefix == ()  # a copy
+    save_tokenizers(tokenizers, tmp_path / "plain")
+    save_tokenizers(prefixed, tmp_path / "prefixed")
+    loaded = load_tokenizers(tmp_path / "prefixed")
+    assert loaded.encode_source(texts) == prefixed.encode_source(texts)
+    assert loaded.encode_target(texts) == plain_target
+    assert loaded.decode_target(plain_target) == tokenizers.decode_target(plain_target)
+    # What a run and the data cache know its tokenizer by covers the prefix.
+    assert tokenizer_fingerprint(tmp_path / "prefixed") != tokenizer_fingerprint(tmp_path / "plain")
+    assert tokenizers_digest(loaded) != tokenizers_digest(tokenizers)

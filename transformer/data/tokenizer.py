@@ -1,7 +1,9 @@
 """Byte-pair-encoding tokenizers: train, save, load, fingerprint, and the special-token ids.
 
 The special ids live here and nowhere else. BOS/EOS are *not* added by the tokenizer:
-the batching code adds them, so encoded sequences are plain subwords. A text that spells a special
+the batching code adds them, so encoded sequences are plain subwords. A source tokenizer's file may hold a
+prefix that starts every source (`with_source_prefix`: an imported multi-target model's target-language
+token, ">>fra<<"); those this module trains have none. A text that spells a special
 token ("<s>", "</s>", "<pad>", "<unk>") is read as the characters it is spelled with, in training data,
 inputs, prefixes, references and the API alike (`_reading_specials_as_text`).
 """
@@ -16,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from transformer.config import TokenizerConfig
 from transformer.errors import CheckpointError
@@ -46,12 +48,21 @@ class Tokenizers:
     joint: bool
 
     def encode_source(self, texts: list[str]) -> list[list[int]]:
-        """Subword ids of each text, without BOS/EOS."""
-        return _encode(self.source, texts)
+        """Subword ids of each text, without BOS/EOS, after the `source_prefix` (none in runs trained here)."""
+        # The source tokenizer's post-processor runs (add_special_tokens): it holds the prefix, if any. A
+        # tokenizer without one (every tokenizer this module trains) encodes the same either way.
+        return _encode(self.source, texts, add_special_tokens=True)
 
     def encode_target(self, texts: list[str]) -> list[list[int]]:
-        """Subword ids of each text, without BOS/EOS."""
-        return _encode(self.target, texts)
+        """Subword ids of each text, without BOS/EOS. No prefix, even where one file serves both sides."""
+        return _encode(self.target, texts, add_special_tokens=False)
+
+    @property
+    def source_prefix(self) -> tuple[tuple[str, int], ...]:
+        """(token, id) of each token that `encode_source` puts before every text: an imported multi-target
+        model's target-language token (`with_source_prefix`), or nothing."""
+        encoding = self.source.encode("", add_special_tokens=True)
+        return tuple(zip(encoding.tokens, encoding.ids))
 
     def decode_target(self, ids_batch: list[list[int]]) -> list[str]:
         """Text of each id sequence: stops at the first EOS and skips PAD.
@@ -72,11 +83,28 @@ class Tokenizers:
         return self.target.get_vocab_size(with_added_tokens=True)
 
 
-def _encode(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+def _encode(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
     # encode_batch_fast: the same ids as encode_batch without the character offsets, which nothing
     # here reads.
     return [encoding.ids for start in range(0, len(texts), _ENCODE_BATCH)
-            for encoding in tokenizer.encode_batch_fast(texts[start: start + _ENCODE_BATCH], add_special_tokens=False)]
+            for encoding in tokenizer.encode_batch_fast(texts[start: start + _ENCODE_BATCH],
+                                                        add_special_tokens=add_special_tokens)]
+
+
+def with_source_prefix(tokenizers: Tokenizers, token: str, token_id: int) -> Tokenizers:
+    """`tokenizers` whose source encoding starts every text with `token_id` (`token`, e.g. ">>fra<<": the
+    target-language token a multi-target OPUS-MT model reads first, as MarianTokenizer puts it there).
+
+    The prefix is the source tokenizer's post-processor, so it lives in the tokenizer file: wherever the
+    file goes (a fine-tuned run's copy, an export) the prefix goes with it, and the tokenizer fingerprint
+    and the data cache's key, which read the file, cover it. Where one file serves both sides it holds the
+    prefix too; `encode_target` runs no post-processor.
+    """
+    source = Tokenizer.from_str(tokenizers.source.to_str())  # a copy: `tokenizers` stays as it is
+    source.post_processor = processors.TemplateProcessing(single=[token, "$A"], special_tokens=[(token, token_id)])
+    source = _reading_specials_as_text(source)  # a setting that to_str does not keep
+    target = source if tokenizers.joint else tokenizers.target
+    return Tokenizers(source=source, target=target, joint=tokenizers.joint)
 
 
 def _strip_specials(ids: Iterable[int]) -> list[int]:
@@ -260,5 +288,6 @@ def tokenizer_fingerprint(directory: str | Path) -> str:
 
 __all__ = [
     "PAD", "UNK", "BOS", "EOS", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "SPECIAL_TOKENS",
-    "Tokenizers", "train_tokenizers", "save_tokenizers", "load_tokenizers", "tokenizers_digest", "tokenizer_fingerprint",
+    "Tokenizers", "with_source_prefix", "train_tokenizers", "save_tokenizers", "load_tokenizers", "tokenizers_digest",
+    "tokenizer_fingerprint",
 ]

@@ -135,6 +135,10 @@ def _description(found: Path, meta: dict[str, Any], model: Transformer, tokenize
     never_tokens = [target.id_to_token(token_id) for token_id in model.config.never_generate]
     never = ("nothing is" if not never_tokens else f"{never_tokens[0]} is" if len(never_tokens) == 1
              else f"{', '.join(never_tokens[:-1])} and {never_tokens[-1]} are")
+    prefix = [token for token, _ in tokenizers.source_prefix]  # an imported multi-target model's language token
+    encoding = ("the source tokenizer without special tokens" if not prefix else
+                f"the source tokenizer, its post-processor included (add_special_tokens=True), which puts "
+                f"{' '.join(prefix)} first")
     return {
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
@@ -144,7 +148,7 @@ def _description(found: Path, meta: dict[str, Any], model: Transformer, tokenize
                       "target": f"{EXPORT_TOKENIZER_DIR}/{JOINT_FILE if tokenizers.joint else TARGET_FILE}"},
         "source": ("clean the text with transformer.data.text.clean_text (NFC, invisible characters removed, "
                    "typographic apostrophes to ', whitespace runs to one space, ends stripped); encode it with "
-                   "the source tokenizer without special tokens; keep at most max_len - 1 subwords; pass the "
+                   f"{encoding}; keep at most max_len - 1 subwords; pass the "
                    f"token strings: CTranslate2 appends {EOS} itself (add_source_eos) and adds no {BOS}. "
                    "A blank line translates to a blank line without running the model"),
         "target": (f"decoding starts from {start} and ends at {EOS}; {never} never emitted (suppress_sequences "

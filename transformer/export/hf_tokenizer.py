@@ -28,17 +28,21 @@ def import_transformers() -> Any:
 
 def build_hf_tokenizer(tokenizers: Tokenizers, max_len: int) -> Any:
     """A fast tokenizer that gives exactly our source ids for a raw text: clean_text as a normalizer
-    before our tokenizer's own, our source tokenizer, and EOS appended (our sources have EOS and no BOS).
-    Where the run has two tokenizer files over one vocabulary (an imported OPUS-MT model), the source one:
-    it decodes target ids too."""
+    before our tokenizer's own, our source tokenizer, its source prefix first (an imported multi-target
+    model's target-language token: the exported model translates into that language without being told)
+    and EOS appended (our sources have EOS and no BOS). Where the run has two tokenizer files over one
+    vocabulary (an imported OPUS-MT model), the source one: it decodes target ids too."""
     transformers = import_transformers()
     from tokenizers import Tokenizer, normalizers, processors
 
     tokenizer = Tokenizer.from_str(tokenizers.source.to_str())  # a copy: the run's object stays as it is
     own = [tokenizer.normalizer] if tokenizer.normalizer is not None else []
     tokenizer.normalizer = normalizers.Sequence([clean_text_normalizer(), *own])
-    tokenizer.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", pair=f"$A $B {EOS}",
-                                                             special_tokens=[(EOS, EOS_ID)])
+    prefix = list(tokenizers.source_prefix)
+    first = [token for token, _ in prefix]
+    tokenizer.post_processor = processors.TemplateProcessing(single=[*first, "$A", EOS],
+                                                             pair=[*first, "$A", "$B", EOS],
+                                                             special_tokens=[*prefix, (EOS, EOS_ID)])
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return transformers.PreTrainedTokenizerFast(

@@ -20,7 +20,8 @@ from transformer.checkpoints.layout import Best, RunState, step_dir_name
 from transformer.checkpoints.rundir import RunDirectory
 from transformer.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer.config import config_to_yaml
-from transformer.data.tokenizer import BOS, BOS_ID, UNK_ID, save_tokenizers, tokenizer_fingerprint
+from transformer.data.tokenizer import (BOS, BOS_ID, UNK_ID, save_tokenizers, tokenizer_fingerprint,
+                                        with_source_prefix)
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.importing.marian import CONFIG_FILE, MarianShape, read_generation, read_marian_config
 from transformer.importing.marian_weights import our_state_dict, read_weights
@@ -50,6 +51,8 @@ def import_model(source: str, run_dir: Path, target_language: str | None = None,
     tokenizer = read_tokenizer(directory)
     _check_vocabularies(shape, tokenizer, directory)
     prefix = check_target_language(tokenizer, target_language, directory)
+    if prefix is not None:  # the token MarianTokenizer reads first, put there by the source tokenizer's file
+        tokenizer = replace(tokenizer, tokenizers=with_source_prefix(tokenizer.tokenizers, *prefix))
     src_order, tgt_order = tokenizer.source.order, tokenizer.target.order
     state, share, output_bias = our_state_dict(tensors, directory / WEIGHTS_FILE, shape, torch.tensor(src_order),
                                                torch.tensor(tgt_order))
@@ -117,10 +120,10 @@ def _run_config(run_dir: Path, model: ModelConfig, tokenizer: ImportedTokenizer,
                   model=model, train=TrainConfig(max_minutes=_TRAIN_MINUTES), decode=decode)
 
 
-def _record(found: ModelSource, tokenizer: ImportedTokenizer, prefix: str | None,
+def _record(found: ModelSource, tokenizer: ImportedTokenizer, prefix: tuple[str, int] | None,
             target_language: str | None) -> dict[str, Any]:
     return {"format": IMPORT_FORMAT, "version": IMPORT_VERSION, **found.record(), "tokenizer": tokenizer.kind,
-            "target_language": target_language, "source_prefix": prefix,
+            "target_language": target_language, "source_prefix": None if prefix is None else prefix[0],
             # What the ids of the run are: vocabulary.py's permutation of each side, given by its special ids.
             "id_order": {"rule": ORDER_RULE, "source": _specials(tokenizer.source),
                          "target": _specials(tokenizer.target)}}

@@ -3,8 +3,9 @@ with separate vocabularies also target_vocab.json; tokenizer_config.json), conve
 
 Two SentencePiece models mean two tokenizers (source.json and target.json) even where one vocabulary serves
 both sides; one tokenizer (joint.json) only where both sides share the model file and the vocabulary.
-MarianTokenizer reads a target-language code that starts a source text (">>fra<<") as one token; here it
-is characters like any text (a multi-target model's prefix is not handled yet).
+MarianTokenizer reads a target-language code that starts a source text (">>fra<<") as one token; here such
+a code in a text is characters like any text, and the import puts the chosen target language's token before
+every source itself (tokenizer_files.check_target_language, data/tokenizer.py's with_source_prefix).
 """
 
 from __future__ import annotations

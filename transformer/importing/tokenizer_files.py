@@ -53,9 +53,16 @@ class Vocabulary:
     def our_id(self, token: str) -> int:
         return self.order.index(self.tokens.index(token))
 
+    def language_tokens(self) -> dict[str, int]:
+        """Target-language code -> our id of its token `>>code<<`, in the model's id order. The spaces around
+        a converted tokenizer's spelling of it (sentencepiece_unigram.py's, as our Hugging Face export of an
+        imported run carries it) do not count."""
+        return {match[1]: self.order.index(their_id) for their_id, token in enumerate(self.tokens)
+                if (match := _LANGUAGE_TOKEN.fullmatch(token.strip(" ")))}
+
     def language_codes(self) -> list[str]:
         """The target languages of the tokens `>>code<<` in this vocabulary, in the model's id order."""
-        return [match[1] for token in self.tokens if (match := _LANGUAGE_TOKEN.fullmatch(token))]
+        return list(self.language_tokens())
 
 
 def _tokens(vocab: dict[str, int]) -> tuple[str, ...]:
@@ -165,10 +172,12 @@ def _permuted(state: dict[str, Any], order: list[int], path: Path) -> dict[str, 
     return state
 
 
-def check_target_language(tokenizer: ImportedTokenizer, target_language: str | None, where: Path) -> str | None:
-    """The source prefix token (`>>fra<<`) of `target_language`, refused where the model has language tokens
-    and none is given, or one is given that the model lacks (naming the model's codes)."""
-    codes = tokenizer.source.language_codes()
+def check_target_language(tokenizer: ImportedTokenizer, target_language: str | None, where: Path
+                          ) -> tuple[str, int] | None:
+    """The source prefix token of `target_language` and our id of it (">>fra<<", 2), refused where the model
+    has language tokens and none is given, or one is given that the model lacks (naming the model's codes).
+    `with_source_prefix` (data/tokenizer.py) puts it before every source."""
+    codes = tokenizer.source.language_tokens()
     if target_language is None:
         if codes:
             raise UserError(f"{where}: a multilingual model: its source starts with a target-language token; "
@@ -180,7 +189,7 @@ def check_target_language(tokenizer: ImportedTokenizer, target_language: str | N
     if target_language not in codes:
         raise UserError(f"{where}: has no target-language token >>{target_language}<<; its languages are "
                         f"{', '.join(codes)}")
-    return f">>{target_language}<<"
+    return f">>{target_language}<<", codes[target_language]
 
 
 __all__ = ["MARIAN_FILES", "FAST_FILE", "Vocabulary", "ImportedTokenizer", "read_tokenizer",

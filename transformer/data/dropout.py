@@ -18,6 +18,7 @@ from transformer.data.batching import Batch, PairCorpus, make_batch
 from transformer.data.corpus import SOURCE, TARGET
 from transformer.data.rows import Rows
 from transformer.data.tokenizer import BOS_ID, UNK_ID, Tokenizers
+from transformer.errors import UserError
 from tokenizers import Tokenizer
 
 
@@ -29,6 +30,9 @@ class BpeDropout:
         plain = model.get("type") == "BPE" and not any(
             model.get(key) for key in ("continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
                                        "byte_fallback", "ignore_merges"))
+        if model.get("type") != "BPE":  # an imported model's tokenizer (a SentencePiece unigram, say)
+            raise UserError(f"tokenizer.dropout is BPE-dropout, and this run's tokenizer is a {model.get('type')} "
+                            "model, which has no merges to drop; set tokenizer.dropout: 0")
         if not plain:  # tokenizer.py trains none of these: a bug, not the user's
             raise ValueError("BPE-dropout supports the plain BPE models tokenizer.py trains")
         self.vocab: dict[str, int] = model["vocab"]

@@ -15,7 +15,9 @@ Requests whose Host is not 127.0.0.1, localhost, [::1], the --host address or an
 400: a web page elsewhere cannot reach the server by pointing a name of its own at this machine (DNS
 rebinding). Clients that stall hold nothing for long: at most 1,000 connections (fewer where the limit on
 open files found at start-up leaves less room, as the log line says), 10 s for a request's head and 30 s
-for its body, and when the server is full, a client silent for a second gives its place to a new one.
+for its body, and when the server is full, a client silent for a second gives its place to a new one. A
+request held to phrases (constraints, avoid) whose search would cost more than --max-search-cost gets 413
+(docs/serving.md says how the cost is counted).
 Exit codes: 2 a problem with the input or the system, said in one line; 130 stopped by Ctrl-C.
 """
 
@@ -28,6 +30,7 @@ import sys
 
 from transformer.cli import guard_standard_streams, path_argument, run_script
 from transformer.errors import UserError, name_options
+from transformer.serving.cost import MAX_SEARCH_COST
 from transformer.training.logs import setup_logging
 
 FLAGS = {"engine": "--engine", "device": "--device", "threads": "--threads", "run": "--run",  # the package's names
@@ -51,6 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine", choices=["auto", "ctranslate2", "torch"], default="auto",
                         help="the engine of plain requests: auto (default) is CTranslate2 where it is installed, "
                              "else torch; alignment and sampling requests always run on torch")
+    parser.add_argument("--max-search-cost", type=int, default=MAX_SEARCH_COST, metavar="N",
+                        help="the most a request held to phrases may cost: beam x (phrases + 1) x the sum of its "
+                             "texts' output-length limits in subwords; a costlier one gets 413 "
+                             f"(default: {MAX_SEARCH_COST:,})")
     return parser.parse_args(argv)
 
 
@@ -101,11 +108,14 @@ def run(args: argparse.Namespace) -> None:
     if args.engine != "torch":
         import_ctranslate2_before_torch()
     try:
-        from transformer.serving.app import create_app
+        from transformer.serving.app import ServerCaps, create_app
         from transformer.serving.server import build_server, limits_for_open_files
     except ImportError as error:
         raise UserError(f"serving needs FastAPI and uvicorn ({error.name} is missing): "
                         "pip install -e \".[serve]\"") from None
+    if args.max_search_cost < 1:
+        raise UserError(f"--max-search-cost must be at least 1, got {args.max_search_cost}")
+    caps = ServerCaps(search_cost=args.max_search_cost)
     with listen(args.host, args.port) as sock:  # before the model loads: a port in use costs no wait
         from transformer.engines import EngineRequest, open_server_engines
 
@@ -115,7 +125,7 @@ def run(args: argparse.Namespace) -> None:
         for note in notes:
             logging.info("%s", name_options(note, FLAGS))
         app = create_app(engine, torch_engine=translator,  # attention and seeded samples: torch
-                         allowed_hosts=hosts)
+                         allowed_hosts=hosts, caps=caps)
         limits = limits_for_open_files()  # now that the model's files are open
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"

@@ -34,11 +34,12 @@ from conftest import TinyRun, ctranslate2_openmp_targets  # noqa: E402
 from transformer.engines import EngineRequest, open_server_engines  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
 from transformer.serving.batcher import BatchRecord  # noqa: E402
-from transformer.serving.app import (MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, TranslateWork, Translations,  # noqa: E402
-                                    create_app)
+from transformer.serving.app import (MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, ServerCaps, TranslateWork,  # noqa: E402
+                                    Translations, create_app)
+from transformer.serving.cost import search_cost  # noqa: E402
 from transformer.serving.server import ServerLimits, build_server, listen  # noqa: E402
 from transformer.translation.attention import translate_with_attention  # noqa: E402
-from transformer.decoding import Sampling  # noqa: E402
+from transformer.decoding import DecodeOptions, Sampling  # noqa: E402
 from transformer.translation.texts import translate_scored  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
 
@@ -840,3 +841,41 @@ def test_constrained_requests_leave_no_engine_behind(translator: Translator):
         options = dataclasses.replace(translator.decode, beam_size=2, constraints=(phrase,))
         work(TranslateWork(options, alignment=False), [(SENTENCE, "")])
     assert work._engines == {}
+
+
+LONG_TEXT = "There are two types of canine coronavirus, one that causes mild disease and one that causes another."
+
+
+def test_a_request_whose_search_costs_more_than_the_cap_is_refused_saying_its_cost_and_how_to_fit(
+        translator: Translator):
+    """Issue 58: many long texts with phrases held the one worker for minutes. The cost is an upper bound of
+    constrained beam search's work: beam x (phrases + 1) x the texts' output-length limits."""
+    body = {"texts": [LONG_TEXT] * 8 + ["Hi."], "constraints": ["maladie", "chien"], "avoid": ["chat"], "beam": 2}
+    options = DecodeOptions.over(translator.decode, constraints=("maladie", "chien"), avoid=("chat",), beam_size=2)
+    cost = search_cost(translator, body["texts"], options)
+    long_steps = translator.decode.max_output_length(len(translator.tokenizers.encode_source([LONG_TEXT])[0]),
+                                                     translator.max_len)
+    assert cost.steps == (long_steps,) * 8 + (cost.steps[-1],) and 0 < cost.steps[-1] < long_steps
+    assert cost.total == 2 * (3 + 1) * sum(cost.steps)
+    cap = cost.of(3 * long_steps)  # three long texts fit, a fourth does not
+    with local_client(create_app(translator, torch_engine=translator, caps=ServerCaps(search_cost=cap))) as client:
+        assert client.get("/health").json()["max_search_cost"] == cap
+        response = client.post("/translate", json=body)
+        assert response.status_code == 413
+        answer = response.json()
+        assert answer["search_cost"] == cost.total and answer["max_search_cost"] == cap
+        assert f"costs {cost.total:,} " in answer["error"] and f"max_search_cost of {cap:,}" in answer["error"]
+        assert "send at most 3 of these texts a request" in answer["error"], answer["error"]
+        assert client.post("/translate", json={**body, "texts": body["texts"][:3]}).status_code == 200
+        # /explain's one text is held to the same cap
+        assert client.post("/explain", json={"text": LONG_TEXT, "constraints": body["constraints"],
+                                             "beam": 16}).status_code == 413
+        # a request without phrases costs nothing here: the limits on texts, characters and beam stay its own
+        plain = client.post("/translate", json={"texts": [LONG_TEXT] * 8, "beam": 2})
+        assert plain.status_code == 200 and len(plain.json()["translations"]) == 8
+        assert search_cost(translator, body["texts"], translator.decode) is None
+
+
+def test_serve_max_search_cost_below_one_is_one_error_line(trained_run: Path, capsys):
+    assert serve_cli.main(["--run", str(trained_run), "--port", "0", "--max-search-cost", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: --max-search-cost must be at least 1, got 0"

@@ -6,7 +6,8 @@ and wrong types; their decode values build decoding.DecodeOptions, which checks 
 are checked, and then meet the server's own smaller `ServerCaps`. Every refusal is a 4xx JSON
 `{"error": ...}`: a request whose Host is not an allowed
 name a 400 before anything else, a body above MAX_BODY_BYTES a 413 before it is read, one not whole
-within BODY_TIMEOUT seconds a 408. Translation runs on one worker thread that batches concurrent requests
+within BODY_TIMEOUT seconds a 408, one held to phrases whose search costs more than the server's cap a
+413 (cost.py). Translation runs on one worker thread that batches concurrent requests
 (batcher.py). No model loading here (serve.py), nor the server's connection limits (server.py).
 """
 
@@ -37,6 +38,7 @@ from transformer.checkpoints.lookup import run_dir_of
 from transformer.decoding import DecodeOptions, PhraseError, Sampling
 from transformer.errors import DecodeOptionError, UserError
 from transformer.serving.batcher import Batcher
+from transformer.serving.cost import MAX_SEARCH_COST, SearchCostError, check_search_cost, search_cost
 from transformer.serving.explain_response import ExplainResponse, ExplainWork, explain_texts
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
 from transformer.translation.texts import Engine, translate_scored
@@ -70,10 +72,17 @@ FIELDS = {"beam_size": "beam", "n_best": "n_best", "sampling": "sampling", "top_
 class ServerCaps:
     """A shared server's own limits on what one request may ask, below what the engines compute
     (decoding.RANGES, checked first): a wide beam or a long n-best list holds the one worker for
-    everyone. Refused with a 422 naming the field, as the package's refusals are."""
+    everyone. Refused with a 422 naming the field, as the package's refusals are. `search_cost`: the most a
+    request held to phrases may cost (cost.py), refused with a 413 that says the cost and how to fit."""
 
     beam_size: int = 16
     n_best: int = 16
+    search_cost: int = MAX_SEARCH_COST
+
+    def __post_init__(self) -> None:
+        for name in ("beam_size", "n_best", "search_cost"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
     def check(self, **given: int | None) -> None:
         """Refuse a given value (None: not given) above this server's cap of the same name."""
@@ -403,6 +412,11 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
         status = 422 if isinstance(error, DecodeOptionError) else 400  # a field's value, as pydantic's refusals
         return JSONResponse(status_code=status, content={"error": error.naming(FIELDS)})
 
+    @app.exception_handler(SearchCostError)
+    async def too_costly(request: Request, error: SearchCostError) -> JSONResponse:
+        return JSONResponse(status_code=413, content={"error": str(error), "search_cost": error.cost.total,
+                                                      "max_search_cost": error.limit})
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(status_code=error.status_code, content={"error": str(error.detail)},
@@ -424,6 +438,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
                 "engine": "torch" if isinstance(engine, Translator) else "ctranslate2",
                 "beam": engine.decode.beam_size, "alignment": torch_engine is not None,
                 "max_beam": caps.beam_size, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS,
+                "max_search_cost": caps.search_cost,
                 # translation calls since the start, and the requests and texts they served
                 "batches": dataclasses.asdict(served)}
 
@@ -444,6 +459,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
         if "ctranslate2" not in options.strategy.engines and torch_engine is None:  # the method's own row
             raise UserError(f"this server translates without the torch engine, which alone runs "
                             f"{options.strategy.described or options.strategy.name}")
+        check_search_cost(search_cost(torch_engine, request.texts, options), caps.search_cost)
         work = TranslateWork(options, request.alignment, alone=next(requests) if seeded else 0)
         prefixes = request.prefixes or [""] * len(request.texts)
         future = http.app.state.batcher.submit(work, list(zip(request.texts, prefixes)))
@@ -459,6 +475,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
                                      tuple(request.avoid), beam_size=request.beam,
                                      length_penalty=request.length_penalty)
         caps.check(beam_size=request.beam, n_best=request.n_best)
+        check_search_cost(search_cost(torch_engine, [request.text], options), caps.search_cost)
         future = http.app.state.batcher.submit(ExplainWork(options), [(request.text, request.prefix)])
         return (await asyncio.wrap_future(future))[0]
 

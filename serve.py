@@ -18,17 +18,21 @@ open files found at start-up leaves less room, as the log line says), 10 s for a
 for its body, and when the server is full, a client silent for a second gives its place to a new one. A
 request held to phrases (constraints, avoid) whose search would cost more than --max-search-cost gets 413
 (docs/serving.md says how the cost is counted).
-Exit codes: 2 a problem with the input or the system, said in one line; 130 stopped by Ctrl-C.
+Ctrl-C or SIGTERM stops it within a couple of seconds, also in the middle of a long translation, whose
+request gets 503. Exit codes: 2 a problem with the input or the system, said in one line; 130 stopped by
+Ctrl-C; 143 stopped by SIGTERM (what `timeout`, systemd and `docker stop` send).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
+import os
 import sys
 
-from transformer.cli import guard_standard_streams, path_argument, run_script
+from transformer.cli import StopSignals, guard_standard_streams, path_argument, run_script
 from transformer.errors import UserError, name_options
 from transformer.serving.cost import MAX_SEARCH_COST
 from transformer.training.logs import setup_logging
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> None:
     if args.engine != "torch":
         import_ctranslate2_before_torch()
     try:
-        from transformer.serving.app import ServerCaps, create_app
+        from transformer.serving.app import ServerCaps, create_app, stop_translating
         from transformer.serving.server import build_server, limits_for_open_files
     except ImportError as error:
         raise UserError(f"serving needs FastAPI and uvicorn ({error.name} is missing): "
@@ -134,16 +138,33 @@ def run(args: argparse.Namespace) -> None:
                      ", ".join(hosts), limits.max_connections, files)
         # uvicorn logs each request on standard output: started without one (`>&-`), the server logs none.
         requests_logged = sys.stdout is not None and not sys.stdout.closed
-        build_server(app, limits, access_log=requests_logged).run(sockets=[sock])
+        # Ctrl-C or SIGTERM: requests still unanswered get 503 at once, the server stops, and uvicorn raises the
+        # signal again for StopSignals (main) to say so.
+        build_server(app, limits, access_log=requests_logged, on_stop=lambda: stop_translating(app)).run(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.INFO)
-    # uvicorn stops serving at Ctrl-C, then raises it again for the caller: one line here as everywhere.
-    return run_script(lambda: run(args), sys.stderr, sys.argv[1:] if argv is None else argv, names=FLAGS)
+    def stoppable() -> None:  # SIGTERM (`timeout`, systemd, `docker stop`) as Ctrl-C, while loading too
+        with StopSignals():
+            run(args)
+
+    return run_script(stoppable, sys.stderr, sys.argv[1:] if argv is None else argv, names=FLAGS)
+
+
+def end_process(code: int) -> None:
+    """End the process with `code` at once, its logs and streams flushed. A translation the worker thread is in
+    the middle of when the server stops cannot be stopped from outside, and the interpreter's own exit would
+    tear torch down under it: the C++ runtime aborts (SIGABRT), which is neither the exit code nor a clean
+    end. os._exit skips that teardown; nothing of the server's is left to finish by then."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or departed stream has nothing left to say
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
     guard_standard_streams()
-    sys.exit(main())
+    end_process(main())

@@ -16,11 +16,13 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -31,6 +33,7 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed: pip ins
 from fastapi.testclient import TestClient  # noqa: E402
 
 from conftest import TinyRun, ctranslate2_openmp_targets  # noqa: E402
+from faults import Fault, command, environment  # noqa: E402
 from transformer.engines import EngineRequest, open_server_engines  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
 from transformer.serving.batcher import BatchRecord  # noqa: E402
@@ -879,3 +882,62 @@ def test_a_request_whose_search_costs_more_than_the_cap_is_refused_saying_its_co
 def test_serve_max_search_cost_below_one_is_one_error_line(trained_run: Path, capsys):
     assert serve_cli.main(["--run", str(trained_run), "--port", "0", "--max-search-cost", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: --max-search-cost must be at least 1, got 0"
+
+
+# A translation of minutes, as the worker thread meets one: torch at work on it (a stand-in for the model, so
+# that the test does not depend on how fast this machine translates).
+LONG_TRANSLATION = ("transformer.serving.app:Translations.__call__",
+                    "lambda self, work, items: [__import__('torch').ones(300, 300) @ __import__('torch').ones(300, 300)"
+                    " for _ in range(10**8)]")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, "interrupted"),
+                                                (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_a_signal_stops_serve_py_in_the_middle_of_a_long_translation(trained_run: Path, tmp_path: Path,
+                                                                     signum: int, code: int, line: str):
+    """Issue 58: Ctrl-C left a serving server waiting for its request's translation to end (minutes), and the
+    interpreter's exit then aborted under the worker thread still in torch. Now the request gets 503 (or its
+    connection closes) and the server ends at once with the signal's exit code and line."""
+    fault = Fault("a long translation", patches=(LONG_TRANSLATION,))
+    process = subprocess.Popen(command("serve.py", ["--run", trained_run, "--port", "0", "--engine", "torch",
+                                                    "--device", "cpu"], fault),
+                               cwd=tmp_path, env=environment(tmp_path / "cache"), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    answer: dict[str, object] = {}
+    try:
+        for log_line in process.stderr:
+            if served := re.search(r"serving (http://\S+?/) ", log_line):
+                break
+        else:
+            raise AssertionError("serve.py ended before serving")
+
+        def send() -> None:
+            request = urllib.request.Request(served[1] + "translate", data=b'{"texts": ["Go."]}',
+                                             headers={"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    answer["status"] = response.status
+            except urllib.error.HTTPError as error:
+                answer["status"], answer["body"] = error.code, json.load(error)
+            except OSError as error:  # the connection closed without an answer
+                answer["status"] = repr(error)
+
+        client = threading.Thread(target=send)
+        client.start()
+        time.sleep(1.5)  # the request reaches the worker, which starts its translation
+        process.send_signal(signum)
+        started = time.monotonic()
+        rest = process.communicate(timeout=30)[1]
+        stopped_after = time.monotonic() - started
+        client.join(10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == code, rest
+    assert stopped_after < 5, stopped_after
+    assert rest.strip().splitlines()[-1] == line and "Traceback" not in rest and "terminate" not in rest, rest
+    assert answer["status"] != 200, answer
+    if answer["status"] == 503:
+        assert answer["body"]["error"].startswith("the server is stopping"), answer

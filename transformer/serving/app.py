@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformer.checkpoints.lookup import run_dir_of
 from transformer.decoding import DecodeOptions, PhraseError, Sampling
 from transformer.errors import DecodeOptionError, UserError
-from transformer.serving.batcher import Batcher
+from transformer.serving.batcher import Batcher, Stopped
 from transformer.serving.cost import MAX_SEARCH_COST, SearchCostError, check_search_cost, search_cost
 from transformer.serving.explain_response import ExplainResponse, ExplainWork, explain_texts
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
@@ -58,6 +58,9 @@ BODY_TIMEOUT = 30.0  # seconds from a request's head to the end of its body
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 BATCH_TEXTS = 256  # the most texts the worker translates in one call (4 full requests)
 BATCH_WINDOW = 0.005  # seconds the worker waits for more requests after the first arrived
+# Seconds the app's shutdown waits for the worker to end: an idle one ends at once; one in the middle of a
+# translation ends when it returns (it is a daemon thread, which keeps no process alive).
+STOP_WAIT = 0.5
 PAGE = Path(__file__).parent / "static" / "index.html"
 
 
@@ -378,7 +381,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
     batcher's max_texts and window. `allowed_hosts`: the names a request's Host may give (any port;
     allowed_host's forms). `body_timeout`: seconds a request's body may take. `caps`: what one request may
     ask, below what the engines compute. The batcher's worker runs
-    from the app's startup to its shutdown; while it runs, `app.state.batcher` is it."""
+    from the app's startup to its shutdown (or `stop_translating`); while it runs, `app.state.batcher` is it."""
     if torch_engine is not None and torch_engine.others:
         raise UserError("serving shows one model's attention: not an ensemble")
     if not body_timeout > 0:
@@ -392,8 +395,8 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
         app.state.batcher = Batcher(work, max_texts=batch_texts, window=batch_window, name="translate")
         try:
             yield
-        finally:
-            await asyncio.to_thread(app.state.batcher.close)
+        finally:  # uvicorn has waited for the requests it could; any left get 503
+            await asyncio.to_thread(app.state.batcher.stop, STOP_WAIT)
 
     app = FastAPI(title="English→French Transformer", lifespan=lifespan,
                   description=f"At most {MAX_TEXTS} texts a request, {MAX_CHARS} characters a text.")
@@ -416,6 +419,12 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
     async def too_costly(request: Request, error: SearchCostError) -> JSONResponse:
         return JSONResponse(status_code=413, content={"error": str(error), "search_cost": error.cost.total,
                                                       "max_search_cost": error.limit})
+
+    @app.exception_handler(Stopped)
+    async def stopping(request: Request, error: Stopped) -> JSONResponse:
+        return JSONResponse(status_code=503, headers={"connection": "close"},
+                            content={"error": "the server is stopping: this request was not translated; send it "
+                                              "again once the server is back"})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -482,6 +491,14 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
     return app
 
 
+def stop_translating(app: FastAPI) -> None:
+    """Answer 503 now to every request waiting for the worker or being translated, and take no more: what a
+    server told to stop (Ctrl-C, SIGTERM) does first, so that its connections close at once rather than
+    when a translation of minutes ends. For serve.py, through server.build_server's `on_stop`; the app's
+    shutdown does it too, later."""
+    app.state.batcher.stop()
+
+
 __all__ = ["MAX_TEXTS", "MAX_CHARS", "MAX_BODY_BYTES", "BODY_TIMEOUT", "LOCAL_HOSTS", "BATCH_TEXTS",
            "BATCH_WINDOW", "ServerCaps", "TranslateWork", "TranslateRequest", "ExplainRequest", "TranslateResponse",
-           "Translations", "BodyLimit", "AllowedHosts", "allowed_host", "create_app"]
+           "Translations", "BodyLimit", "AllowedHosts", "allowed_host", "create_app", "stop_translating"]

@@ -32,6 +32,14 @@ import logging
 import os
 import sys
 
+from transformer.hardware import openmp_wait_setting  # noqa: E402 (no torch: before torch or CTranslate2 loads)
+
+# OpenMP's idle threads sleep rather than spin (unless the environment says otherwise): spinning, they take the
+# cores from the process's own work whenever other processes use the machine too, and decoding then slows by
+# far more than its share of the cores (hardware.OPENMP_WAIT says why).
+if (wait := openmp_wait_setting(os.environ)) is not None:
+    os.environ[wait[0]] = wait[1]
+
 from transformer.cli import StopSignals, guard_standard_streams, path_argument, run_script
 from transformer.errors import UserError, name_options
 from transformer.serving.cost import MAX_SEARCH_COST
@@ -101,7 +109,8 @@ def import_ctranslate2_before_torch() -> None:
     pools counted by one runtime there are more OpenMP threads than cores, so libgomp stops spinning and
     sleeps at every barrier: CTranslate2 then runs several times slower whenever the torch engine
     has run once (`python bench/one_process.py` measures both orders). Imported first, each engine
-    keeps its own runtime."""
+    keeps its own runtime. (How idle threads wait, hardware.OPENMP_WAIT, is set for both runtimes alike
+    before either loads; the order decides whether there are two.)"""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:

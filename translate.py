@@ -29,7 +29,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
+
+from transformer.hardware import openmp_wait_setting  # noqa: E402 (no torch: before torch or CTranslate2 loads)
+
+# OpenMP's idle threads sleep rather than spin (unless the environment says otherwise): spinning, they take the
+# cores from the process's own work whenever other processes use the machine too, and decoding then slows by
+# far more than its share of the cores (hardware.OPENMP_WAIT says why).
+if (wait := openmp_wait_setting(os.environ)) is not None:
+    os.environ[wait[0]] = wait[1]
 
 # Nothing here imports torch: the engine policy loads it for the torch engine only, so that the default
 # CTranslate2 engine starts without it (and matplotlib only loads for --attention).

@@ -20,7 +20,8 @@ request held to phrases (constraints, avoid) whose search would cost more than -
 (docs/serving.md says how the cost is counted).
 Ctrl-C or SIGTERM stops it within a couple of seconds, also in the middle of a long translation, whose
 request gets 503. Exit codes: 2 a problem with the input or the system, said in one line; 130 stopped by
-Ctrl-C; 143 stopped by SIGTERM (what `timeout`, systemd and `docker stop` send).
+Ctrl-C; 143 stopped by SIGTERM (what `timeout`, systemd and `docker stop` send); 129 by SIGHUP (the terminal
+or ssh session closed; `nohup` keeps it serving).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from transformer.hardware import openmp_wait_setting  # noqa: E402 (no torch: be
 if (wait := openmp_wait_setting(os.environ)) is not None:
     os.environ[wait[0]] = wait[1]
 
-from transformer.cli import StopSignals, guard_standard_streams, path_argument, run_script
+from transformer.cli import StopSignals, guard_standard_streams, path_argument, run_script, stop_signals
 from transformer.errors import UserError, name_options
 from transformer.serving.cost import MAX_SEARCH_COST
 from transformer.training.logs import setup_logging
@@ -124,6 +125,8 @@ def run(args: argparse.Namespace) -> None:
         from transformer.serving.app import ServerCaps, create_app, stop_translating
         from transformer.serving.server import build_server, limits_for_open_files
     except ImportError as error:
+        if (error.name or "").partition(".")[0] not in ("fastapi", "uvicorn", "starlette", "h11", "pydantic"):
+            raise  # torch (the server loads the torch engine whatever serves plain requests): the boundary's line
         raise UserError(f"serving needs FastAPI and uvicorn ({error.name} is missing): "
                         "pip install -e \".[serve]\"") from None
     if args.max_search_cost < 1:
@@ -147,15 +150,17 @@ def run(args: argparse.Namespace) -> None:
                      ", ".join(hosts), limits.max_connections, files)
         # uvicorn logs each request on standard output: started without one (`>&-`), the server logs none.
         requests_logged = sys.stdout is not None and not sys.stdout.closed
-        # Ctrl-C or SIGTERM: requests still unanswered get 503 at once, the server stops, and uvicorn raises the
+        # Ctrl-C, SIGTERM or SIGHUP: requests still unanswered get 503 at once, the server stops, and raises the
         # signal again for StopSignals (main) to say so.
-        build_server(app, limits, access_log=requests_logged, on_stop=lambda: stop_translating(app)).run(sockets=[sock])
+        build_server(app, limits, access_log=requests_logged, on_stop=lambda: stop_translating(app),
+                     signals=stop_signals()).run(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.INFO)
-    def stoppable() -> None:  # SIGTERM (`timeout`, systemd, `docker stop`) as Ctrl-C, while loading too
+
+    def stoppable() -> None:  # SIGTERM (`timeout`, systemd, `docker stop`), SIGHUP as Ctrl-C, while loading too
         with StopSignals():
             run(args)
 

@@ -161,12 +161,20 @@ BAD_REQUESTS = {
     "constraints with alignment": dict(json={"texts": ["Hi."], "constraints": ["gare"], "alignment": True}),
     "constraints with sampling": dict(json={"texts": ["Hi."], "constraints": ["gare"], "sampling": {}}),
     "constraints not a list": dict(json={"texts": ["Hi."], "constraints": "gare"}),
+    # JSON spells a lone surrogate, which no UTF-8 answer can echo (issue 58: a 500 and a traceback)
+    "a lone surrogate in a text": dict(content=b'{"texts": ["I am \\ud800 cold."]}',
+                                       headers={"content-type": "application/json"}),
+    "a lone surrogate in a constraint": dict(content=b'{"texts": ["Hi."], "constraints": ["fr\\udc00oid"]}',
+                                             headers={"content-type": "application/json"}),
+    "a lone surrogate in a field's name": dict(content=b'{"texts": ["Hi."], "be\\ud800am": 2}',
+                                               headers={"content-type": "application/json"}),
 }
 # The field each refusal names (the first word of its message).
 NAMED = {"an empty constraint": "constraints", "a constraint with no subwords": "constraints",
          "constraints that cannot fit the output": "texts.0", "more constraints than the cap": "constraints",
          "a phrase required and avoided": "constraints", "constraints with alignment": "constraints",
-         "constraints with sampling": "sampling", "constraints not a list": "constraints"}
+         "constraints with sampling": "sampling", "constraints not a list": "constraints",
+         "a lone surrogate in a text": "texts.0", "a lone surrogate in a constraint": "constraints.0"}
 
 
 @pytest.mark.parametrize("name", BAD_REQUESTS)

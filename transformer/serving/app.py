@@ -361,14 +361,17 @@ def _message(errors: list[dict]) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _text_for_nonfinite(value: Any) -> Any:
-    """`value` with every NaN or infinite float (a request's own input, echoed) as its text: JSON has none."""
+def _echoable(value: Any) -> Any:
+    """`value` (a request's own input, echoed) as JSON can carry it: every NaN or infinite float as its text
+    (JSON has none), every lone surrogate in a string as its escape (UTF-8 has none)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, list):
-        return [_text_for_nonfinite(item) for item in value]
+        return [_echoable(item) for item in value]
     if isinstance(value, dict):
-        return {key: _text_for_nonfinite(item) for key, item in value.items()}
+        return {_echoable(key): _echoable(item) for key, item in value.items()}
     return value
 
 
@@ -407,7 +410,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = _text_for_nonfinite(jsonable_encoder(error.errors(), custom_encoder={Exception: str}))
+        errors = _echoable(jsonable_encoder(error.errors(), custom_encoder={Exception: str}))
         return JSONResponse(status_code=422, content={"error": _message(errors), "detail": errors})
 
     @app.exception_handler(UserError)

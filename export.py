@@ -14,7 +14,8 @@ every run directory and checkpoint, and be neither the current directory nor one
 replaces OUT_DIR whole): nothing else is ever deleted. The export is written beside OUT_DIR (beside the
 folder it links to, if it is a link) and renamed into place once whole: a failed or interrupted export
 leaves OUT_DIR as it was. Exit codes: 0 exported, 2 a problem with the input or the system, said in one
-line, 130 interrupted (Ctrl-C).
+line, 130 interrupted (Ctrl-C), 143 stopped by SIGTERM, 129 by SIGHUP (each as Ctrl-C: the half-written
+export is removed).
 """
 
 from __future__ import annotations
@@ -25,10 +26,8 @@ import shlex
 import sys
 
 from transformer.checkpoints.layout import STATE_FILE
-from transformer.cli import guard_standard_streams, path_argument, run_script
+from transformer.cli import StopSignals, guard_standard_streams, path_argument, run_script
 from transformer.errors import UserError
-from transformer.export import ctranslate2, huggingface
-from transformer.runtime import select_device
 from transformer.training.logs import setup_logging
 
 
@@ -53,6 +52,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> None:
+    # Imported here, inside the script's boundary: without torch (an install for CTranslate2 alone) this is one
+    # line saying what to install, not an import's traceback.
+    from transformer.export import ctranslate2, huggingface
+    from transformer.runtime import select_device
+
     if args.checkpoint is not None and (args.checkpoint / STATE_FILE).is_file():
         raise UserError(f"{args.checkpoint}: a run directory, not a checkpoint: use --run {args.checkpoint}")
     if args.score_test and args.to != "huggingface":
@@ -76,8 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.WARNING if args.quiet else logging.INFO)
     # The export is written beside OUT_DIR and renamed into place whole: until then OUT_DIR is untouched.
-    return run_script(lambda: run(args), sys.stderr, sys.argv[1:] if argv is None else argv, names=FLAGS,
-                      interrupted=f"interrupted: nothing was exported; {args.out_dir} is as it was")
+    interrupted = f"interrupted: nothing was exported; {args.out_dir} is as it was"
+
+    def stoppable() -> None:  # SIGTERM (`timeout`, systemd, Slurm), SIGHUP as Ctrl-C: the temporary is removed
+        with StopSignals(interrupted):
+            run(args)
+
+    return run_script(stoppable, sys.stderr, sys.argv[1:] if argv is None else argv, names=FLAGS,
+                      interrupted=interrupted)
 
 
 if __name__ == "__main__":

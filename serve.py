@@ -15,19 +15,35 @@ Requests whose Host is not 127.0.0.1, localhost, [::1], the --host address or an
 400: a web page elsewhere cannot reach the server by pointing a name of its own at this machine (DNS
 rebinding). Clients that stall hold nothing for long: at most 1,000 connections (fewer where the limit on
 open files found at start-up leaves less room, as the log line says), 10 s for a request's head and 30 s
-for its body, and when the server is full, a client silent for a second gives its place to a new one.
-Exit codes: 2 a problem with the input or the system, said in one line; 130 stopped by Ctrl-C.
+for its body, and when the server is full, a client silent for a second gives its place to a new one. A
+request held to phrases (constraints, avoid) whose search would cost more than --max-search-cost gets 413
+(docs/serving.md says how the cost is counted).
+Ctrl-C or SIGTERM stops it within a couple of seconds, also in the middle of a long translation, whose
+request gets 503. Exit codes: 2 a problem with the input or the system, said in one line; 130 stopped by
+Ctrl-C; 143 stopped by SIGTERM (what `timeout`, systemd and `docker stop` send); 129 by SIGHUP (the terminal
+or ssh session closed; `nohup` keeps it serving).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
+import os
 import sys
 
-from transformer.cli import guard_standard_streams, path_argument, run_script
+from transformer.hardware import openmp_wait_setting  # noqa: E402 (no torch: before torch or CTranslate2 loads)
+
+# OpenMP's idle threads sleep rather than spin (unless the environment says otherwise): spinning, they take the
+# cores from the process's own work whenever other processes use the machine too, and decoding then slows by
+# far more than its share of the cores (hardware.OPENMP_WAIT says why).
+if (wait := openmp_wait_setting(os.environ)) is not None:
+    os.environ[wait[0]] = wait[1]
+
+from transformer.cli import StopSignals, guard_standard_streams, path_argument, run_script, stop_signals
 from transformer.errors import UserError, name_options
+from transformer.serving.cost import MAX_SEARCH_COST
 from transformer.training.logs import setup_logging
 
 FLAGS = {"engine": "--engine", "device": "--device", "threads": "--threads", "run": "--run",  # the package's names
@@ -51,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine", choices=["auto", "ctranslate2", "torch"], default="auto",
                         help="the engine of plain requests: auto (default) is CTranslate2 where it is installed, "
                              "else torch; alignment and sampling requests always run on torch")
+    parser.add_argument("--max-search-cost", type=int, default=MAX_SEARCH_COST, metavar="N",
+                        help="the most a request held to phrases may cost: beam x (phrases + 1) x the sum of its "
+                             "texts' output-length limits in subwords; a costlier one gets 413 "
+                             f"(default: {MAX_SEARCH_COST:,})")
     return parser.parse_args(argv)
 
 
@@ -90,7 +110,8 @@ def import_ctranslate2_before_torch() -> None:
     pools counted by one runtime there are more OpenMP threads than cores, so libgomp stops spinning and
     sleeps at every barrier: CTranslate2 then runs several times slower whenever the torch engine
     has run once (`python bench/one_process.py` measures both orders). Imported first, each engine
-    keeps its own runtime."""
+    keeps its own runtime. (How idle threads wait, hardware.OPENMP_WAIT, is set for both runtimes alike
+    before either loads; the order decides whether there are two.)"""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
@@ -101,11 +122,16 @@ def run(args: argparse.Namespace) -> None:
     if args.engine != "torch":
         import_ctranslate2_before_torch()
     try:
-        from transformer.serving.app import create_app
+        from transformer.serving.app import ServerCaps, create_app, stop_translating
         from transformer.serving.server import build_server, limits_for_open_files
     except ImportError as error:
+        if (error.name or "").partition(".")[0] not in ("fastapi", "uvicorn", "starlette", "h11", "pydantic"):
+            raise  # torch (the server loads the torch engine whatever serves plain requests): the boundary's line
         raise UserError(f"serving needs FastAPI and uvicorn ({error.name} is missing): "
                         "pip install -e \".[serve]\"") from None
+    if args.max_search_cost < 1:
+        raise UserError(f"--max-search-cost must be at least 1, got {args.max_search_cost}")
+    caps = ServerCaps(search_cost=args.max_search_cost)
     with listen(args.host, args.port) as sock:  # before the model loads: a port in use costs no wait
         from transformer.engines import EngineRequest, open_server_engines
 
@@ -115,7 +141,7 @@ def run(args: argparse.Namespace) -> None:
         for note in notes:
             logging.info("%s", name_options(note, FLAGS))
         app = create_app(engine, torch_engine=translator,  # attention and seeded samples: torch
-                         allowed_hosts=hosts)
+                         allowed_hosts=hosts, caps=caps)
         limits = limits_for_open_files()  # now that the model's files are open
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
@@ -124,16 +150,35 @@ def run(args: argparse.Namespace) -> None:
                      ", ".join(hosts), limits.max_connections, files)
         # uvicorn logs each request on standard output: started without one (`>&-`), the server logs none.
         requests_logged = sys.stdout is not None and not sys.stdout.closed
-        build_server(app, limits, access_log=requests_logged).run(sockets=[sock])
+        # Ctrl-C, SIGTERM or SIGHUP: requests still unanswered get 503 at once, the server stops, and raises the
+        # signal again for StopSignals (main) to say so.
+        build_server(app, limits, access_log=requests_logged, on_stop=lambda: stop_translating(app),
+                     signals=stop_signals()).run(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(level=logging.INFO)
-    # uvicorn stops serving at Ctrl-C, then raises it again for the caller: one line here as everywhere.
-    return run_script(lambda: run(args), sys.stderr, sys.argv[1:] if argv is None else argv, names=FLAGS)
+
+    def stoppable() -> None:  # SIGTERM (`timeout`, systemd, `docker stop`), SIGHUP as Ctrl-C, while loading too
+        with StopSignals():
+            run(args)
+
+    return run_script(stoppable, sys.stderr, sys.argv[1:] if argv is None else argv, names=FLAGS)
+
+
+def end_process(code: int) -> None:
+    """End the process with `code` at once, its logs and streams flushed. A translation the worker thread is in
+    the middle of when the server stops cannot be stopped from outside, and the interpreter's own exit would
+    tear torch down under it: the C++ runtime aborts (SIGABRT), which is neither the exit code nor a clean
+    end. os._exit skips that teardown; nothing of the server's is left to finish by then."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or departed stream has nothing left to say
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
     guard_standard_streams()
-    sys.exit(main())
+    end_process(main())

@@ -2,13 +2,14 @@
 `python train.py --config configs/base.yaml`.
 
 Re-running the same command resumes the run from its latest checkpoint. Ctrl-C (or SIGTERM, what
-`timeout`, systemd, Slurm and `docker stop` send) finishes the current step, saves a checkpoint and
-exits; during the data stage it stops at once, with the data stage's worker processes. Data-parallel
-on N GPUs or processes: `torchrun --nproc_per_node=N train.py --config ...`.
+`timeout`, systemd, Slurm and `docker stop` send, or SIGHUP, a closed terminal or ssh session; `nohup`
+keeps the command running instead) finishes the current step, saves a checkpoint and exits; during the
+data stage it stops at once, with the data stage's worker processes. Data-parallel on N GPUs or
+processes: `torchrun --nproc_per_node=N train.py --config ...`.
 
-Exit codes: 0 trained, or stopped by Ctrl-C or SIGTERM after saving; 2 a problem with the input or the
-system, said in one line (on every rank of a data-parallel run); 130 interrupted by Ctrl-C (143 by
-SIGTERM) before a save could be made: during the data stage, or by a second signal.
+Exit codes: 0 trained, or stopped by Ctrl-C, SIGTERM or SIGHUP after saving; 2 a problem with the input or
+the system, said in one line (on every rank of a data-parallel run); 130 interrupted by Ctrl-C (143 by
+SIGTERM, 129 by SIGHUP) before a save could be made: during the data stage, or by a second signal.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ import signal
 import sys
 from pathlib import Path
 
-from transformer.hardware import onednn_cache_setting  # noqa: E402 (no torch: before torch loads)
+from transformer.cli import exit_unless_installed  # noqa: E402 (no torch: before torch loads)
+from transformer.hardware import onednn_cache_setting  # noqa: E402
 
 os.environ.setdefault(*onednn_cache_setting())  # a value already in the environment wins
+exit_unless_installed("torch")  # what the imports below need: one line, not their traceback
 
 import datasets
 
@@ -136,7 +139,7 @@ STEP_INTERRUPTED = ("interrupted: nothing was saved for the current step; rerun 
 
 
 class Signals(StopSignals):
-    """Ctrl-C and SIGTERM for the life of a training command, the one as the other (cli.StopSignals).
+    """Ctrl-C, SIGTERM and SIGHUP for the life of a training command, each as the other (cli.StopSignals).
     During the data stage the first stops at once (the datasets cache keeps what was finished) and the
     data stage's worker processes end with this one; once training has begun, the first signal
     finishes the step and saves, a second stops at once. The line then says what was left."""

@@ -21,7 +21,8 @@ installed or cannot do what is asked (--attention, --alignment, --explain, --bf1
 with a note saying why. Translations go to stdout, one line per input line (empty lines stay empty);
 logs, progress and scores go to stderr. Exit codes: 0 done (also when the reader of stdout leaves, as
 `| head` does), 2 a problem with the input or the system, said in one line, 130 interrupted (Ctrl-C), 143
-stopped by SIGTERM (as by Ctrl-C; what `timeout`, systemd and `docker stop` send).
+stopped by SIGTERM (as by Ctrl-C; what `timeout`, systemd and `docker stop` send), 129 by SIGHUP (the
+terminal or ssh session closed; `nohup` keeps the command running instead).
 """
 
 from __future__ import annotations
@@ -29,7 +30,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
+
+from transformer.hardware import openmp_wait_setting  # noqa: E402 (no torch: before torch or CTranslate2 loads)
+
+# OpenMP's idle threads sleep rather than spin (unless the environment says otherwise): spinning, they take the
+# cores from the process's own work whenever other processes use the machine too, and decoding then slows by
+# far more than its share of the cores (hardware.OPENMP_WAIT says why).
+if (wait := openmp_wait_setting(os.environ)) is not None:
+    os.environ[wait[0]] = wait[1]
 
 # Nothing here imports torch: the engine policy loads it for the torch engine only, so that the default
 # CTranslate2 engine starts without it (and matplotlib only loads for --attention).
@@ -195,6 +205,8 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
     check_arguments(args)
     if args.attention:  # before the model loads and DIR is made
         require_installed("matplotlib")
+    if args.reference:  # before anything is translated, only for the scores to fail
+        require_installed("sacrebleu")
     if sys.stdin is None and not (args.sentences or args.input):  # started with `<&-`
         raise UserError("standard input is closed: give the sentences as arguments, or --input FILE")
     given = {name: getattr(args, name) for name in ("top_k", "top_p", "temperature", "seed")}
@@ -272,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     # Written to a temporary and renamed at the end: an interrupted run leaves an earlier --output as it was.
     interrupted = f"interrupted: --output {args.output} was left as it was" if args.output else "interrupted"
 
-    def stoppable() -> None:  # SIGTERM (`timeout`, systemd, `docker stop`) as Ctrl-C: the temporary is removed
+    def stoppable() -> None:  # SIGTERM (`timeout`, systemd, `docker stop`), SIGHUP as Ctrl-C: the temporary is removed
         with StopSignals(interrupted):
             run(args, names)
 

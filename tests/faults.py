@@ -1,7 +1,7 @@
 """Fault injection for the scripts' tests: run train.py, translate.py, export.py or serve.py as a process
 of its own under one fault (a full disk, a read-only directory, a closed standard output, a package
-not installed, SIGINT, SIGTERM or SIGKILL as a chosen function of the package is entered, in the
-script's process or in a worker of its data stage) and return how it ended, with any process it left
+not installed, SIGINT, SIGTERM, SIGHUP (also under `nohup`) or SIGKILL as a chosen function of the package
+is entered, in the script's process or in a worker of its data stage) and return how it ended, with any process it left
 running. An over-long name is not a fault of the process but of an argument: LONG_NAME (and a name
 just short enough, LEGAL_LONG_NAME; `.`). test_faults.py holds the table of cases.
 """
@@ -88,6 +88,7 @@ class Fault:
     from_worker: bool = False  # `at` runs in the data stage's workers; the signal goes to the script from there
     patches: tuple[tuple[str, str], ...] = ()  # ("module:name", Python expression) set before the script runs
     missing: tuple[str, ...] = ()  # modules that fail to import, as a package not installed
+    nohup: bool = False  # started with SIGHUP ignored, as `nohup` starts a command
 
 
 NONE = Fault("none")
@@ -119,6 +120,13 @@ def sigint_at(point: str | None) -> Fault:
 def sigterm_at(point: str) -> Fault:
     """SIGTERM, as `timeout`, systemd, Slurm or `docker stop` send it, as `point` is entered."""
     return Fault(f"SIGTERM at {point}", signal=signal.SIGTERM, at=point)
+
+
+def sighup_at(point: str | None, nohup: bool = False) -> Fault:
+    """SIGHUP, as a closing terminal or ssh session sends it, as `point` is entered (None: once a server
+    answers /health); with `nohup`, to a command started ignoring it."""
+    return Fault(f"SIGHUP{' under nohup' if nohup else ''} at {point or 'serving'}", signal=signal.SIGHUP, at=point,
+                 nohup=nohup)
 
 
 def sigkill_at(point: str) -> Fault:
@@ -170,6 +178,7 @@ def _preexec(fault: Fault):
     def prepare() -> None:
         # A shell's background job may start with SIGINT ignored, and Python then installs no handler.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if fault.nohup else signal.SIG_DFL)
         if fault.file_size is not None:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (fault.file_size, fault.file_size))

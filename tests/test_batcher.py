@@ -1,6 +1,7 @@
 """transformer/serving/batcher.py with a scripted work function: requests waiting together run in one
 call per option set, each gets its own slice in order, the size limit and the window hold, an error
-reaches only its own request, a cancelled request is skipped, and close() finishes what waits."""
+reaches only its own request, a cancelled request is skipped, close() finishes what waits, and stop()
+answers what is unanswered at once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from transformer.serving.batcher import Batcher, BatchRecord, Served
+from transformer.serving.batcher import Batcher, BatchRecord, Served, Stopped
 
 
 class Work:
@@ -110,6 +111,28 @@ def test_close_finishes_the_waiting_requests_then_refuses_new_ones():
     assert not batcher._thread.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
         batcher.submit("a", ["y"])
+
+
+def test_stop_answers_the_call_in_progress_and_the_waiting_requests_at_once():
+    """A server told to stop cannot wait for a translation of minutes (issue 58): every unanswered request
+    fails with Stopped now; the worker drops the results of its call when it returns, and runs nothing more."""
+    work = Work()
+    batcher = Batcher(work, window=60, max_texts=2)
+    running, taken = batcher.submit("a", ["x"]), batcher.submit("b", ["y"])  # one round: "a" runs, "b" is next
+    assert work.started.wait(10)
+    waiting = batcher.submit("a", ["z"])
+    started = time.monotonic()
+    batcher.stop()
+    assert time.monotonic() - started < 1
+    for future in (running, taken, waiting):
+        with pytest.raises(Stopped):
+            future.result(0)
+    with pytest.raises(Stopped):
+        batcher.submit("a", ["w"])
+    assert batcher._thread.is_alive()  # still in its call
+    work.release.set()
+    batcher._thread.join(10)
+    assert not batcher._thread.is_alive() and work.calls == [("a", ["x"])]
 
 
 def test_wrong_settings_are_refused():

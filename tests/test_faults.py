@@ -22,8 +22,8 @@ import pytest
 
 from conftest import TinyRun
 from faults import (ARGUMENT_ONLY, CURRENT_DIRECTORY, FULL_DISK, LEGAL_LONG, LEGAL_LONG_NAME, LONG, LONG_NAME, NONE,
-                    READ_ONLY, STDOUT_CLOSED, Ended, Fault, read_only_unavailable, run_main, run_script, sigint_at,
-                    sigkill_at, sigterm_at, signal_from_worker, without)
+                    READ_ONLY, STDOUT_CLOSED, Ended, Fault, read_only_unavailable, run_main, run_script, sighup_at,
+                    sigint_at, sigkill_at, sigterm_at, signal_from_worker, without)
 from transformer.checkpoints.format import read_meta
 from transformer.checkpoints.layout import CHECKPOINTS, read_run_state, step_dir_name
 
@@ -163,6 +163,13 @@ def earlier_output_kept(where: Where, ended: Ended) -> None:
     assert where.earlier.read_text(encoding="utf-8") == EARLIER
     others = [p.name for p in where.earlier.parent.iterdir() if p.name != "out.fr"]
     assert not others or ended.code == -9, others  # only a killed process cannot remove its temporary
+
+
+def translated_beside_the_earlier(where: Where, ended: Ended) -> None:
+    """Under `nohup` a SIGHUP changes nothing: the translations replace the earlier output, and no
+    temporary is left."""
+    assert where.earlier.read_text(encoding="utf-8").count("\n") == 400
+    assert sorted(p.name for p in where.earlier.parent.iterdir()) == ["out.fr"]
 
 
 def killed_translation_then_translated(where: Where, ended: Ended) -> None:
@@ -311,6 +318,13 @@ CASES = [
     Case("train.py", sigint_at("transformer.training.trainer:Trainer.train_step"),
          lambda w: resume(w, "--set", "train.max_steps=20"), 0,
          r"stopped at step 11; saved \S+step_00000011\. Resume with: python train.py .*", step_11_saved),
+    # SIGHUP (the terminal or ssh session closed) as Ctrl-C; issue 58: it killed the process at once
+    Case("train.py", sighup_at("transformer.training.trainer:Trainer.train_step"),
+         lambda w: resume(w, "--set", "train.max_steps=20"), 0,
+         r"stopped at step 11; saved \S+step_00000011\. Resume with: python train.py .*", step_11_saved),
+    # an install without torch (for CTranslate2 alone): one line, not the traceback of train.py's imports
+    Case("train.py", without("torch"), lambda w: resume(w, "--set", "train.max_steps=20"), 2, not_installed("torch"),
+         step_10_verifies),
     Case("train.py", sigkill_at("transformer.checkpoints.files:_fsync_file"),
          lambda w: resume(w, "--set", "train.max_steps=20"), -9, r".*", killed_at_a_save_then_resumed),
     # translate.py, with the torch engine: it writes nothing into the run
@@ -327,6 +341,11 @@ CASES = [
          r"error: cannot write standard output: it is closed \(Bad file descriptor\); .*", quiet=True),
     Case("translate.py", without("matplotlib"), lambda w: translate_torch(w, "--attention", w.tmp / "maps", SENTENCE),
          2, not_installed("matplotlib"), no_attention_directory, quiet=True),
+    # a regular dependency an install made without (--no-deps): said before any work (issue 58: a traceback
+    # once every line was translated)
+    Case("translate.py", without("sacrebleu"),
+         lambda w: translate_torch(w, "--reference", w.many, "--output", w.earlier, SENTENCE), 2,
+         not_installed("sacrebleu"), earlier_output_kept, quiet=True),
     Case("translate.py", sigint_at("transformer.translation.lines:translate_stream"),
          lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 130,
          r"interrupted: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
@@ -334,6 +353,14 @@ CASES = [
     Case("translate.py", sigterm_at("transformer.translation.lines:translate_stream"),
          lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 143,
          r"stopped by SIGTERM: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
+    # SIGHUP (the terminal or ssh session closed) as Ctrl-C; issue 58: it killed the process and left the
+    # temporary beside --output. Under nohup it is ignored, as nohup means.
+    Case("translate.py", sighup_at("transformer.translation.lines:translate_stream"),
+         lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 129,
+         r"stopped by SIGHUP: --output \S+out\.fr was left as it was", earlier_output_kept, quiet=True),
+    Case("translate.py", sighup_at("transformer.translation.lines:translate_stream", nohup=True),
+         lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), 0, "", translated_beside_the_earlier,
+         quiet=True),
     Case("translate.py", sigkill_at("transformer.translation.lines:translate_stream"),
          lambda w: translate_torch(w, "--input", w.many, "--output", w.earlier), -9, "",
          killed_translation_then_translated, quiet=True),
@@ -378,6 +405,15 @@ CASES = [
     Case("export.py", sigint_at("transformer.export.huggingface:scores_on_test_split"),
          lambda w: ["--run", w.run, "--to", "huggingface", "--score-test", "--quiet", w.export], 130,
          r"interrupted: nothing was exported; \S+export is as it was", no_export, quiet=True),
+    # SIGTERM and SIGHUP as Ctrl-C (issue 58: killed at once, the half-written export left beside OUT_DIR)
+    Case("export.py", sigterm_at("transformer.files:publish_directory"), lambda w: export_ct2(w, w.export), 143,
+         r"stopped by SIGTERM: nothing was exported; \S+export is as it was", no_export, quiet=True),
+    Case("export.py", sighup_at("transformer.export.ctranslate2:CTranslate2Exporter.write_files"),
+         lambda w: export_ct2(w, w.export), 129, r"stopped by SIGHUP: nothing was exported; \S+export is as it was",
+         no_export, quiet=True),
+    # without torch: one line (issue 58: the traceback of export.py's imports)
+    Case("export.py", without("torch"), lambda w: export_ct2(w, w.export), 2, not_installed("torch"), no_export,
+         quiet=True),
     Case("export.py", without("transformers"), lambda w: ["--run", w.run, "--to", "huggingface", "--quiet", w.export],
          2, not_installed("transformers", 'pip install -e ".[hf]"'), no_export, quiet=True),
     Case("export.py", sigkill_at("transformer.files:publish_directory"), lambda w: export_ct2(w, w.export), -9, "",
@@ -411,6 +447,12 @@ CASES = [
     Case("serve.py", without("uvicorn"), lambda w: served(w.run, "--engine", "torch"), 2,
          re.escape('error: serving needs FastAPI and uvicorn (uvicorn is missing): pip install -e ".[serve]"')),
     Case("serve.py", SERVE_WHILE_SERVING, lambda w: served(w.run, "--engine", "torch"), 130, "interrupted"),
+    Case("serve.py", sighup_at(None), lambda w: served(w.run, "--engine", "torch"), 129, "stopped by SIGHUP"),
+    Case("serve.py", sigterm_at("transformer.engines:open_server_engines"),
+         lambda w: served(w.run, "--engine", "torch"), 143, "stopped by SIGTERM"),
+    # without torch: the server loads the torch engine whatever serves plain requests (issue 58: the line blamed
+    # FastAPI and uvicorn and said to install the serve extra)
+    Case("serve.py", without("torch"), lambda w: served(w.run), 2, not_installed("torch")),
     Case("serve.py", sigint_at("transformer.engines:open_server_engines"),
          lambda w: served(w.run, "--engine", "torch"), 130, "interrupted"),
     Case("serve.py", sigkill_at("transformer.files:publish_directory"),

@@ -15,6 +15,7 @@ import torch
 
 from transformer.checkpoints import files as checkpoint
 from transformer.checkpoints import layout
+from transformer.hardware import openmp_wait_setting
 
 from transformer.training import run
 from transformer.data.encode import corpus_of
@@ -120,3 +121,11 @@ def test_the_grad_scaler_state_is_saved_and_restored_on_resume(tiny_config, tmp_
               show_progress=False)
     resumed = checkpoint.load_training_state(run_dir / "checkpoints" / layout.step_dir_name(3))["grad_scaler"]
     assert resumed["scale"] == 8192.0  # went on from 4096: a fresh scaler would be at 2048
+
+
+def test_openmp_threads_wait_passively_unless_the_environment_says_otherwise():
+    """translate.py and serve.py set this before torch or CTranslate2 loads (issue 58: spinning threads took the
+    cores from decoding beside other processes); a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT wins."""
+    assert openmp_wait_setting({}) == ("OMP_WAIT_POLICY", "PASSIVE")
+    assert openmp_wait_setting({"OMP_WAIT_POLICY": "ACTIVE"}) is None
+    assert openmp_wait_setting({"GOMP_SPINCOUNT": "300000"}) is None

@@ -16,11 +16,13 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -31,14 +33,16 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed: pip ins
 from fastapi.testclient import TestClient  # noqa: E402
 
 from conftest import TinyRun, ctranslate2_openmp_targets  # noqa: E402
+from faults import Fault, command, environment  # noqa: E402
 from transformer.engines import EngineRequest, open_server_engines  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
 from transformer.serving.batcher import BatchRecord  # noqa: E402
-from transformer.serving.app import (MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, TranslateWork, Translations,  # noqa: E402
-                                    create_app)
+from transformer.serving.app import (MAX_BODY_BYTES, MAX_CHARS, MAX_TEXTS, ServerCaps, TranslateWork,  # noqa: E402
+                                    Translations, create_app)
+from transformer.serving.cost import search_cost  # noqa: E402
 from transformer.serving.server import ServerLimits, build_server, listen  # noqa: E402
 from transformer.translation.attention import translate_with_attention  # noqa: E402
-from transformer.decoding import Sampling  # noqa: E402
+from transformer.decoding import DecodeOptions, Sampling  # noqa: E402
 from transformer.translation.texts import translate_scored  # noqa: E402
 from transformer.translation.torch_engine import Translator, load_translator  # noqa: E402
 
@@ -157,12 +161,20 @@ BAD_REQUESTS = {
     "constraints with alignment": dict(json={"texts": ["Hi."], "constraints": ["gare"], "alignment": True}),
     "constraints with sampling": dict(json={"texts": ["Hi."], "constraints": ["gare"], "sampling": {}}),
     "constraints not a list": dict(json={"texts": ["Hi."], "constraints": "gare"}),
+    # JSON spells a lone surrogate, which no UTF-8 answer can echo (issue 58: a 500 and a traceback)
+    "a lone surrogate in a text": dict(content=b'{"texts": ["I am \\ud800 cold."]}',
+                                       headers={"content-type": "application/json"}),
+    "a lone surrogate in a constraint": dict(content=b'{"texts": ["Hi."], "constraints": ["fr\\udc00oid"]}',
+                                             headers={"content-type": "application/json"}),
+    "a lone surrogate in a field's name": dict(content=b'{"texts": ["Hi."], "be\\ud800am": 2}',
+                                               headers={"content-type": "application/json"}),
 }
 # The field each refusal names (the first word of its message).
 NAMED = {"an empty constraint": "constraints", "a constraint with no subwords": "constraints",
          "constraints that cannot fit the output": "texts.0", "more constraints than the cap": "constraints",
          "a phrase required and avoided": "constraints", "constraints with alignment": "constraints",
-         "constraints with sampling": "sampling", "constraints not a list": "constraints"}
+         "constraints with sampling": "sampling", "constraints not a list": "constraints",
+         "a lone surrogate in a text": "texts.0", "a lone surrogate in a constraint": "constraints.0"}
 
 
 @pytest.mark.parametrize("name", BAD_REQUESTS)
@@ -907,3 +919,100 @@ def test_constrained_requests_leave_no_engine_behind(translator: Translator):
         options = dataclasses.replace(translator.decode, beam_size=2, constraints=(phrase,))
         work(TranslateWork(options, alignment=False), [(SENTENCE, "")])
     assert work._engines == {}
+
+
+LONG_TEXT = "There are two types of canine coronavirus, one that causes mild disease and one that causes another."
+
+
+def test_a_request_whose_search_costs_more_than_the_cap_is_refused_saying_its_cost_and_how_to_fit(
+        translator: Translator):
+    """Issue 58: many long texts with phrases held the one worker for minutes. The cost is an upper bound of
+    constrained beam search's work: beam x (phrases + 1) x the texts' output-length limits."""
+    body = {"texts": [LONG_TEXT] * 8 + ["Hi."], "constraints": ["maladie", "chien"], "avoid": ["chat"], "beam": 2}
+    options = DecodeOptions.over(translator.decode, constraints=("maladie", "chien"), avoid=("chat",), beam_size=2)
+    cost = search_cost(translator, body["texts"], options)
+    long_steps = translator.decode.max_output_length(len(translator.tokenizers.encode_source([LONG_TEXT])[0]),
+                                                     translator.max_len)
+    assert cost.steps == (long_steps,) * 8 + (cost.steps[-1],) and 0 < cost.steps[-1] < long_steps
+    assert cost.total == 2 * (3 + 1) * sum(cost.steps)
+    cap = cost.of(3 * long_steps)  # three long texts fit, a fourth does not
+    with local_client(create_app(translator, torch_engine=translator, caps=ServerCaps(search_cost=cap))) as client:
+        assert client.get("/health").json()["max_search_cost"] == cap
+        response = client.post("/translate", json=body)
+        assert response.status_code == 413
+        answer = response.json()
+        assert answer["search_cost"] == cost.total and answer["max_search_cost"] == cap
+        assert f"costs {cost.total:,} " in answer["error"] and f"max_search_cost of {cap:,}" in answer["error"]
+        assert "send at most 3 of these texts a request" in answer["error"], answer["error"]
+        assert client.post("/translate", json={**body, "texts": body["texts"][:3]}).status_code == 200
+        # /explain's one text is held to the same cap
+        assert client.post("/explain", json={"text": LONG_TEXT, "constraints": body["constraints"],
+                                             "beam": 16}).status_code == 413
+        # a request without phrases costs nothing here: the limits on texts, characters and beam stay its own
+        plain = client.post("/translate", json={"texts": [LONG_TEXT] * 8, "beam": 2})
+        assert plain.status_code == 200 and len(plain.json()["translations"]) == 8
+        assert search_cost(translator, body["texts"], translator.decode) is None
+
+
+def test_serve_max_search_cost_below_one_is_one_error_line(trained_run: Path, capsys):
+    assert serve_cli.main(["--run", str(trained_run), "--port", "0", "--max-search-cost", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: --max-search-cost must be at least 1, got 0"
+
+
+# A translation of minutes, as the worker thread meets one: torch at work on it (a stand-in for the model, so
+# that the test does not depend on how fast this machine translates).
+LONG_TRANSLATION = ("transformer.serving.app:Translations.__call__",
+                    "lambda self, work, items: [__import__('torch').ones(300, 300) @ __import__('torch').ones(300, 300)"
+                    " for _ in range(10**8)]")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, code, line", [(signal.SIGINT, 130, "interrupted"),
+                                                (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_a_signal_stops_serve_py_in_the_middle_of_a_long_translation(trained_run: Path, tmp_path: Path,
+                                                                     signum: int, code: int, line: str):
+    """Issue 58: Ctrl-C left a serving server waiting for its request's translation to end (minutes), and the
+    interpreter's exit then aborted under the worker thread still in torch. Now the request gets 503 (or its
+    connection closes) and the server ends at once with the signal's exit code and line."""
+    fault = Fault("a long translation", patches=(LONG_TRANSLATION,))
+    process = subprocess.Popen(command("serve.py", ["--run", trained_run, "--port", "0", "--engine", "torch",
+                                                    "--device", "cpu"], fault),
+                               cwd=tmp_path, env=environment(tmp_path / "cache"), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    answer: dict[str, object] = {}
+    try:
+        for log_line in process.stderr:
+            if served := re.search(r"serving (http://\S+?/) ", log_line):
+                break
+        else:
+            raise AssertionError("serve.py ended before serving")
+
+        def send() -> None:
+            request = urllib.request.Request(served[1] + "translate", data=b'{"texts": ["Go."]}',
+                                             headers={"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    answer["status"] = response.status
+            except urllib.error.HTTPError as error:
+                answer["status"], answer["body"] = error.code, json.load(error)
+            except OSError as error:  # the connection closed without an answer
+                answer["status"] = repr(error)
+
+        client = threading.Thread(target=send)
+        client.start()
+        time.sleep(1.5)  # the request reaches the worker, which starts its translation
+        process.send_signal(signum)
+        started = time.monotonic()
+        rest = process.communicate(timeout=30)[1]
+        stopped_after = time.monotonic() - started
+        client.join(10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == code, rest
+    assert stopped_after < 5, stopped_after
+    assert rest.strip().splitlines()[-1] == line and "Traceback" not in rest and "terminate" not in rest, rest
+    assert answer["status"] != 200, answer
+    if answer["status"] == 503:
+        assert answer["body"]["error"].startswith("the server is stopping"), answer

@@ -168,6 +168,23 @@ def test_sigterm_ends_a_run_as_ctrl_c_does_and_leaves_the_earlier_output(trained
     assert leftovers(tmp_path, "notes.en", "out.fr") == []
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="needs /dev/fd")
+def test_an_output_naming_an_open_descriptor_is_appended_to_where_it_stands(trained_run: Path, tmp_path: Path):
+    """Issue 58: `--output /dev/stdout >> job.log` (a batch scheduler's log, where `--output` keeps translations
+    out of the progress lines) replaced the log by a rename, losing what it held; now the translations are
+    written after it. /dev/fd/N is the same file as /dev/stdout is for descriptor 1."""
+    log = tmp_path / "job.log"
+    log.write_text("an earlier line of the job\n", encoding="utf-8")
+    descriptor = os.open(log, os.O_WRONLY | os.O_APPEND)  # as a shell opens `>> job.log`
+    try:
+        assert translate(trained_run, "--output", f"/dev/fd/{descriptor}", "I'm cold.", "Where is the station?") == 0
+    finally:
+        os.close(descriptor)
+    written = log.read_text(encoding="utf-8").splitlines()
+    assert written[0] == "an earlier line of the job" and len(written) == 3 and all(written[1:]), written
+    assert leftovers(tmp_path, "job.log") == []
+
+
 def ended_pids(count: int) -> list[int]:
     """Ids of processes that have ended (and been waited for)."""
     pids = []

@@ -2,8 +2,9 @@
 the package imports it: `run_script` turns a script's user errors, the operating system's errors,
 failed allocations, a dependency not installed, Ctrl-C and a reader leaving standard output into its
 last line and exit code (2 for a problem with the input or the system, 130 for Ctrl-C, 143 for a
-SIGTERM a script handles as it does Ctrl-C, 0 and nothing said when the reader of standard output
-left, `| head`); `StopSignals` is how a script takes SIGTERM as it does Ctrl-C; `guard_standard_streams`
+SIGTERM and 129 for a SIGHUP a script handles as it does Ctrl-C, 0 and nothing said when the reader of
+standard output left, `| head`); `StopSignals` is how a script takes SIGTERM and SIGHUP as it does Ctrl-C,
+`stop_signals` which signals those are; `guard_standard_streams`
 is what a script's `__main__` does to its standard streams first, and `end_children_with_this_process`
 what one that forks workers does. Anything else is a bug and keeps its traceback.
 """
@@ -89,26 +90,41 @@ INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, what a shell reports for a command th
 TERMINATED = 128 + signal.SIGTERM  # 143: the same convention for SIGTERM (`timeout`, systemd, Slurm, `docker stop`)
 
 
+def stop_signals() -> tuple[int, ...]:
+    """The signals a script stops at as it does at Ctrl-C: SIGINT, SIGTERM (`timeout`, systemd, Slurm, `docker
+    stop`) and SIGHUP (the terminal or ssh session closed, a scheduler's hangup), where the system has it
+    and the process was not started ignoring it: `nohup` ignores SIGHUP so that a command outlives its
+    terminal, and it must."""
+    hangup = getattr(signal, "SIGHUP", None)
+    kept = hangup is not None and signal.getsignal(hangup) is not signal.SIG_IGN
+    return (signal.SIGINT, signal.SIGTERM, *((hangup,) if kept else ()))
+
+
 class Terminated(Interrupted):
-    """A SIGTERM that a script handled as it does Ctrl-C (StopSignals), carrying the line that says what
-    it left behind; it exits with TERMINATED, so that whatever sent the signal sees it was obeyed."""
+    """A SIGTERM or SIGHUP that a script handled as it does Ctrl-C (StopSignals), carrying the line that
+    says what it left behind; it exits with 128 + the signal's number (TERMINATED for SIGTERM, 129 for
+    SIGHUP), so that whatever sent the signal sees it was obeyed."""
+
+    def __init__(self, line: str, signum: int = signal.SIGTERM) -> None:
+        super().__init__(line)
+        self.code = 128 + int(signum)
 
 
 class StopSignals:
-    """Ctrl-C and SIGTERM (what `timeout`, systemd, Slurm and `docker stop` send) for the life of a
-    script's command, the one as the other: the first stops the command at once, by a KeyboardInterrupt
+    """Ctrl-C, SIGTERM (what `timeout`, systemd, Slurm and `docker stop` send) and SIGHUP (`stop_signals`) for
+    the life of a script's command, each as the other: the first stops the command at once, by a KeyboardInterrupt
     raised where it is, so that every `with` and `finally` on the way out runs (a temporary output is
     removed, a lock released); one arriving while that unwinds is ignored, so that no clean-up is cut
     short. As a context manager it restores the handlers it found (main() may run inside a longer-lived
     process: tests, notebooks), and turns whatever a library made of the KeyboardInterrupt into an
-    Interrupted (SIGINT, exit 130) or a Terminated (SIGTERM, exit 143) carrying `line()`, which says what
-    was left ("interrupted…", said "stopped by SIGTERM…" for SIGTERM). Main thread only (Python's
+    Interrupted (SIGINT, exit 130) or a Terminated (SIGTERM, exit 143; SIGHUP, 129) carrying `line()`, which
+    says what was left ("interrupted…", said "stopped by SIGTERM…" for SIGTERM). Main thread only (Python's
     signal handlers). train.py's Signals adds what a training command does differently."""
 
     def __init__(self, line: str = "interrupted") -> None:
         self._line = line
         self._received: int | None = None  # the signal that stopped the command at once
-        self._previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+        self._previous = {signum: signal.getsignal(signum) for signum in stop_signals()}
 
     def __enter__(self) -> "StopSignals":
         for signum in self._previous:
@@ -129,8 +145,9 @@ class StopSignals:
             signal.signal(signum, handler)
         if error is not None and (self._received is not None or isinstance(error, KeyboardInterrupt)):
             line = self.line()
-            if self._received == signal.SIGTERM:
-                raise Terminated(line.replace("interrupted", "stopped by SIGTERM", 1)) from None
+            if self._received is not None and self._received != signal.SIGINT:
+                name = signal.Signals(self._received).name
+                raise Terminated(line.replace("interrupted", f"stopped by {name}", 1), self._received) from None
             raise Interrupted(line) from None
 
 
@@ -162,6 +179,11 @@ INSTALL_COMMANDS = {
     "py3langid": "pip install py3langid",
     "matplotlib": "pip install matplotlib",
     "tensorboard": "pip install tensorboard",
+    "sacrebleu": "pip install sacrebleu",
+    "tqdm": "pip install tqdm",
+    "datasets": "pip install datasets",
+    "safetensors": "pip install safetensors",
+    "yaml": "pip install pyyaml",
 }
 
 
@@ -185,6 +207,16 @@ def require_installed(*packages: str) -> None:
     for package in packages:
         if importlib.util.find_spec(package) is None:
             raise ModuleNotFoundError(f"No module named {package!r}", name=package)
+
+
+def exit_unless_installed(*packages: str) -> None:
+    """For the top of a script whose own imports need `packages` (train.py: torch), before those imports: a
+    missing one ends the process with the line and exit code the boundary gives a missing package
+    (run_script), not with an import's traceback. Prints to standard error: for scripts only."""
+    for package in packages:
+        if importlib.util.find_spec(package) is None:
+            print(f"error: {not_installed(package)}", file=sys.stderr)
+            sys.exit(USER_ERROR)
 
 
 def allocation_failure(error: BaseException) -> bool:
@@ -238,7 +270,7 @@ def script_ending(error: BaseException, names: dict[str, str] | None = None,
     its cause."""
     if isinstance(error, KeyboardInterrupt):
         line = str(error) if isinstance(error, Interrupted) and str(error) else interrupted
-        return Ending(TERMINATED if isinstance(error, Terminated) else INTERRUPTED, line)
+        return Ending(error.code if isinstance(error, Terminated) else INTERRUPTED, line)
     if isinstance(error, UserError):
         return Ending(USER_ERROR, f"error: {error.naming(names or {})}")
     if isinstance(error, BrokenPipeError):
@@ -344,7 +376,7 @@ def end_children_with_this_process() -> None:
 
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_pdeathsig = 1
-    held = {signal.SIGINT, signal.SIGTERM}
+    held = set(stop_signals())
     forking = {"parent": 0, "mask": set()}  # seen from the child as they were in the parent
 
     def before() -> None:  # the first of the fork hooks in the parent (they run in reverse order)

@@ -1,10 +1,11 @@
 """What this machine's CPU offers, read from /proc/cpuinfo without importing torch (translate.py's
 CTranslate2 path starts without it). Empty where there is no /proc/cpuinfo (macOS, Windows). Also the
-one reading of a device setting ("cuda:1"), which both engines take, and the one setting of oneDNN's
-kernel cache that training scripts apply before torch loads."""
+one reading of a device setting ("cuda:1"), which both engines take, and the settings scripts apply
+before torch loads: oneDNN's kernel cache (training), how OpenMP's idle threads wait (translation)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -62,4 +63,24 @@ def onednn_cache_setting() -> tuple[str, str]:
     return ONEDNN_PRIMITIVE_CACHE
 
 
-__all__ = ["DEVICE_CHOICES", "cpu_flags", "cpu_model", "onednn_cache_setting", "parse_device"]
+# Both engines run their parallel work on OpenMP threads (the libgomp torch's and CTranslate2's wheels
+# bundle). Left to its default, libgomp keeps a thread that finished its share of a parallel region
+# spinning for a while before it sleeps. On a machine whose cores other processes also use, the spinning
+# threads take turns on the cores from everything else, the process's own Python thread included, and a
+# region cannot end until a descheduled thread gets a core back: decoding, whose every step runs many
+# small regions between stretches of Python (constrained search most), then slows by far more than its
+# share of the cores. Told to wait passively, an idle thread sleeps at once and costs nothing while it
+# waits (python bench/busy_decode.py compares, idle and beside busy processes).
+OPENMP_WAIT = ("OMP_WAIT_POLICY", "PASSIVE")
+OPENMP_WAIT_KNOBS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # what a user sets to choose otherwise
+
+
+def openmp_wait_setting(environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """(environment variable, value) that makes OpenMP's idle threads sleep instead of spinning, for a script
+    to set before torch or CTranslate2 loads (libgomp reads it once, as it loads); None where `environ`
+    already says how they wait (OMP_WAIT_POLICY or GOMP_SPINCOUNT): the user's choice wins."""
+    return None if any(name in environ for name in OPENMP_WAIT_KNOBS) else OPENMP_WAIT
+
+
+__all__ = ["DEVICE_CHOICES", "OPENMP_WAIT", "cpu_flags", "cpu_model", "onednn_cache_setting", "openmp_wait_setting",
+           "parse_device"]

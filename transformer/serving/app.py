@@ -6,7 +6,8 @@ and wrong types; their decode values build decoding.DecodeOptions, which checks 
 are checked, and then meet the server's own smaller `ServerCaps`. Every refusal is a 4xx JSON
 `{"error": ...}`: a request whose Host is not an allowed
 name a 400 before anything else, a body above MAX_BODY_BYTES a 413 before it is read, one not whole
-within BODY_TIMEOUT seconds a 408. Translation runs on one worker thread that batches concurrent requests
+within BODY_TIMEOUT seconds a 408, one held to phrases whose search costs more than the server's cap a
+413 (cost.py). Translation runs on one worker thread that batches concurrent requests
 (batcher.py). No model loading here (serve.py), nor the server's connection limits (server.py).
 """
 
@@ -36,7 +37,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformer.checkpoints.lookup import run_dir_of
 from transformer.decoding import DecodeOptions, PhraseError, Sampling
 from transformer.errors import DecodeOptionError, UserError
-from transformer.serving.batcher import Batcher
+from transformer.serving.batcher import Batcher, Stopped
+from transformer.serving.cost import MAX_SEARCH_COST, SearchCostError, check_search_cost, search_cost
 from transformer.serving.explain_response import ExplainResponse, ExplainWork, explain_texts
 from transformer.translation.attention import AttendedTranslation, translate_with_attention
 from transformer.translation.texts import ConstraintsMet, Engine, translate_held, translate_scored
@@ -56,6 +58,9 @@ BODY_TIMEOUT = 30.0  # seconds from a request's head to the end of its body
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 BATCH_TEXTS = 256  # the most texts the worker translates in one call (4 full requests)
 BATCH_WINDOW = 0.005  # seconds the worker waits for more requests after the first arrived
+# Seconds the app's shutdown waits for the worker to end: an idle one ends at once; one in the middle of a
+# translation ends when it returns (it is a daemon thread, which keeps no process alive).
+STOP_WAIT = 0.5
 PAGE = Path(__file__).parent / "static" / "index.html"
 
 
@@ -70,10 +75,17 @@ FIELDS = {"beam_size": "beam", "n_best": "n_best", "sampling": "sampling", "top_
 class ServerCaps:
     """A shared server's own limits on what one request may ask, below what the engines compute
     (decoding.RANGES, checked first): a wide beam or a long n-best list holds the one worker for
-    everyone. Refused with a 422 naming the field, as the package's refusals are."""
+    everyone. Refused with a 422 naming the field, as the package's refusals are. `search_cost`: the most a
+    request held to phrases may cost (cost.py), refused with a 413 that says the cost and how to fit."""
 
     beam_size: int = 16
     n_best: int = 16
+    search_cost: int = MAX_SEARCH_COST
+
+    def __post_init__(self) -> None:
+        for name in ("beam_size", "n_best", "search_cost"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
     def check(self, **given: int | None) -> None:
         """Refuse a given value (None: not given) above this server's cap of the same name."""
@@ -380,14 +392,17 @@ def _message(errors: list[dict]) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _text_for_nonfinite(value: Any) -> Any:
-    """`value` with every NaN or infinite float (a request's own input, echoed) as its text: JSON has none."""
+def _echoable(value: Any) -> Any:
+    """`value` (a request's own input, echoed) as JSON can carry it: every NaN or infinite float as its text
+    (JSON has none), every lone surrogate in a string as its escape (UTF-8 has none)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, list):
-        return [_text_for_nonfinite(item) for item in value]
+        return [_echoable(item) for item in value]
     if isinstance(value, dict):
-        return {key: _text_for_nonfinite(item) for key, item in value.items()}
+        return {_echoable(key): _echoable(item) for key, item in value.items()}
     return value
 
 
@@ -400,7 +415,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
     batcher's max_texts and window. `allowed_hosts`: the names a request's Host may give (any port;
     allowed_host's forms). `body_timeout`: seconds a request's body may take. `caps`: what one request may
     ask, below what the engines compute. The batcher's worker runs
-    from the app's startup to its shutdown; while it runs, `app.state.batcher` is it."""
+    from the app's startup to its shutdown (or `stop_translating`); while it runs, `app.state.batcher` is it."""
     if torch_engine is not None and torch_engine.others:
         raise UserError("serving shows one model's attention: not an ensemble")
     if not body_timeout > 0:
@@ -414,8 +429,8 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
         app.state.batcher = Batcher(work, max_texts=batch_texts, window=batch_window, name="translate")
         try:
             yield
-        finally:
-            await asyncio.to_thread(app.state.batcher.close)
+        finally:  # uvicorn has waited for the requests it could; any left get 503
+            await asyncio.to_thread(app.state.batcher.stop, STOP_WAIT)
 
     app = FastAPI(title="English→French Transformer", lifespan=lifespan,
                   description=f"At most {MAX_TEXTS} texts a request, {MAX_CHARS} characters a text.")
@@ -426,13 +441,24 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = _text_for_nonfinite(jsonable_encoder(error.errors(), custom_encoder={Exception: str}))
+        errors = _echoable(jsonable_encoder(error.errors(), custom_encoder={Exception: str}))
         return JSONResponse(status_code=422, content={"error": _message(errors), "detail": errors})
 
     @app.exception_handler(UserError)
     async def user_error(request: Request, error: UserError) -> JSONResponse:
         status = 422 if isinstance(error, DecodeOptionError) else 400  # a field's value, as pydantic's refusals
         return JSONResponse(status_code=status, content={"error": error.naming(FIELDS)})
+
+    @app.exception_handler(SearchCostError)
+    async def too_costly(request: Request, error: SearchCostError) -> JSONResponse:
+        return JSONResponse(status_code=413, content={"error": str(error), "search_cost": error.cost.total,
+                                                      "max_search_cost": error.limit})
+
+    @app.exception_handler(Stopped)
+    async def stopping(request: Request, error: Stopped) -> JSONResponse:
+        return JSONResponse(status_code=503, headers={"connection": "close"},
+                            content={"error": "the server is stopping: this request was not translated; send it "
+                                              "again once the server is back"})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -455,6 +481,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
                 "engine": "torch" if isinstance(engine, Translator) else "ctranslate2",
                 "beam": engine.decode.beam_size, "alignment": torch_engine is not None,
                 "max_beam": caps.beam_size, "max_texts": MAX_TEXTS, "max_chars": MAX_CHARS,
+                "max_search_cost": caps.search_cost,
                 # translation calls since the start, and the requests and texts they served
                 "batches": dataclasses.asdict(served)}
 
@@ -476,6 +503,7 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
         if "ctranslate2" not in options.strategy.engines and torch_engine is None:  # the method's own row
             raise UserError(f"this server translates without the torch engine, which alone runs "
                             f"{options.strategy.described or options.strategy.name}")
+        check_search_cost(search_cost(torch_engine, request.texts, options), caps.search_cost)
         work = TranslateWork(options, request.alignment, alone=next(requests) if seeded else 0)
         prefixes = request.prefixes or [""] * len(request.texts)
         future = http.app.state.batcher.submit(work, list(zip(request.texts, prefixes)))
@@ -491,12 +519,21 @@ def create_app(engine: Engine, torch_engine: Translator | None = None, batch_tex
                                      tuple(request.avoid), beam_size=request.beam,
                                      length_penalty=request.length_penalty)
         caps.check(beam_size=request.beam, n_best=request.n_best)
+        check_search_cost(search_cost(torch_engine, [request.text], options), caps.search_cost)
         future = http.app.state.batcher.submit(ExplainWork(options), [(request.text, request.prefix)])
         return (await asyncio.wrap_future(future))[0]
 
     return app
 
 
+def stop_translating(app: FastAPI) -> None:
+    """Answer 503 now to every request waiting for the worker or being translated, and take no more: what a
+    server told to stop (Ctrl-C, SIGTERM) does first, so that its connections close at once rather than
+    when a translation of minutes ends. For serve.py, through server.build_server's `on_stop`; the app's
+    shutdown does it too, later."""
+    app.state.batcher.stop()
+
+
 __all__ = ["MAX_TEXTS", "MAX_CHARS", "MAX_BODY_BYTES", "BODY_TIMEOUT", "LOCAL_HOSTS", "BATCH_TEXTS",
            "BATCH_WINDOW", "ServerCaps", "TranslateWork", "TranslateRequest", "ExplainRequest", "TranslateResponse",
-           "Translations", "BodyLimit", "AllowedHosts", "allowed_host", "create_app"]
+           "Translations", "BodyLimit", "AllowedHosts", "allowed_host", "create_app", "stop_translating"]

@@ -1,7 +1,8 @@
 """Batching across requests: callers `submit` their texts with their decode options and get a future;
 one worker thread takes the oldest waiting request, gathers the others waiting (and those arriving
 within a short window), and runs each group of identical options as one call of a work function,
-handing every request its own slice of the results. No HTTP here (app.py is the server), and no
+handing every request its own slice of the results; `stop` answers every request still unanswered at
+once, without waiting for the call in progress (a server told to stop). No HTTP here (app.py is the server), and no
 engine either: the work function translates.
 """
 
@@ -12,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -20,6 +21,10 @@ log = logging.getLogger(__name__)
 
 Options = TypeVar("Options", bound=Hashable)
 Result = TypeVar("Result")
+
+
+class Stopped(RuntimeError):
+    """The batcher was stopped (or closed) before this request's results: they will never come."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,8 @@ class Batcher(Generic[Options, Result]):
         self._pending: deque[_Request] = deque()
         self._condition = threading.Condition()
         self._closing = False
+        self._taken: list[_Request] = []  # the requests of the worker's current round (for `stop`)
+        self._stopped = False
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -88,7 +95,7 @@ class Batcher(Generic[Options, Result]):
             return future
         with self._condition:
             if self._closing:
-                raise RuntimeError("the batcher is closed")
+                raise Stopped("the batcher is closed")
             self._pending.append(_Request(options, list(texts), future, time.monotonic()))
             self._condition.notify()
         return future
@@ -99,6 +106,21 @@ class Batcher(Generic[Options, Result]):
             self._closing = True
             self._condition.notify()
         self._thread.join(timeout)
+
+    def stop(self, wait: float = 0.0) -> None:
+        """Refuse new requests, and fail every request not yet answered, those waiting and those of the call
+        in progress, with Stopped, now: a call cannot be stopped from outside, and one over long texts may
+        take minutes. The worker ends once that call returns (its results are dropped); `wait`: seconds to
+        wait for it (it is a daemon thread, which does not keep the process alive)."""
+        with self._condition:
+            self._closing = True
+            self._stopped = True
+            unanswered = [*self._pending, *self._taken]
+            self._pending.clear()
+            self._condition.notify()
+        for request in unanswered:
+            _settle(request.future, error=Stopped("the batcher stopped before these texts were translated"))
+        self._thread.join(wait)
 
     def __enter__(self) -> Batcher:
         return self
@@ -114,7 +136,11 @@ class Batcher(Generic[Options, Result]):
             if groups is None:
                 return
             for options, requests in groups.items():
+                if self._stopped:  # `stop` answered them
+                    break
                 self._run(options, requests)
+            with self._condition:
+                self._taken = []
 
     def _gather(self) -> dict[Options, list[_Request]] | None:
         """The next requests to run, grouped by options in order of their oldest request (each group at
@@ -143,8 +169,9 @@ class Batcher(Generic[Options, Result]):
                 groups.setdefault(request.options, []).append(request)
                 sizes[request.options] = size + len(request.texts)
             self._pending = rest
+            self._taken = [request for requests in groups.values() for request in requests]
         # A caller that gave up (a cancelled future) costs nothing more.
-        groups = {options: [r for r in requests if r.future.set_running_or_notify_cancel()]
+        groups = {options: [r for r in requests if _started(r.future)]
                   for options, requests in groups.items()}
         return {options: requests for options, requests in groups.items() if requests}
 
@@ -159,15 +186,34 @@ class Batcher(Generic[Options, Result]):
                 for request in requests:
                     self._run(options, [request])
             else:
-                requests[0].future.set_exception(error)
+                _settle(requests[0].future, error=error)
             return
         self.batches.append(BatchRecord(len(requests), len(texts)))
         served = self.served
         self.served = Served(served.calls + 1, served.requests + len(requests), served.texts + len(texts))
         start = 0
         for request in requests:
-            request.future.set_result(results[start: start + len(request.texts)])
+            _settle(request.future, results[start: start + len(request.texts)])
             start += len(request.texts)
 
 
-__all__ = ["Batcher", "BatchRecord", "Served"]
+def _started(future: Future) -> bool:
+    """Mark `future` running; False when its caller cancelled it or `stop` already answered it."""
+    try:
+        return future.set_running_or_notify_cancel()
+    except RuntimeError:  # finished: `stop` failed it
+        return False
+
+
+def _settle(future: Future, result: object = None, error: BaseException | None = None) -> None:
+    """Give `future` its result or exception, unless `stop` already failed it."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
+
+
+__all__ = ["Batcher", "BatchRecord", "Served", "Stopped"]

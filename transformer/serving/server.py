@@ -8,10 +8,15 @@ new one. No model loading and no app here (app.py, serve.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 from typing import ClassVar
 
 import h11
@@ -36,6 +41,9 @@ BURST_TURNS = 3
 YIELD_AFTER = 1.0
 # Files kept free beside the connections: what the app and its libraries still open while it serves.
 SPARE_FILES = 64
+# Seconds a stopping server still waits for its connections to finish before it cancels their tasks: the
+# app has answered what it held by then (build_server's on_stop), so only a client still sending lingers.
+STOP_GRACE = 1.0
 
 
 @dataclass(frozen=True)
@@ -218,19 +226,59 @@ def make_room_for_connections(connections: int) -> int:
     return limits_for_open_files(connections).max_connections
 
 
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, stopping within about STOP_GRACE seconds when told to (Ctrl-C, SIGTERM, and the other
+    `signals` given): uvicorn itself waits, without a bound by default, for every connection to finish its
+    request, and a request being translated may hold one for minutes. `on_stop` runs first, so that the app
+    answers what it still holds; connections then have STOP_GRACE seconds to close before their tasks are
+    cancelled. Once stopped, the first signal is raised again for the caller's handler, as uvicorn does."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None] | None = None,
+                 signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+        super().__init__(config)
+        self.on_stop, self.signals = on_stop, signals
+        self._received: list[int] = []
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, for `signals` (uvicorn's own are SIGINT and SIGTERM alone)."""
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        previous = {signum: signal.signal(signum, self._stop_signal) for signum in self.signals}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if self._received:
+            signal.raise_signal(self._received[0])
+
+    def _stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._received.append(signum)
+        self.handle_exit(signum, frame)  # uvicorn's: the first stops, a second Ctrl-C forces
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_stop is not None:
+            self.on_stop()
+        await super().shutdown(sockets)
+
+
 def build_server(app: ASGIApp, limits: ServerLimits = ServerLimits(), log_level: str | None = None,
-                 access_log: bool = True) -> uvicorn.Server:
+                 access_log: bool = True, on_stop: Callable[[], None] | None = None,
+                 signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> uvicorn.Server:
     """uvicorn serving `app` under `limits`; start it with `server.run(sockets=[listen(host, port)])`.
     uvicorn's `limit_concurrency` is left unset: it answers 503 to a request that arrives while that many
     connections are open, the requesting one included, which GuardedH11Protocol's cap already keeps from
     happening, and it never stops a connection from being accepted. `access_log`: uvicorn's line per
-    request, on standard output."""
+    request, on standard output. `on_stop`: what the app does first when the server is told to stop by one
+    of `signals` (StoppingServer)."""
     protocol = type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits})
     config = uvicorn.Config(app, http=protocol, timeout_keep_alive=limits.keep_alive, backlog=limits.backlog,
-                            log_level=log_level, access_log=access_log)
-    return uvicorn.Server(config)
+                            log_level=log_level, access_log=access_log, timeout_graceful_shutdown=STOP_GRACE)
+    return StoppingServer(config, on_stop, signals)
 
 
-__all__ = ["MAX_CONNECTIONS", "HEADER_TIMEOUT", "KEEP_ALIVE", "BACKLOG", "YIELD_AFTER", "ServerLimits",
-           "GuardedH11Protocol", "listen", "open_descriptors", "limits_for_open_files", "make_room_for_connections",
-           "build_server"]
+__all__ = ["MAX_CONNECTIONS", "HEADER_TIMEOUT", "KEEP_ALIVE", "BACKLOG", "YIELD_AFTER", "STOP_GRACE", "ServerLimits",
+           "GuardedH11Protocol", "StoppingServer", "listen", "open_descriptors", "limits_for_open_files",
+           "make_room_for_connections", "build_server"]

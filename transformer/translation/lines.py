@@ -83,12 +83,17 @@ def output_file(path: Path, name: str) -> Iterator[TextIO]:
     """A text stream that becomes `path` once the block ends without an exception: a failed or
     interrupted run leaves an earlier `path` as it was (files.atomic_writer). A link is followed, so
     its target is what changes. A device or pipe (/dev/stdout, a FIFO) cannot be replaced by a rename
-    and is written in place. Once `path` is written, the temporary of an earlier run killed midway is
+    and is written in place. One of this process's own streams (/dev/stdout, /dev/fd/N, `open_stream`) is
+    appended to where it stands. Once `path` is written, the temporary of an earlier run killed midway is
     removed (files.remove_file_leftovers). Any failure to write is a UserError naming the file as `name`."""
     target = Path(os.path.realpath(path))
     if target.is_dir():  # else the temporary would be written, only for the final rename to fail
         raise UserError(f"cannot write {name} {path}: {os.strerror(errno.EISDIR)}")
     try:
+        if open_stream(path):
+            with open(path, "a", encoding="utf-8", newline="\n") as stream:
+                yield stream
+            return
         special = target.exists() and not stat.S_ISREG(target.stat().st_mode)
         with (open(target, "w", encoding="utf-8", newline="\n") if special else atomic_writer(target)) as stream:
             yield stream
@@ -96,6 +101,26 @@ def output_file(path: Path, name: str) -> Iterator[TextIO]:
             remove_file_leftovers(target)
     except OSError as error:
         raise UserError(f"cannot write {name} {path}: {error.strerror or error}") from None
+
+
+# The names by which a process reaches its own open file descriptors (Linux; /dev/fd on macOS too).
+_OWN_DESCRIPTORS = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/")
+
+
+def open_stream(path: Path, links: int = 8) -> bool:
+    """Whether `path` names one of this process's open file descriptors: /dev/stdout, /dev/stderr, /dev/fd/N or
+    /proc/self/fd/N, directly or through links. The file behind one is the caller's (a shell's `>> log`, a
+    batch scheduler's job log, which may hold lines written before): replaced by a rename or opened for
+    writing from its start, it would lose them."""
+    name = os.path.abspath(path)
+    own = (*_OWN_DESCRIPTORS, f"/proc/{os.getpid()}/fd/")
+    for _ in range(links):
+        if name in _OWN_DESCRIPTORS[:2] or name.startswith(own):
+            return True
+        if not os.path.islink(name):
+            return False
+        name = os.path.join(os.path.dirname(name), os.readlink(name))
+    return False
 
 
 def split_columns(lines: Iterable[str], second: str) -> Iterator[tuple[str, str]]:

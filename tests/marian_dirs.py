@@ -133,16 +133,17 @@ def write_tokenizer_files(dest: Path, *, separate_vocabs: bool = False, vocab_si
 
 def build_marian_dir(dest: Path, *, separate_vocabs: bool = False, seed: int = 0, vocab_size: int = 600,
                      d_model: int = 32, layers: int = 2, heads: int = 2, ffn: int = 64,
-                     activation: str = "swish", max_positions: int = 128, language_codes: tuple[str, ...] = ()
-                     ) -> Path:
+                     activation: str = "swish", max_positions: int = 128, language_codes: tuple[str, ...] = (),
+                     init_std: float = 0.3) -> Path:
     """Write a MarianMT directory at `dest` (created) and return it.
 
     `vocab_size` is each SentencePiece model's size. One vocab.json for both sides (the union of both
     models' pieces; embeddings shared by encoder, decoder and output, as opus-mt-en-fr), or with
     `separate_vocabs` vocab.json for the source and target_vocab.json for the target, each its own model's
     pieces and of equal size (encoder and decoder embeddings apart, the output tied to the decoder's, as the
-    newer OPUS-MT models lay them out). Random weights from `seed`, with a non-zero final_logits_bias and the
-    <pad> embedding row zero, as OPUS-MT's converted models have. `language_codes` make it a multi-target
+    newer OPUS-MT models lay them out). Random weights from `seed` (normal with `init_std`; MarianConfig's
+    own default, 0.02, gives a model that learns faster from scratch), with a non-zero final_logits_bias and
+    the <pad> embedding row zero, as OPUS-MT's converted models have. `language_codes` make it a multi-target
     model (opus-mt-en-ROMANCE's kind): a token ">>code<<" for each in the vocabularies, which MarianTokenizer
     reads at the start of a source text.
     """
@@ -159,7 +160,7 @@ def build_marian_dir(dest: Path, *, separate_vocabs: bool = False, seed: int = 0
         d_model=d_model, encoder_layers=layers, decoder_layers=layers,
         encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
         activation_function=activation, max_position_embeddings=max_positions, scale_embedding=True,
-        dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, init_std=0.3,
+        dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, init_std=init_std,
         # OPUS-MT's config.json as convert_marian_to_pytorch writes it: bos_token_id 0 is </s>, never used.
         pad_token_id=pad_id, eos_token_id=0, forced_eos_token_id=0, bos_token_id=0, decoder_start_token_id=pad_id,
         tie_word_embeddings=True)

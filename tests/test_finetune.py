@@ -9,6 +9,7 @@ Two synthetic domains over one alphabet: the parent learns animals and colours, 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -22,7 +23,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import corpus_from_ids, tiny_settings, write_csv
+from conftest import corpus_from_ids, tiny_settings, train_tiny_run, write_csv
 from test_resume import assert_same_training
 from transformer.checkpoints import files, layout, lookup
 from transformer.checkpoints.format import META_FILE, MODEL_FILE, read_meta
@@ -347,3 +348,22 @@ def test_a_model_key_an_older_parent_s_checkpoint_lacks_is_its_default(unlike_de
     assert stored(tmp_path / "left-out")["model"]["pre_norm"] is False
     assert train(config, tmp_path / "stated", "--init-from", str(parent), "--set", "train.max_steps=1",
                  "--set", "model.pre_norm=false") == 0
+
+
+@pytest.mark.slow
+def test_a_child_leaving_data_max_length_out_fits_its_parent_s_positions(tiny_config, datasets_cache: Path,
+                                                                        tiny_csv: Path, tmp_path: Path, capsys):
+    """A parent whose position table is shorter than data.max_length's default needs (an imported model's
+    may be): a child that leaves data.max_length out takes the longest the table holds; one that states a
+    longer one is refused, naming both keys."""
+    short = dataclasses.replace(tiny_config, data=dataclasses.replace(tiny_config.data, max_length=30))
+    parent = train_tiny_run(tmp_path / "parent", short, datasets_cache, max_len=40)
+    config = data_and_train_only(tmp_path / "child.yaml", tiny_csv)
+    assert train(config, tmp_path / "left-out", "--init-from", str(parent), "--set", "train.max_steps=1") == 0
+    assert stored(tmp_path / "left-out")["data"]["max_length"] == 39
+    assert train(config, tmp_path / "stated", "--init-from", str(parent), "--set", "train.max_steps=1",
+                 "--set", "data.max_length=50") == 2
+    last = capsys.readouterr().err.rstrip("\n").split("\n")[-1]
+    assert "model.max_len (40) must be at least data.max_length + 1 (51)" in last, last
+    assert train(config, tmp_path / "default", "--init-from", str(parent), "--set", "train.max_steps=1",
+                 "--set", "model.max_len=512") == 2  # the parent's model is 40 positions long, whatever is stated

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -156,13 +157,14 @@ class TickingClock:
 
 
 def start_slow_run(config: Path, run_dir: Path, log: Path, seconds_per_step: float = 0.1,
-                   hold: int = sys.maxsize, prelude: str = "") -> subprocess.Popen:
-    """train.py on `config` in a process of its own, writing stderr to `log`; the run takes no step
-    from `hold` on until release_file(log) exists. `prelude`: code run in it before training."""
+                   hold: int = sys.maxsize, prelude: str = "", extra_args: Sequence[str] = ()) -> subprocess.Popen:
+    """train.py on `config` (and `extra_args`, e.g. --init-from RUN) in a process of its own, writing
+    stderr to `log`; the run takes no step from `hold` on until release_file(log) exists. `prelude`:
+    code run in it before training."""
     code = SLOW_TRAIN.format(seconds=seconds_per_step, root=str(ROOT), hold=hold, release=str(release_file(log)),
                              prelude=prelude)
     with open(log, "w", encoding="utf-8") as stderr:
-        return subprocess.Popen([sys.executable, "-c", code, *cli_args(config, run_dir)], cwd=ROOT,
+        return subprocess.Popen([sys.executable, "-c", code, *cli_args(config, run_dir), *extra_args], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=stderr)
 
 

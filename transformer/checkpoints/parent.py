@@ -17,7 +17,7 @@ from transformer.checkpoints.format import META_FILE, MODEL_FILE, read_meta
 from transformer.checkpoints.layout import RUN_CONFIG, STATE_FILE, checkpoint_location, list_checkpoints
 from transformer.checkpoints.lookup import find_checkpoint, load_run_config
 from transformer.checkpoints.rundir import RunDirectory
-from transformer.config import Config, ModelConfig, config_to_dict
+from transformer.config import Config, DataConfig, ModelConfig, config_to_dict
 from transformer.data.tokenizer import tokenizer_fingerprint
 from transformer.errors import CheckpointError, ConfigError
 from transformer.model import Transformer
@@ -69,12 +69,24 @@ def inherited_settings(init_from: str, run_dir: Path) -> dict[str, dict[str, Any
     has them (config.Inherit): the model's as its checkpoint was trained with them (meta.json), the
     tokenizer's as its config.yaml has them. A run at `run_dir` that already started from this parent
     and has checkpoints to resume from takes them from its own config.yaml, which holds them as they
-    were when it started: a resume does not read its parent, which may since be gone."""
-    own = _own_settings(init_from, Path(run_dir))
-    if own is not None:
-        return own
-    checkpoint, meta, parent_config = _read_parent(Path(init_from), verify=False)  # open_parent verifies
-    return {"model": _parent_model_settings(checkpoint, meta), "tokenizer": config_to_dict(parent_config)["tokenizer"]}
+    were when it started: a resume does not read its parent, which may since be gone. Also
+    data.max_length where the model's positions cannot hold its default (`_fitting_data`)."""
+    settings = _own_settings(init_from, Path(run_dir))
+    if settings is None:
+        checkpoint, meta, parent_config = _read_parent(Path(init_from), verify=False)  # open_parent verifies
+        settings = {"model": _parent_model_settings(checkpoint, meta),
+                    "tokenizer": config_to_dict(parent_config)["tokenizer"]}
+    return settings | _fitting_data(settings["model"])
+
+
+def _fitting_data(model: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """data.max_length for a config that leaves it out, where the inherited model's position table
+    (model.max_len) is shorter than its default needs: the longest it holds. An imported model may
+    have fewer positions than ours; a child's config names its data, not the model's limits."""
+    longest = model.get("max_len")
+    if isinstance(longest, int) and 2 < longest <= DataConfig().max_length:
+        return {"data": {"max_length": longest - 1}}
+    return {}
 
 
 def _own_settings(init_from: str, run_dir: Path) -> dict[str, dict[str, Any]] | None:

@@ -326,7 +326,8 @@ class TrainConfig:
     # its initial weights and, copied as they are, its tokenizer files (no new ones are trained). A
     # model or tokenizer key the config file and --set leave out is the parent's (filled in by the
     # loader's `inherit`, before this section's defaults apply); one they state must equal the
-    # parent's, but for model.dropout, tokenizer.dropout and tokenizer.sample_pairs. The optimiser and
+    # parent's, but for model.dropout, tokenizer.dropout and tokenizer.sample_pairs (and a data.max_length
+    # left out is at most the parent's model.max_len - 1: checkpoints/parent.py). The optimiser and
     # the learning-rate schedule start afresh, warm-up included; data comes from this config's data
     # section. Fixed for the life of a run: a resume continues from the run's own checkpoints and
     # config.yaml, and never reads the parent again.

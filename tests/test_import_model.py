@@ -99,6 +99,7 @@ def test_the_run_holds_what_training_leaves(imported):
         ("silu", True, 0, [0])
     joint = not (source / "target_vocab.json").exists()
     assert model["share_embeddings"] is joint and model["pre_norm"] is False
+    assert model["tie_output"] is not joint  # two vocabularies: the output is the decoder's embedding, as MarianMT ties it
     config = load_run_config(run_dir)
     assert config.model.max_len == 128 and config.decode.beam_size == 4  # max_position_embeddings, num_beams
     assert (run_dir / "config.yaml").read_text(encoding="utf-8").startswith(f"# Imported from {source} ")

@@ -24,7 +24,7 @@ from transformer.data.tokenizer import (BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, U
                                         save_tokenizers, train_tokenizers)
 from transformer.decoding import DecodeOptions
 from transformer.errors import CheckpointError
-from transformer.model import Transformer
+from transformer.model import Transformer, count_parameters
 from transformer.translation.attention import teacher_forced_attention
 from transformer.translation.explain_report import explain, render
 from transformer.translation.search import beam_search, greedy_search
@@ -167,6 +167,17 @@ def test_the_output_bias_starts_at_zero_and_adds_to_the_logits(share: bool):
     expected = plain(src, tgt_in, src_pad_mask) + biased.output.bias
     assert torch.allclose(biased(src, tgt_in, src_pad_mask), expected, atol=1e-6)
     assert any(name == "output.bias" for name, _ in biased.named_parameters())  # trained like any weight
+
+
+def test_tie_output_makes_the_output_layer_the_target_embedding():
+    untied, tied = tiny_model(share_embeddings=False), tiny_model(share_embeddings=False, tie_output=True)
+    assert untied.output.weight is not untied.tgt_embedding.weight
+    assert tied.output.weight is tied.tgt_embedding.weight and tied.output.weight is not tied.src_embedding.weight
+    with torch.no_grad():  # one matrix: a change to the embedding is a change to the output layer
+        tied.tgt_embedding.weight[5] += 1.0
+    assert torch.equal(tied.output.weight[5], tied.tgt_embedding.weight[5])
+    # A tied run is one matrix fewer to train: what fine-tuning an imported two-vocabulary model keeps.
+    assert count_parameters(untied) - count_parameters(tied) == untied.output.weight.numel()
 
 
 # --------------------------------------------------------------------------- decoder start and never generated

@@ -316,6 +316,8 @@ class Transformer(nn.Module):
         self._reset_parameters()
         if config.share_embeddings:
             self.output.weight = self.src_embedding.weight  # Section 3.4: one matrix, three uses
+        elif config.tie_output:
+            self.output.weight = self.tgt_embedding.weight
 
     def _reset_parameters(self) -> None:
         for name, parameter in self.named_parameters():

@@ -279,6 +279,9 @@ class ModelConfig:
     # The feed-forward nonlinearity (Section 3.3: ReLU); silu is Marian's "swish", gelu the exact (erf) GELU.
     activation: Literal["relu", "silu", "gelu"] = "relu"
     output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias): weights key output.bias
+    # With separate embeddings (share_embeddings: false), the output layer shares the target embedding's
+    # matrix, as MarianMT ties them in newer OPUS-MT models with two vocabularies. share_embeddings ties all three.
+    tie_output: bool = False
     # The id every decoder input starts with: BOS (data/tokenizer.py's BOS_ID) in runs of this project;
     # Marian starts from its pad, id 0 once imported (a zero embedding row).
     decoder_start_id: int = bounded(2, 0)

@@ -65,7 +65,7 @@ def import_model(source: str, run_dir: Path, target_language: str | None = None,
         model_config = ModelConfig(
             d_model=shape.d_model, n_heads=shape.n_heads, n_encoder_layers=shape.n_encoder_layers,
             n_decoder_layers=shape.n_decoder_layers, d_ff=shape.d_ff, dropout=shape.dropout, pre_norm=False,
-            share_embeddings=share, max_len=shape.max_len, activation=shape.activation, output_bias=output_bias,
+            share_embeddings=share, tie_output=not share and shape.tied_output, max_len=shape.max_len, activation=shape.activation, output_bias=output_bias,
             decoder_start_id=ours[shape.decoder_start_id],
             never_generate=tuple(sorted(ours[token_id] for token_id in generation.never_generate)))
     except ConfigError as error:

@@ -6,11 +6,13 @@ scores only: no timings (run it on a shared machine if need be).
     python bench/terminology_edges.py --run runs/base --before /path/to/old/checkout [--out DIR]
 
 1. Blank translations. The longest held-out sentences of the run (its test and valid splits, which it never
-   trained on; `--long` of them by words), each with required phrases taken from its first reference (the
-   first word of 4+ letters; on every other line also the reference's last two words), torch engine, beam 5,
-   `--constraints-column --format jsonl`: how many outputs are blank before and after, and what the jsonl
-   says of the lines after whose phrases are not all met (`"met": false`); at the run's output lengths and
-   at each tighter `--tight A,B` (--max-length-a A --max-length-b B), where a search runs out of room more.
+   trained on; `--long` of them by words), each with required phrases taken from its first reference
+   (`--phrases`: "words", its first word of 4+ letters and on every other line also its last; "pairs", its
+   first two words and its last two as two phrases), torch engine, beam 5, `--constraints-column --format
+   jsonl`: how many outputs are blank before and after, what the jsonl says of the lines after whose
+   phrases are not all met (`"met": false`), and whether every other line is the same before and after; at
+   the run's output lengths and at each tighter `--tight A,B` (--max-length-a A --max-length-b B), where a
+   search runs out of room more.
    Lines whose phrases cannot fit the tighter length at all are left out of that setting (translate.py
    refuses a whole file for one such line).
 2. Alternatives. A hand-made glossary (bench/data/glossary_alternatives.tsv: common terms of the run's

@@ -134,6 +134,7 @@ def test_a_stopped_auto_run_resumes_at_its_recorded_choice_without_timing_and_en
     first = run.train(config, tmp_path / "stopped", should_stop=lambda: next(steps) >= 2, show_progress=False)
     assert first.state.step == 2 and timing.calls == 2
     timing.speeds = {"fp32": 1000.0, "bf16": 2000.0}  # a timing now would choose otherwise
+    caplog.clear()  # the lines of the runs above, where an earlier test left the log level at INFO
     with caplog.at_level(logging.INFO):
         second = run.train(config, tmp_path / "stopped", show_progress=False)
     assert second.resumed_from.name == layout.step_dir_name(2) and timing.calls == 2  # not timed again

@@ -33,14 +33,7 @@ import logging
 import os
 import sys
 
-from transformer.hardware import openmp_wait_setting  # noqa: E402 (no torch: before torch or CTranslate2 loads)
-
-# OpenMP's idle threads sleep rather than spin (unless the environment says otherwise): spinning, they take the
-# cores from the process's own work whenever other processes use the machine too, and decoding then slows by
-# far more than its share of the cores (hardware.OPENMP_WAIT says why).
-if (wait := openmp_wait_setting(os.environ)) is not None:
-    os.environ[wait[0]] = wait[1]
-
+from transformer.hardware import openmp_wait_setting
 from transformer.cli import StopSignals, guard_standard_streams, path_argument, run_script, stop_signals
 from transformer.errors import UserError, name_options
 from transformer.serving.cost import MAX_SEARCH_COST
@@ -121,6 +114,12 @@ def import_ctranslate2_before_torch() -> None:
 def run(args: argparse.Namespace) -> None:
     if args.engine != "torch":
         import_ctranslate2_before_torch()
+    # Then torch's OpenMP threads sleep rather than spin while idle (unless the environment says how they
+    # wait): spinning, they take the cores from the server's own work whenever other processes use the
+    # machine too (hardware.OPENMP_WAIT says why). CTranslate2's runtime, loaded above, keeps spinning: its
+    # many short parallel regions run several times slower when its threads sleep between them.
+    if (wait := openmp_wait_setting(os.environ)) is not None:
+        os.environ[wait[0]] = wait[1]
     try:
         from transformer.serving.app import ServerCaps, create_app, stop_translating
         from transformer.serving.server import build_server, limits_for_open_files

@@ -33,17 +33,10 @@ import logging
 import os
 import sys
 
-from transformer.hardware import openmp_wait_setting  # noqa: E402 (no torch: before torch or CTranslate2 loads)
-
-# OpenMP's idle threads sleep rather than spin (unless the environment says otherwise): spinning, they take the
-# cores from the process's own work whenever other processes use the machine too, and decoding then slows by
-# far more than its share of the cores (hardware.OPENMP_WAIT says why).
-if (wait := openmp_wait_setting(os.environ)) is not None:
-    os.environ[wait[0]] = wait[1]
-
 # Nothing here imports torch: the engine policy loads it for the torch engine only, so that the default
 # CTranslate2 engine starts without it (and matplotlib only loads for --attention).
-from transformer.engines import ENGINES, EngineRequest, open_engine
+from transformer.engines import ENGINES, EngineRequest, choose_engine, open_engine
+from transformer.hardware import openmp_wait_setting
 from transformer.cli import StopSignals, guard_standard_streams, path_argument, require_installed, run_script
 from transformer.decoding import Sampling
 from transformer.errors import UserError, name_options
@@ -201,6 +194,20 @@ def check_arguments(args: argparse.Namespace) -> None:
                             "another file")
 
 
+def wait_passively_if_torch(request: EngineRequest) -> None:
+    """Where the torch engine will translate, tell OpenMP's idle threads to sleep rather than spin (unless the
+    environment already says how they wait), before torch loads: spinning, they take the cores from the
+    process's own work whenever other processes use the machine too (hardware.OPENMP_WAIT says why).
+    CTranslate2's runtime is left spinning: its many short parallel regions run several times slower when
+    its threads sleep between them (python bench/busy_decode.py shows both)."""
+    try:
+        engine, _ = choose_engine(request, request.options().strategy)
+    except UserError:
+        return  # open_engine says what is wrong, in its own words
+    if engine == "torch" and (wait := openmp_wait_setting(os.environ)) is not None:
+        os.environ[wait[0]] = wait[1]
+
+
 def run(args: argparse.Namespace, names: dict[str, str]) -> None:
     check_arguments(args)
     if args.attention:  # before the model loads and DIR is made
@@ -222,6 +229,7 @@ def run(args: argparse.Namespace, names: dict[str, str]) -> None:
                             constraints=tuple(args.constraint), avoid=tuple(args.avoid),
                             per_text_constraints=args.constraints_column or args.glossary is not None)
     glossary = read_glossary(args.glossary) if args.glossary else None  # before the model loads
+    wait_passively_if_torch(request)
     translator = open_engine(request, lambda text: args.quiet or print(f"note: {name_options(text, names)}",
                                                                        file=sys.stderr))
     if glossary is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -129,3 +130,17 @@ def test_openmp_threads_wait_passively_unless_the_environment_says_otherwise():
     assert openmp_wait_setting({}) == ("OMP_WAIT_POLICY", "PASSIVE")
     assert openmp_wait_setting({"OMP_WAIT_POLICY": "ACTIVE"}) is None
     assert openmp_wait_setting({"GOMP_SPINCOUNT": "300000"}) is None
+
+
+@pytest.mark.parametrize("engine, waits", [("torch", "PASSIVE"), ("ctranslate2", None)])
+def test_translate_py_lets_only_torch_s_threads_sleep(monkeypatch: pytest.MonkeyPatch, tiny_run, tmp_path: Path,
+                                                     engine: str, waits):
+    """translate.py sets OMP_WAIT_POLICY=PASSIVE before the torch engine loads, and leaves CTranslate2's
+    runtime spinning (its threads sleeping between short regions make it several times slower)."""
+    import translate
+    from transformer.engines import EngineRequest
+
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    translate.wait_passively_if_torch(EngineRequest(engine=engine, run=tiny_run(tmp_path / "run")))
+    assert os.environ.get("OMP_WAIT_POLICY") == waits

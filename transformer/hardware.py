@@ -70,7 +70,9 @@ def onednn_cache_setting() -> tuple[str, str]:
 # region cannot end until a descheduled thread gets a core back: decoding, whose every step runs many
 # small regions between stretches of Python (constrained search most), then slows by far more than its
 # share of the cores. Told to wait passively, an idle thread sleeps at once and costs nothing while it
-# waits (python bench/busy_decode.py compares, idle and beside busy processes).
+# waits. The scripts tell torch's runtime so, not CTranslate2's: its threads sleeping between its many short
+# regions make CTranslate2 several times slower on an idle machine (python bench/busy_decode.py compares,
+# idle and beside busy processes).
 OPENMP_WAIT = ("OMP_WAIT_POLICY", "PASSIVE")
 OPENMP_WAIT_KNOBS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # what a user sets to choose otherwise
 

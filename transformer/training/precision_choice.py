@@ -144,7 +144,6 @@ def time_precisions(model: Transformer, train: TrainConfig, batches: list[Batch]
                 break
             for precision in CANDIDATES:
                 fastest[precision] = min(fastest[precision], one_pass(precision))
-    del trial, optimizer
     return {precision: tokens / max(seconds, 1e-9) for precision, seconds in fastest.items()}
 
 

@@ -169,6 +169,11 @@ def test_the_output_bias_starts_at_zero_and_adds_to_the_logits(share: bool):
     assert any(name == "output.bias" for name, _ in biased.named_parameters())  # trained like any weight
 
 
+def test_tie_output_with_shared_embeddings_does_nothing_and_is_refused():
+    with pytest.raises(ConfigError, match="model.tie_output is for separate embeddings"):
+        ModelConfig(share_embeddings=True, tie_output=True)
+
+
 def test_tie_output_makes_the_output_layer_the_target_embedding():
     untied, tied = tiny_model(share_embeddings=False), tiny_model(share_embeddings=False, tie_output=True)
     assert untied.output.weight is not untied.tgt_embedding.weight

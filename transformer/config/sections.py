@@ -294,6 +294,9 @@ class ModelConfig:
             raise ConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
             )
+        if self.tie_output and self.share_embeddings:
+            raise ConfigError("model.tie_output is for separate embeddings; with model.share_embeddings: true the "
+                              "output layer already shares the one matrix (remove model.tie_output)")
         if _EOS_ID in self.never_generate:
             raise ConfigError(f"model.never_generate: expected ids other than {_EOS_ID} (EOS, which ends every "
                               f"output), got {list(self.never_generate)!r}")

@@ -199,13 +199,13 @@ def open_log(run_dir: Path, rank: int) -> None:
 def say_outcome(outcome: TrainOutcome, args: argparse.Namespace, config: Config, run_dir: Path) -> None:
     """The last log line: done, already done, stopped early, or stopped (with the command that resumes)."""
     state, best, log = outcome.state, outcome.best, logging.getLogger("train")
-    found = f"best valid BLEU {best.score:.2f} at step {best.step}" if best else "no validation"
+    found = f"best: step {best.step}, valid nll {best.score:.3f}" if best else "no validation"
     if outcome.already_finished and outcome.stopped_early:
-        log.info("%s already stopped early at step %d (no better valid BLEU in %d validations); nothing to do. "
+        log.info("%s already stopped early at step %d (no lower valid loss in %d validations); nothing to do. "
                  "Raise train.patience (e.g. --set train.patience=%d) to train further.", run_dir, state.step,
                  state.validations_without_improvement, state.validations_without_improvement + config.train.patience)
     elif outcome.stopped_early:
-        log.info("stopped early at step %d: no better valid BLEU in %d validations; %s. Translate with: "
+        log.info("stopped early at step %d: no lower valid loss in %d validations; %s. Translate with: "
                  "python translate.py --run %s %s", state.step, state.validations_without_improvement,
                  found, shlex.quote(str(run_dir)), example_sentence(run_dir))
     elif outcome.already_finished:

@@ -97,9 +97,10 @@ def profile_child(args: argparse.Namespace, precision: str) -> dict:
         with record_function("optimizer"):
             optimizer.step()
 
+    start_id, multiple = model.config.decoder_start_id, args.pad_multiple
     for _ in range(args.warmup):
-        step(corpus.batch(next(order)))
-    batches = [corpus.batch(next(order)) for _ in range(args.steps)]
+        step(corpus.batch(next(order), start_id, multiple))
+    batches = [corpus.batch(next(order), start_id, multiple) for _ in range(args.steps)]
     if args.onednn_verbose:  # only the primitive creations matter: no profiler
         for batch in batches:
             step(batch)
@@ -154,7 +155,7 @@ def onednn_creations(args: argparse.Namespace, precision: str) -> tuple[int, int
 
 def child_args(args: argparse.Namespace) -> list[str]:
     words = ["--config", str(args.config), "--steps", str(args.steps), "--warmup", str(args.warmup),
-             "--top-shapes", str(args.top_shapes)]
+             "--top-shapes", str(args.top_shapes), "--pad-multiple", str(args.pad_multiple)]
     return words + (["--tokenizer-dir", str(args.tokenizer_dir)] if args.tokenizer_dir else [])
 
 
@@ -166,6 +167,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="profiled steps")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--top-shapes", type=int, default=8, help="matrix-product shapes listed")
+    parser.add_argument("--pad-multiple", type=int, default=1, help="pad batch lengths up to a multiple of N "
+                        "(train.pad_multiple)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--onednn-verbose", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

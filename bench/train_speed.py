@@ -101,14 +101,24 @@ def load_corpus(config, tokenizer_dir: Path | None) -> tuple[PairCorpus, int, in
     return corpus_of(encoded.train), tokenizers.source_vocab_size, tokenizers.target_vocab_size
 
 
-def padding_share(corpus: PairCorpus, batches: list[np.ndarray]) -> float:
-    """Share of padding among the source + target positions of the padded batches."""
+def padding_share(corpus: PairCorpus, batches: list[np.ndarray], multiple: int = 1) -> float:
+    """Share of padding among the source + target positions of the padded batches, lengths padded up
+    to a multiple of `multiple`."""
     real = padded = 0
     for indices in batches:
         s, t = corpus.src_lengths[indices] + 1, corpus.tgt_lengths[indices] + 1
         real += int(s.sum() + t.sum())
-        padded += len(indices) * int(s.max() + t.max())
+        padded += len(indices) * (-(-int(s.max()) // multiple) + -(-int(t.max()) // multiple)) * multiple
     return 1 - real / padded
+
+
+def batch_shapes(corpus: PairCorpus, batches, multiple: int = 1) -> int:
+    """Distinct (sentences, source length, target length) shapes among `batches`, lengths padded up to a
+    multiple of `multiple`: in bf16 on a CPU, oneDNN compiles kernels for each new shape."""
+    src_lengths, tgt_lengths = corpus.src_lengths, corpus.tgt_lengths
+    shapes = {(len(indices), -(-(int(src_lengths[indices].max()) + 1) // multiple),
+               -(-(int(tgt_lengths[indices].max()) + 1) // multiple)) for indices in batches}
+    return len(shapes)
 
 
 def unbucketed_batches(corpus: PairCorpus, batch_tokens: int, seed: int) -> list[np.ndarray]:
@@ -239,7 +249,7 @@ class Measurement:
 
 
 def measure(model: Transformer, optimizer, corpus: PairCorpus, batches: list[np.ndarray], train,
-            loss_fn: Callable, warmup: int, steps: int, repeats: int) -> Measurement:
+            loss_fn: Callable, warmup: int, steps: int, repeats: int, pad_multiple: int = 1) -> Measurement:
     """Time full training steps on batches[0:...]; the same batches for every call."""
     device = torch.device("cpu")
 
@@ -254,7 +264,7 @@ def measure(model: Transformer, optimizer, corpus: PairCorpus, batches: list[np.
 
     order = iter(batches)
     for _ in range(warmup):
-        step(corpus.batch(next(order)))
+        step(corpus.batch(next(order), model.config.decoder_start_id, pad_multiple))
     target_rates, total_rates, flop_rates = [], [], []
     building = stepping = 0.0
     for _ in range(repeats):
@@ -262,7 +272,7 @@ def measure(model: Transformer, optimizer, corpus: PairCorpus, batches: list[np.
         flops = elapsed = 0.0
         for _ in range(steps):
             start = time.perf_counter()
-            batch = corpus.batch(next(order))
+            batch = corpus.batch(next(order), model.config.decoder_start_id, pad_multiple)
             building += time.perf_counter() - start
             start = time.perf_counter()
             step(batch)
@@ -358,7 +368,7 @@ def _measure_variant(change: dict, fresh: Callable, corpus: PairCorpus, batches,
     try:
         with context:
             return measure(model, optimizer, corpus, change.get("batches", batches), variant_train,
-                           change.get("loss_fn", batch_loss), warmup, steps, repeats)
+                           change.get("loss_fn", batch_loss), warmup, steps, repeats, args.pad_multiple)
     except Exception as error:  # noqa: BLE001 - e.g. torch.compile without a C++ compiler
         return f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"
     finally:
@@ -381,6 +391,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="measure every lever this many times, in turn")
     parser.add_argument("--only", nargs="+", metavar="WORD", help="only the levers whose name has one of these words")
     parser.add_argument("--tokenizer-dir", type=Path, help="reuse a run's tokenizer/ instead of training one")
+    parser.add_argument("--pad-multiple", type=int, default=1, help="pad batch lengths up to a multiple of N "
+                        "(train.pad_multiple)")
     args = parser.parse_args()
 
     config = load_config(args.config)
@@ -403,14 +415,17 @@ def main() -> None:
     seed_everything(train.seed)
     model = Transformer(config.model, src_vocab, tgt_vocab)
     optimizer = build_optimizer(model, train)
-    result = measure(model, optimizer, corpus, batches, train, batch_loss, args.warmup, args.steps, args.repeats)
+    result = measure(model, optimizer, corpus, batches, train, batch_loss, args.warmup, args.steps, args.repeats,
+                     args.pad_multiple)
     peak = matmul_peak(train.precision)
     rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     achieved = statistics.median(result.flop_rates)
     print(f"config: {args.config}  precision: {train.precision}  batch_tokens: {train.batch_tokens}  "
           f"threads: {torch.get_num_threads()}  batches timed: {args.steps} x {args.repeats}")
-    print(f"padding share of batch tokens: {padding_share(corpus, batches):.1%} "
+    print(f"padding share of batch tokens: {padding_share(corpus, batches, args.pad_multiple):.1%} "
           f"(without length bucketing: {padding_share(corpus, unbucketed_batches(corpus, train.batch_tokens, 0)):.1%})")
+    print(f"distinct batch shapes in an epoch ({len(batches)} batches): {batch_shapes(corpus, batches, args.pad_multiple)}"
+          f" (lengths padded to a multiple of {args.pad_multiple})")
     print(f"building batches (numpy -> padded tensors): {result.batch_build_share:.1%} of the step time")
     print(f"target tokens/s per repeat: {', '.join(f'{r:.0f}' for r in result.target_rates)}")
     print(f"source+target tokens/s (median): {statistics.median(result.total_rates):.0f}")

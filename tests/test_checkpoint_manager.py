@@ -49,18 +49,27 @@ def write_config(path: Path, csv_path: Path, **train: object) -> Path:
     return path
 
 
+def scripted_loss(score: float) -> float:
+    """The validation loss ScriptedValidation gives a step scripted `score`: the higher the score, the lower
+    the loss, so that the best checkpoint (the lowest loss) is the one with the highest score."""
+    return (100.0 - score) / 10
+
+
 class ScriptedValidation:
-    """Validation that returns, for the step being validated, the BLEU of `scores`, and notes the step."""
+    """Validation that returns, for the step being validated, the BLEU of `scores` and a loss that falls
+    as it rises (`scripted_loss`), and notes the step."""
 
     def __init__(self) -> None:
         self.scores: dict[int, float] = {}
+        self.losses: dict[int, float] = {}  # a step's loss where it is not scripted_loss(its score)
         self.validated: list[int] = []
         self.trainer: trainer.Trainer | None = None
 
     def evaluate(self, model, valid, tokenizers, config, device) -> EvaluationResult:
         step = self.trainer.state.step
         self.validated.append(step)
-        return EvaluationResult(1.0, math.e, Scores(self.scores[step], self.scores[step] / 2, ""), [], [])
+        loss = self.losses.get(step, scripted_loss(self.scores[step]))
+        return EvaluationResult(loss, math.exp(loss), Scores(self.scores[step], self.scores[step] / 2, ""), [], [])
 
 
 @pytest.fixture
@@ -98,12 +107,37 @@ def test_a_run_ending_off_the_validation_cycle_validates_and_records_its_last_st
     assert train_run(config, run_dir) == 0
     assert scripted.validated == [30, 45]
     state = read_run_state(run_dir)
-    assert (state.best.checkpoint, state.best.step, state.best.score) == ("step_00000045", 45, 20.0)
+    assert (state.best.checkpoint, state.best.step, state.best.score) == ("step_00000045", 45, 8.0)
     last = checkpoint.read_meta(run_dir / "checkpoints" / "step_00000045")
-    assert last["metrics"] == state.best.metrics == {"valid_nll": 1.0, "valid_perplexity": math.e,
+    assert last["metrics"] == state.best.metrics == {"valid_nll": 8.0, "valid_perplexity": math.exp(8.0),
                                                      "valid_bleu": 20.0, "valid_chrf": 10.0}
     assert checkpoint.read_meta(run_dir / "checkpoints" / layout.BEST)["step"] == 45
-    assert "best valid BLEU 20.00 at step 45" in capsys.readouterr().err
+    assert "best: step 45, valid nll 8.000" in capsys.readouterr().err
+
+
+def test_best_is_the_lowest_validation_loss_never_an_equal_one_and_any_beats_an_unscored_best():
+    best = layout.Best("step_00000010", 10, {"valid_nll": 2.0, "valid_bleu": 30.0})
+    assert layout.beats({"valid_nll": 1.9, "valid_bleu": 10.0}, best)  # a lower loss wins, whatever its BLEU
+    assert not layout.beats({"valid_nll": 2.1, "valid_bleu": 50.0}, best)  # a higher BLEU alone does not
+    assert not layout.beats({"valid_nll": 2.0, "valid_bleu": 31.0}, best)  # equal: the first stays
+    assert layout.beats({"valid_nll": 9.0}, None)
+    assert not layout.beats({}, None)  # a save between validations is never best
+    imported = layout.Best("step_00000000", 0, {})  # an imported run's only checkpoint: no validation
+    assert layout.beats({"valid_nll": 9.0}, imported)
+
+
+def test_a_validation_with_a_higher_bleu_but_a_higher_loss_leaves_best_where_it_is(
+        tmp_path: Path, tiny_csv: Path, scripted, capsys):
+    """What the rule changed: at 45 the sample BLEU rises, the whole split's loss rises too; best stays at
+    30. Rebuilding the run state from the checkpoints chooses the same."""
+    scripted.scores.update({30: 20.0, 45: 25.0})
+    scripted.losses.update({30: 3.0, 45: 3.5})
+    config, run_dir = write_config(tmp_path / "c.yaml", tiny_csv, keep_checkpoints=2), tmp_path / "run"
+    assert train_run(config, run_dir) == 0
+    assert read_run_state(run_dir).best.step == 30
+    assert os.readlink(run_dir / "checkpoints" / layout.BEST) == "step_00000030"
+    assert "best: step 30, valid nll 3.000" in capsys.readouterr().err
+    assert CheckpointManager.rebuild(RunDirectory(run_dir), keep=2).best.step == 30
 
 
 @pytest.mark.slow
@@ -134,7 +168,7 @@ def test_rerunning_a_finished_run_changes_nothing_and_raising_its_budget_keeps_b
 
     assert train_run(config, run_dir, "train.max_steps=75") == 0
     state = read_run_state(run_dir)
-    assert (state.best.step, state.best.score) == (75, 40.0) and state.kept == ["step_00000075"]
+    assert (state.best.step, state.best.metrics["valid_bleu"]) == (75, 40.0) and state.kept == ["step_00000075"]
     assert os.readlink(run_dir / "checkpoints" / layout.BEST) == "step_00000075"
     assert find_checkpoint(run_dir) == run_dir / "checkpoints" / "step_00000075"
     assert scripted.validated == [30, 45, 60, 75]
@@ -166,7 +200,7 @@ def test_a_damaged_best_checkpoint_is_dropped_and_the_next_validation_sets_a_new
     assert train_run(config, run_dir, "train.max_steps=60") == 0
     assert "the best checkpoint step_00000045 is damaged or gone" in caplog.text
     state = read_run_state(run_dir)
-    assert state.best.step == 60 and state.best.score == 1.0  # redone from step 30: 45 was not validated again
+    assert state.best.step == 60 and state.best.metrics["valid_bleu"] == 1.0  # redone from step 30: 45 was not validated again
     assert list((run_dir / "checkpoints").glob("corrupt-step_00000045-*"))  # moved aside, not deleted
 
 

@@ -242,7 +242,7 @@ def test_the_run_is_exported_once_per_weights(trained_run: Path, tmp_path: Path,
     model, meta = checkpoint.load_model(best)  # new best weights: a new export beside the old one
     with torch.no_grad():
         model.output.weight.mul_(1.5)
-    better = dict(meta["metrics"], valid_bleu=meta["metrics"]["valid_bleu"] + 1)
+    better = dict(meta["metrics"], valid_nll=meta["metrics"]["valid_nll"] - 0.1)
     newer = meta["step"] + 1
     training = checkpoint.load_training_state(best)
     CheckpointManager(RunDirectory(run_dir), keep=5).save(newer, model, {

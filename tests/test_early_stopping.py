@@ -1,5 +1,5 @@
-"""Early stopping (train.patience): training ends after N validations in a row without a better valid
-BLEU, says so, keeps the count across a stop and resume, composes with the budgets, and a rerun of
+"""Early stopping (train.patience): training ends after N validations in a row without a new best (a
+lower valid loss), says so, keeps the count across a stop and resume, composes with the budgets, and a rerun of
 an early-stopped run changes nothing. Validation scores are scripted (test_checkpoint_manager.py's
 `scripted`), so each test knows where the plateau starts.
 """
@@ -32,7 +32,7 @@ def plateau_config(tmp_path: Path, tiny_csv: Path, **train: object) -> Path:
     return write_config(tmp_path / "c.yaml", tiny_csv, **dict(settings, **train))
 
 
-def test_training_stops_after_patience_validations_without_a_better_bleu(tmp_path: Path, tiny_csv: Path,
+def test_training_stops_after_patience_validations_without_a_new_best(tmp_path: Path, tiny_csv: Path,
                                                                          scripted, capsys, caplog):
     scripted.scores.update(PLATEAU)
     config, run_dir = plateau_config(tmp_path, tiny_csv), tmp_path / "run"
@@ -40,8 +40,8 @@ def test_training_stops_after_patience_validations_without_a_better_bleu(tmp_pat
     assert scripted.validated == [5, 10, 15, 20, 25]  # 3 validations after the best at 10, not to step 40
     assert [meta_state(run_dir, s)["validations_without_improvement"] for s in (5, 10, 15, 20, 25)] == [0, 0, 1, 2, 3]
     assert read_run_state(run_dir).latest == "step_00000025" and read_run_state(run_dir).best.step == 10
-    assert "step 25: no better valid BLEU in 3 validations (train.patience): stopping early" in caplog.text
-    assert "stopped early at step 25: no better valid BLEU in 3 validations; best valid BLEU 20.00 at step 10" \
+    assert "step 25: no lower valid loss in 3 validations (train.patience): stopping early" in caplog.text
+    assert "stopped early at step 25: no lower valid loss in 3 validations; best: step 10, valid nll 8.000" \
         in capsys.readouterr().err
 
 
@@ -89,7 +89,7 @@ def test_rerunning_an_early_stopped_run_changes_nothing_and_more_patience_trains
     capsys.readouterr()
 
     assert train_run(config, run_dir) == 0
-    assert "already stopped early at step 25 (no better valid BLEU in 3 validations); nothing to do" \
+    assert "already stopped early at step 25 (no lower valid loss in 3 validations); nothing to do" \
         in capsys.readouterr().err
     assert best_files(run_dir) == before and (run_dir / STATE_FILE).read_bytes() == state_bytes
     assert {p: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").rglob("*") if p.is_file()} == mtimes

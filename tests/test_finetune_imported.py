@@ -191,10 +191,10 @@ def test_the_child_validates_draws_attention_and_logs_to_tensorboard(child):
     events.Reload()
     assert {"attention/cross/sample_1", "attention/encoder/sample_1"} <= set(events.Tags()["images"])
     state = read_run_state(run_dir)
-    bleu = scalars(run_dir, "valid/bleu")
-    best_step = max(bleu, key=lambda step: (bleu[step], -step))  # the first of the best: a later tie is no better
+    nll = scalars(run_dir, "valid/nll")
+    best_step = min(nll, key=lambda step: (nll[step], step))  # the first of the best: a later tie is no better
     assert state.best is not None and state.best.step == best_step
-    assert state.best.metrics["valid_bleu"] == pytest.approx(bleu[best_step], rel=1e-6)
+    assert state.best.metrics["valid_nll"] == pytest.approx(nll[best_step], rel=1e-6)
 
 
 def test_early_stopping_ends_a_fine_tune_with_no_better_bleu(parent, tiny_csv: Path, tmp_path: Path, capsys):

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from transformer.checkpoints import files
 from transformer.checkpoints.format import read_meta
-from transformer.checkpoints.layout import BEST_METRIC, STATE_FILE, Best, RunState, step_dir_name
+from transformer.checkpoints.layout import STATE_FILE, Best, RunState, beats, step_dir_name
 from transformer.checkpoints.rundir import RunDirectory
 from transformer.errors import CheckpointError
 from transformer.model import Transformer
@@ -62,8 +62,8 @@ class CheckpointManager:
         return self.state.best
 
     def improves(self, metrics: dict[str, float]) -> bool:
-        """Whether `metrics` beat the best so far (the first validation always does)."""
-        return self.state.best is None or metrics[BEST_METRIC] > self.state.best.score
+        """Whether `metrics` beat the best so far (the first validation always does): layout.beats."""
+        return beats(metrics, self.state.best)
 
     # ------------------------------------------------------------------ resuming
 
@@ -148,11 +148,11 @@ class CheckpointManager:
                 continue
             kept.append(path.name)
             metrics = meta.get("metrics") or {}
-            if BEST_METRIC in metrics and (best is None or metrics[BEST_METRIC] > best.score):
+            if beats(metrics, best):
                 best = Best(path.name, int(meta["step"]), dict(metrics))
         state = RunState(latest=kept[-1] if kept else None, kept=kept, best=best)
         log.info("rebuilt %s from %d checkpoint(s): newest %s, best %s", self.run.state_file, len(kept),
-                 state.latest, f"{best.checkpoint} (valid BLEU {best.score:.2f})" if best else "none yet")
+                 state.latest, f"{best.checkpoint} (valid NLL {best.score:.4f})" if best else "none yet")
         self._commit(state)
 
     # ------------------------------------------------------------------ saving

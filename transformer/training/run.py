@@ -62,7 +62,7 @@ class TrainOutcome:
     best: Best | None  # the best checkpoint of the run so far (rank 0; None elsewhere)
     resumed_from: Path | None
     already_finished: bool  # the budget was used up (or training stopped early) before this session started
-    stopped_early: bool  # train.patience validations in a row brought no better valid BLEU
+    stopped_early: bool  # train.patience validations in a row brought no lower valid loss
 
 
 def _flatten(mapping: dict, prefix: str = "") -> dict[str, object]:

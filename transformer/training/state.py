@@ -39,7 +39,7 @@ class TrainState:
     elapsed_seconds: float = 0.0  # wall time over all sessions, validation and saving included
     nonfinite_steps: int = 0  # updates skipped for a non-finite loss or gradient, in total
     nonfinite_in_a_row: int = 0  # ... of which the latest in a row (kept here so a resume counts on)
-    # Validations in a row since the last better valid BLEU (train.patience stops training at that many)
+    # Validations in a row since the last new best (train.patience stops training at that many)
     validations_without_improvement: int = 0
     # A fine-tuned run's parent: {"run", "checkpoint", "weights_sha256"} of the weights it started from
     parent: dict[str, str] | None = None

@@ -104,7 +104,7 @@ class Trainer:
         return self.budget.finished(self.state.step) or self.stopped_early()
 
     def stopped_early(self) -> bool:
-        """Whether train.patience validations in a row brought no better valid BLEU."""
+        """Whether train.patience validations in a row brought no lower valid loss (no new best)."""
         patience = self.train_config.patience
         return bool(patience) and self.state.validations_without_improvement >= patience
 
@@ -212,7 +212,7 @@ class Trainer:
         validated = self.validate() if state.step % train.valid_every == 0 or last else None
         if validated is not None and not last and self.stopped_early():
             last = True
-            log.info("step %d: no better valid BLEU in %d validations (train.patience): stopping early",
+            log.info("step %d: no lower valid loss in %d validations (train.patience): stopping early",
                      state.step, state.validations_without_improvement)
         if validated is not None or state.step % train.checkpoint_every == 0 or last or stop_requested:
             self.save(validated)
@@ -236,7 +236,7 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Score the valid split (rank 0 scores; the others wait in the broadcast of the outcome)
         and return the metrics every rank then saves with. Every rank calls this at the same steps, and
-        counts the validations in a row without a better valid BLEU (for train.patience)."""
+        counts the validations in a row without a new best (for train.patience)."""
         metrics, improved = None, False
         with distributed.fail_together():  # a failure there (TensorBoard's disk) must not leave the others waiting
             if distributed.is_main():
@@ -247,7 +247,8 @@ class Trainer:
                            "valid_bleu": result.scores.bleu, "valid_chrf": result.scores.chrf}
                 improved = self.checkpoints.improves(metrics)
                 if improved:
-                    log.info("  new best BLEU %.2f at step %d", result.scores.bleu, self.state.step)
+                    log.info("  new best: valid nll %.3f (BLEU %.2f) at step %d", result.loss, result.scores.bleu,
+                             self.state.step)
         metrics, improved = distributed.broadcast_object((metrics, improved))
         state = self.state
         state.validations_without_improvement = 0 if improved else state.validations_without_improvement + 1

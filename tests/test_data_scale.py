@@ -207,10 +207,14 @@ def test_data_stage_memory_does_not_grow_with_the_corpus(tmp_path, tiny_tokenize
     for scale in (2, 5):
         rows = [(s + f" ({copy})", t + f" ({copy})") for copy in range(scale) for s, t in base]
         csv = write_csv(tmp_path / f"x{scale}.csv", rows)
-        child = _child(_MEMORY_CHILD, csv, tokenizer_dir, cache=tmp_path / f"cache{scale}")
-        assert child.returncode == 0, child.stderr
-        grown, n_pairs, _ = map(int, child.stdout.split()[-3:])
-        added[scale] = (grown, n_pairs)
+        # The least of two runs: one reading drifts by tens of MB with the allocator's arenas, which over
+        # the 300,000 pairs between the scales reads as 100 bytes a pair.
+        readings = []
+        for attempt in range(2):
+            child = _child(_MEMORY_CHILD, csv, tokenizer_dir, cache=tmp_path / f"cache{scale}-{attempt}")
+            assert child.returncode == 0, child.stderr
+            readings.append(tuple(map(int, child.stdout.split()[-3:-1])))
+        added[scale] = min(readings)
     (small, small_pairs), (large, large_pairs) = added[2], added[5]
     per_pair = (large - small) / (large_pairs - small_pairs)
     assert per_pair < 150, added  # holding ids and plan in memory grew by some 300 bytes a pair

@@ -217,7 +217,10 @@ def test_data_stage_memory_does_not_grow_with_the_corpus(tmp_path, tiny_tokenize
         added[scale] = min(readings)
     (small, small_pairs), (large, large_pairs) = added[2], added[5]
     per_pair = (large - small) / (large_pairs - small_pairs)
-    assert per_pair < 150, added  # holding ids and plan in memory grew by some 300 bytes a pair
+    # Holding ids and plan in memory grew by some 300 bytes a pair. Files instead measure 100-220 (the
+    # least of two readings, the higher ones beside the rest of the suite): arrow's allocator returns
+    # freed memory on a timer, so a busy machine reads higher.
+    assert per_pair < 250, added
 
 
 @pytest.mark.slow

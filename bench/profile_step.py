@@ -68,7 +68,7 @@ def profile_child(args: argparse.Namespace, precision: str) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from train_speed import load_corpus
+    from train_speed import load_corpus, padded
     from transformer.config import load_config
     from transformer.model import Transformer
     from transformer.runtime import autocast, resolve_precision, seed_everything
@@ -99,8 +99,8 @@ def profile_child(args: argparse.Namespace, precision: str) -> dict:
 
     start_id, multiple = model.config.decoder_start_id, args.pad_multiple
     for _ in range(args.warmup):
-        step(corpus.batch(next(order), start_id, multiple))
-    batches = [corpus.batch(next(order), start_id, multiple) for _ in range(args.steps)]
+        step(padded(corpus.batch(next(order), start_id), multiple))
+    batches = [padded(corpus.batch(next(order), start_id), multiple) for _ in range(args.steps)]
     if args.onednn_verbose:  # only the primitive creations matter: no profiler
         for batch in batches:
             step(batch)
@@ -167,11 +167,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="profiled steps")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--top-shapes", type=int, default=8, help="matrix-product shapes listed")
-    parser.add_argument("--pad-multiple", type=int, default=1, help="pad batch lengths up to a multiple of N "
-                        "(train.pad_multiple)")
+    parser.add_argument("--pad-multiple", type=int, default=1, help="pad batch lengths up to a multiple of N")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--onednn-verbose", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.pad_multiple < 1:
+        parser.error(f"--pad-multiple: expected a whole number of at least 1, got {args.pad_multiple}")
     if args.child:
         from transformer.hardware import onednn_cache_setting
 

@@ -112,6 +112,14 @@ def padding_share(corpus: PairCorpus, batches: list[np.ndarray], multiple: int =
     return 1 - real / padded
 
 
+def padded(batch: Batch, multiple: int) -> Batch:
+    """`batch` with its lengths padded up to a multiple of `multiple` (--pad-multiple: fewer distinct
+    shapes for oneDNN's kernels, more padding)."""
+    def pad(tensor: torch.Tensor) -> torch.Tensor:
+        return F.pad(tensor, (0, -tensor.shape[1] % multiple), value=PAD_ID)
+    return Batch(pad(batch.src), pad(batch.tgt_in), pad(batch.tgt_out))
+
+
 def batch_shapes(corpus: PairCorpus, batches, multiple: int = 1) -> int:
     """Distinct (sentences, source length, target length) shapes among `batches`, lengths padded up to a
     multiple of `multiple`: in bf16 on a CPU, oneDNN compiles kernels for each new shape."""
@@ -264,7 +272,7 @@ def measure(model: Transformer, optimizer, corpus: PairCorpus, batches: list[np.
 
     order = iter(batches)
     for _ in range(warmup):
-        step(corpus.batch(next(order), model.config.decoder_start_id, pad_multiple))
+        step(padded(corpus.batch(next(order), model.config.decoder_start_id), pad_multiple))
     target_rates, total_rates, flop_rates = [], [], []
     building = stepping = 0.0
     for _ in range(repeats):
@@ -272,7 +280,7 @@ def measure(model: Transformer, optimizer, corpus: PairCorpus, batches: list[np.
         flops = elapsed = 0.0
         for _ in range(steps):
             start = time.perf_counter()
-            batch = corpus.batch(next(order), model.config.decoder_start_id, pad_multiple)
+            batch = padded(corpus.batch(next(order), model.config.decoder_start_id), pad_multiple)
             building += time.perf_counter() - start
             start = time.perf_counter()
             step(batch)
@@ -391,9 +399,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="measure every lever this many times, in turn")
     parser.add_argument("--only", nargs="+", metavar="WORD", help="only the levers whose name has one of these words")
     parser.add_argument("--tokenizer-dir", type=Path, help="reuse a run's tokenizer/ instead of training one")
-    parser.add_argument("--pad-multiple", type=int, default=1, help="pad batch lengths up to a multiple of N "
-                        "(train.pad_multiple)")
+    parser.add_argument("--pad-multiple", type=int, default=1, help="pad batch lengths up to a multiple of N")
     args = parser.parse_args()
+    if args.pad_multiple < 1:
+        parser.error(f"--pad-multiple: expected a whole number of at least 1, got {args.pad_multiple}")
 
     config = load_config(args.config)
     train = config.train

@@ -32,9 +32,8 @@ EXPORTS_DIR = "ctranslate2"
 IMPORT_RECORD = "imported.json"  # an imported run's source: the model's id or path, revision, file hashes
 # What makes a checkpoint the best: the lowest loss on the whole validation split (NLL per target token,
 # teacher-forced). Greedy BLEU on the validation sample, the rule before, picked an earlier, weaker
-# checkpoint than the run's last on held-out sets: over a few hundred sentences BLEU moves by a point
-# between validations by chance, while the loss covers every pair and falls steadily (bench/README.md,
-# "Which checkpoint is best").
+# checkpoint than the run's last on held-out sets: on a sample BLEU moves between validations by chance,
+# while the loss covers every pair and falls steadily (bench/README.md, "Which checkpoint is best").
 BEST_METRIC = "valid_nll"  # lower is better
 CORRUPT_PREFIX = "corrupt-"  # a damaged checkpoint moved aside: corrupt-<its name>-<pid>
 _STEP_DIR = re.compile(r"^step_(\d{8})$")

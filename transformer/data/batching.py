@@ -61,12 +61,10 @@ class Batch:
 
 
 def pad_rows(rows: Sequence[np.ndarray | Sequence[int]], prefix: int | None = None,
-             suffix: int | None = None, multiple: int = 1) -> Tensor:
-    """Stack id sequences into a right-padded (B, L) int64 tensor, optionally adding a first/last id;
-    L rounded up to a multiple of `multiple`."""
+             suffix: int | None = None) -> Tensor:
+    """Stack id sequences into a right-padded (B, L) int64 tensor, optionally adding a first/last id."""
     extra = (prefix is not None) + (suffix is not None)
     width = max((len(r) for r in rows), default=0) + extra
-    width = -(-width // multiple) * multiple
     out = np.full((len(rows), max(width, 1)), PAD_ID, dtype=np.int64)
     for i, row in enumerate(rows):
         start = 0
@@ -85,14 +83,14 @@ def source_tensor(src_ids: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
     return src, src == PAD_ID
 
 
-def make_batch(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], start_id: int = BOS_ID,
-               pad_multiple: int = 1) -> Batch:
+def make_batch(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], start_id: int = BOS_ID
+               ) -> Batch:
     """Teacher forcing: the decoder reads the start id (model.decoder_start_id) + target and learns to
-    predict target + EOS. Lengths are padded up to a multiple of `pad_multiple` (train.pad_multiple)."""
+    predict target + EOS."""
     return Batch(
-        src=pad_rows(src_ids, suffix=EOS_ID, multiple=pad_multiple),
-        tgt_in=pad_rows(tgt_ids, prefix=start_id, multiple=pad_multiple),
-        tgt_out=pad_rows(tgt_ids, suffix=EOS_ID, multiple=pad_multiple),
+        src=pad_rows(src_ids, suffix=EOS_ID),
+        tgt_in=pad_rows(tgt_ids, prefix=start_id),
+        tgt_out=pad_rows(tgt_ids, suffix=EOS_ID),
     )
 
 
@@ -290,11 +288,9 @@ class PairCorpus:
         start, end = self.tgt_offsets[index: index + 2]
         return self.tgt_tokens[start:end]
 
-    def batch(self, indices: Sequence[int], start_id: int = BOS_ID, pad_multiple: int = 1) -> Batch:
-        """The pairs `indices` as a batch whose decoder inputs begin with `start_id` (model.decoder_start_id),
-        lengths padded up to a multiple of `pad_multiple`."""
-        return make_batch([self.source(i) for i in indices], [self.target(i) for i in indices], start_id,
-                          pad_multiple)
+    def batch(self, indices: Sequence[int], start_id: int = BOS_ID) -> Batch:
+        """The pairs `indices` as a batch whose decoder inputs begin with `start_id` (model.decoder_start_id)."""
+        return make_batch([self.source(i) for i in indices], [self.target(i) for i in indices], start_id)
 
     def batches(self, batch_tokens: int, seed: int, epoch: int, shuffle: bool = True) -> BatchPlan:
         """`token_batches` of these pairs (of those the mix draws for `epoch`, if weighted); with token

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from transformer.training.row_padding import ROW_MULTIPLE  # noqa: E402
 
 # The phases of a step, each a torch.profiler.record_function label.
 PHASES = ("forward", "backward", "clip", "optimizer")
@@ -75,6 +77,7 @@ def profile_child(args: argparse.Namespace, precision: str) -> dict:
     from transformer.training.allocator import reuse_freed_memory
     from transformer.training.loss import batch_loss
     from transformer.training.optim import build_optimizer
+    from transformer.training.row_padding import pad_linear_rows
 
     reuse_freed_memory()
     config = load_config(args.config)
@@ -83,6 +86,7 @@ def profile_child(args: argparse.Namespace, precision: str) -> dict:
     order = iter(corpus.batches(train.batch_tokens, train.seed, epoch=0))
     seed_everything(train.seed)
     model = Transformer(config.model, src_vocab, tgt_vocab)
+    pad_linear_rows(model, args.row_multiple)  # as training does
     optimizer = build_optimizer(model, train)
     device = torch.device("cpu")
 
@@ -155,7 +159,8 @@ def onednn_creations(args: argparse.Namespace, precision: str) -> tuple[int, int
 
 def child_args(args: argparse.Namespace) -> list[str]:
     words = ["--config", str(args.config), "--steps", str(args.steps), "--warmup", str(args.warmup),
-             "--top-shapes", str(args.top_shapes), "--pad-multiple", str(args.pad_multiple)]
+             "--top-shapes", str(args.top_shapes), "--pad-multiple", str(args.pad_multiple),
+             "--row-multiple", str(args.row_multiple)]
     return words + (["--tokenizer-dir", str(args.tokenizer_dir)] if args.tokenizer_dir else [])
 
 
@@ -168,11 +173,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--top-shapes", type=int, default=8, help="matrix-product shapes listed")
     parser.add_argument("--pad-multiple", type=int, default=1, help="pad batch lengths up to a multiple of N")
+    parser.add_argument("--row-multiple", type=int, default=ROW_MULTIPLE,
+                        help="round a linear layer's rows up to a multiple of N in bf16, as training does (1: off)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--onednn-verbose", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.pad_multiple < 1:
-        parser.error(f"--pad-multiple: expected a whole number of at least 1, got {args.pad_multiple}")
+    for name in ("pad_multiple", "row_multiple"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: expected a whole number of at least 1, got {getattr(args, name)}")
     if args.child:
         from transformer.hardware import onednn_cache_setting
 

@@ -47,6 +47,7 @@ from transformer.training.loss import TrainingLoss, batch_loss  # noqa: E402
 import transformer.model  # noqa: E402
 from transformer.model import Transformer  # noqa: E402
 from transformer.training.optim import build_optimizer, learning_rate  # noqa: E402
+from transformer.training.row_padding import ROW_MULTIPLE, pad_linear_rows  # noqa: E402
 from transformer.runtime import autocast, fast_bf16, resolve_precision, seed_everything  # noqa: E402
 from transformer.data.tokenizer import PAD_ID  # noqa: E402
 from transformer.data.tokenizer import load_tokenizers, train_tokenizers  # noqa: E402
@@ -300,6 +301,7 @@ def run_levers(config, train, corpus: PairCorpus, batches, src_vocab: int, tgt_v
     def fresh(train_config, optimizer_fn=build_optimizer) -> tuple[Transformer, torch.optim.Optimizer]:
         seed_everything(train_config.seed)
         model = Transformer(config.model, src_vocab, tgt_vocab)
+        pad_linear_rows(model, args.row_multiple)  # as training does
         return model, optimizer_fn(model, train_config)
 
     other = "fp32" if train.precision == "bf16" else "bf16"
@@ -400,9 +402,12 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="WORD", help="only the levers whose name has one of these words")
     parser.add_argument("--tokenizer-dir", type=Path, help="reuse a run's tokenizer/ instead of training one")
     parser.add_argument("--pad-multiple", type=int, default=1, help="pad batch lengths up to a multiple of N")
+    parser.add_argument("--row-multiple", type=int, default=ROW_MULTIPLE,
+                        help="round a linear layer's rows up to a multiple of N in bf16, as training does (1: off)")
     args = parser.parse_args()
-    if args.pad_multiple < 1:
-        parser.error(f"--pad-multiple: expected a whole number of at least 1, got {args.pad_multiple}")
+    for name in ("pad_multiple", "row_multiple"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}: expected a whole number of at least 1, got {getattr(args, name)}")
 
     config = load_config(args.config)
     train = config.train
@@ -423,6 +428,7 @@ def main() -> None:
 
     seed_everything(train.seed)
     model = Transformer(config.model, src_vocab, tgt_vocab)
+    pad_linear_rows(model, args.row_multiple)  # as training does
     optimizer = build_optimizer(model, train)
     result = measure(model, optimizer, corpus, batches, train, batch_loss, args.warmup, args.steps, args.repeats,
                      args.pad_multiple)

@@ -34,6 +34,7 @@ from transformer.training import distributed
 from transformer.training.logs import TensorBoard
 from transformer.training.optim import build_optimizer
 from transformer.training.precision_choice import decide_precision, log_precision, write_precision
+from transformer.training.row_padding import pad_linear_rows
 from transformer.training.trainer import Trainer, TrainingData, TrainState
 from transformer.training.validation import EvaluationSet, sample_over_lengths
 from transformer.translation.metrics import group_references
@@ -165,6 +166,7 @@ def _train(config: Config, run: RunDirectory, checkpoints: CheckpointManager | N
     with distributed.fail_together():
         model = Transformer(config.model, data.tokenizers.source_vocab_size,
                             data.tokenizers.target_vocab_size).to(device)
+        pad_linear_rows(model)  # in bf16 on a CPU only: few matrix shapes for oneDNN to compile
         if parent is not None:
             load_parent_weights(parent, model)
         optimizer = build_optimizer(model, config.train)

@@ -56,7 +56,8 @@ def _pad(layer: nn.Linear, args: tuple[Tensor, ...], multiple: int) -> tuple[Ten
     if not extra:
         return None
     layer._unpadded_shape = x.shape[:-1]  # for _cut, which sees only the padded input
-    return (F.pad(rows, (0, 0, 0, extra)),)
+    # Cast first, as autocast would after: the copy that pads then moves half the bytes.
+    return (F.pad(rows.to(torch.bfloat16), (0, 0, 0, extra)),)
 
 
 def _cut(layer: nn.Linear, args: tuple[Tensor, ...], out: Tensor) -> Tensor | None:

@@ -103,6 +103,19 @@ def test_the_model_keeps_its_layers_and_weights_and_copies_keep_the_padding():
     assert all(rows % 8 == 0 for rows in rows_multiplied(trial, lambda: loss_and_gradients(trial, "bf16")))
 
 
+def test_a_forward_that_raised_halfway_leaves_no_cut_for_the_next():
+    """An exception between the padding and the cut (Ctrl-C in a notebook, say) must not make a later
+    unpadded forward of the same layer cut its output by the interrupted call's shape."""
+    layer = nn.Linear(4, 3).train()
+    pad_linear_rows(layer, 8)
+    failing = layer.register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt), autocast(CPU, "bf16"):
+        layer(torch.randn(2, 5, 4))
+    failing.remove()
+    x = torch.randn(20, 4)
+    assert torch.equal(layer.eval()(x), nn.functional.linear(x, layer.weight, layer.bias))
+
+
 def test_a_multiple_under_one_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         pad_linear_rows(small_model(), 0)

@@ -49,6 +49,8 @@ def _compiles_per_shape(x: Tensor) -> bool:
 
 def _pad(layer: nn.Linear, args: tuple[Tensor, ...], multiple: int) -> tuple[Tensor] | None:
     (x,) = args
+    # A forward that raised after this hook left its shape behind: no later call may cut by it.
+    layer.__dict__.pop("_unpadded_shape", None)
     if not (layer.training and _compiles_per_shape(x)):
         return None
     rows = x.reshape(-1, x.shape[-1])

@@ -178,9 +178,9 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--onednn-verbose", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for name in ("pad_multiple", "row_multiple"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}: expected a whole number of at least 1, got {getattr(args, name)}")
+    for name in ("pad_multiple", "row_multiple"):  # rows or positions: past a batch's size it only pads
+        if not 1 <= getattr(args, name) <= 4096:
+            parser.error(f"--{name.replace('_', '-')}: expected a whole number from 1 to 4096, got {getattr(args, name)}")
     if args.child:
         from transformer.hardware import onednn_cache_setting
 

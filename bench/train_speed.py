@@ -405,9 +405,9 @@ def main() -> None:
     parser.add_argument("--row-multiple", type=int, default=ROW_MULTIPLE,
                         help="round a linear layer's rows up to a multiple of N in bf16, as training does (1: off)")
     args = parser.parse_args()
-    for name in ("pad_multiple", "row_multiple"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}: expected a whole number of at least 1, got {getattr(args, name)}")
+    for name in ("pad_multiple", "row_multiple"):  # rows or positions: past a batch's size it only pads
+        if not 1 <= getattr(args, name) <= 4096:
+            parser.error(f"--{name.replace('_', '-')}: expected a whole number from 1 to 4096, got {getattr(args, name)}")
 
     config = load_config(args.config)
     train = config.train

@@ -5,6 +5,9 @@ unpadded model; in evaluation, in fp32, and with a multiple of 1 nothing is padd
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +21,7 @@ from transformer.runtime import autocast
 from transformer.training.loss import batch_loss
 from transformer.training.row_padding import pad_linear_rows
 
+ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 50
 CPU = torch.device("cpu")
 
@@ -119,3 +123,14 @@ def test_a_forward_that_raised_halfway_leaves_no_cut_for_the_next():
 def test_a_multiple_under_one_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         pad_linear_rows(small_model(), 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, value", [("train_speed.py", "0"), ("profile_step.py", "99999999999")])
+def test_the_benches_refuse_a_row_multiple_out_of_range_in_one_line(script, value):
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--row-multiple", value],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        f"error: --row-multiple: expected a whole number from 1 to 4096, got {value}")
+    assert "Traceback" not in result.stderr

@@ -170,7 +170,11 @@ _MEMORY_CHILD = textwrap.dedent("""
     from transformer.data.split import split_pairs
     from transformer.data.tokenizer import load_tokenizers
 
+    import pyarrow
+
     def anon():
+        # Arrow's allocator hands freed memory back on a timer: a busy machine would read it as held.
+        pyarrow.default_memory_pool().release_unused()
         return int(re.search(r"RssAnon:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
 
     csv, tokenizer_dir = sys.argv[1:3]

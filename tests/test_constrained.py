@@ -155,6 +155,28 @@ def test_cli_an_empty_trailing_cell_is_no_phrase(trained_run: Path, capsys, monk
     glossary.write_text("cold\tfroid\t\n", encoding="utf-8")
     assert translate(trained_run, "--quiet", "--glossary", str(glossary), "--format", "jsonl", "I'm cold.") == 0
     assert json.loads(capsys.readouterr().out)["constraints"] == [{"phrase": "froid", "met": True}]
+    glossary.write_text('"cold"\t"froid"\n', encoding="utf-8")  # a spreadsheet's quotes are no part of the term
+    assert translate(trained_run, "--quiet", "--glossary", str(glossary), "--format", "jsonl", "I'm cold.") == 0
+    assert json.loads(capsys.readouterr().out)["constraints"] == [{"phrase": "froid", "met": True}]
+
+
+def test_a_cell_a_spreadsheet_quoted_is_its_text(tmp_path: Path):
+    """Excel and LibreOffice wrap a TSV cell holding a comma or a quote in quotes, doubling its own: the
+    phrase was required with its quotes, which no translation of the sentence holds."""
+    path = tmp_path / "terms.tsv"
+    path.write_text('"station, main"\t"gare, principale"\nword\t"le ""bon"" mot"\nodd\t"ab\n'
+                    'two\t"a"b"\nq\t""""\n', encoding="utf-8")
+    glossary = read_glossary(path)
+    assert [(entry.source, entry.target) for entry in glossary.entries] == [
+        ("station, main", "gare, principale"), ("word", 'le "bon" mot'),
+        ("odd", '"ab'), ("two", '"a"b"'), ("q", '"')]  # unbalanced: as written; `""""` is one quote
+    assert glossary.targets_of("The station, main entrance.") == ["gare, principale"]
+    # A phrase cell is unquoted; the source sentence, where quotes may be meant, is as written.
+    assert list(constraint_columns(['"Run!"\t"vite, cours"\t'])) == [('"Run!"', ["vite, cours"])]
+    blank = tmp_path / "blank.tsv"
+    blank.write_text('station\t""\n', encoding="utf-8")
+    with pytest.raises(Exception, match="line 1: the target term is empty"):
+        read_glossary(blank)
 
 
 @pytest.mark.parametrize("content, message", [

@@ -76,6 +76,17 @@ def without_empty_trailing_cells(cells: list[str], keep: int) -> list[str]:
     return cells[:end]
 
 
+def unquoted_cell(cell: str) -> str:
+    """A tab-separated cell as a spreadsheet meant it: the exports of Excel and LibreOffice wrap a cell
+    that holds a quote, a comma or a tab in quotes and double its own quotes (`"gare, quai"`,
+    `"le ""bon"" mot"`); such a cell is its text. Anything else, a lone or unbalanced quote included, is as
+    written. For cells that hold a term or a phrase, which are never meant with quotes around them."""
+    inner = cell[1:-1]
+    if len(cell) >= 2 and cell[0] == cell[-1] == '"' and '"' not in inner.replace('""', ""):
+        return inner.replace('""', '"')
+    return cell
+
+
 def clean_text_normalizer() -> "Normalizer":
     """`clean_text` as a `tokenizers` normalizer, step for step, for a tokenizer that must clean text
     itself (a Hugging Face export has no other place for it). The character sets are those of this
@@ -136,5 +147,5 @@ def read_lines(path: Path, what: str) -> list[str]:
         raise UserError(f"cannot read {what} {path}: {error.strerror or error}") from None
 
 
-__all__ = ["APOSTROPHES", "is_invisible", "clean_text", "whole_words", "without_empty_trailing_cells",
+__all__ = ["APOSTROPHES", "is_invisible", "clean_text", "whole_words", "without_empty_trailing_cells", "unquoted_cell",
            "clean_text_normalizer", "iter_lines", "read_lines"]

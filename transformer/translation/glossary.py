@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformer.data.text import clean_text, read_lines, whole_words, without_empty_trailing_cells
+from transformer.data.text import clean_text, read_lines, unquoted_cell, whole_words, without_empty_trailing_cells
 from transformer.decoding import PhraseError
 from transformer.errors import UserError
 
@@ -49,13 +49,15 @@ class Glossary:
 
 def read_glossary(path: Path) -> Glossary:
     """The glossary in `path` (UTF-8; blank lines skipped). Empty cells at the end of a line (a spreadsheet's
-    export: `source<TAB>target<TAB>`) are no term. A line without a tab, or with a blank side,
+    export: `source<TAB>target<TAB>`) are no term, and a cell the export wrapped in quotes is its text
+    (data.text.unquoted_cell). A line without a tab, or with a blank side,
     is a UserError naming the file and line; so is a file that is not UTF-8."""
     entries = []
     for number, line in enumerate(read_lines(path, "glossary"), start=1):
         if not line.strip():
             continue
-        source, tab, target = "\t".join(without_empty_trailing_cells(line.split("\t"), keep=2)).partition("\t")
+        cells = [unquoted_cell(cell) for cell in without_empty_trailing_cells(line.split("\t"), keep=2)]
+        source, tab, target = "\t".join(cells).partition("\t")
         if not tab:
             raise UserError(f"{path}, line {number}: no tab: expected a source term, a tab, then the target term")
         for side, term in (("source", source), ("target", target)):

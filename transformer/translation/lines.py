@@ -20,7 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, TextIO
 
-from transformer.data.text import iter_lines, read_lines, without_empty_trailing_cells
+from transformer.data.text import iter_lines, read_lines, unquoted_cell, without_empty_trailing_cells
 from transformer.errors import UserError, option
 from transformer.files import atomic_writer, remove_file_leftovers
 from transformer.translation.metrics import score
@@ -197,10 +197,12 @@ def _inspect_chunk(translator, chunk: list[str], n_best: int, first: int, attent
 def constraint_columns(lines: Iterable[str]) -> Iterator[tuple[str, list[str]]]:
     """Each line as (source, its phrases): `source<TAB>phrase[<TAB>phrase…]`; a line without a tab has
     none, and a blank line is ("", []). Empty cells at a line's end (a spreadsheet's export:
-    `source<TAB>phrase<TAB>`) are no phrase; an empty one between phrases is refused (decoding.check_phrases)."""
+    `source<TAB>phrase<TAB>`) are no phrase; an empty one between phrases is refused (decoding.check_phrases).
+    A phrase cell the export wrapped in quotes is its text (data.text.unquoted_cell); the source is as written,
+    where quotes around a sentence may be meant."""
     for line in lines:
         source, *phrases = without_empty_trailing_cells(line.split("\t"), keep=1)
-        yield source, phrases
+        yield source, [unquoted_cell(phrase) for phrase in phrases]
 
 
 def _checked_phrases(engine: Engine, number: int, phrases: list[str]) -> list[str]:

@@ -4,7 +4,8 @@
     python bench/checkpoint_choice.py --run runs/base --test step_00007720   # once, for the finalist
 
 Every step checkpoint under RUN/checkpoints (keep them all with `--set train.keep_checkpoints=1000`,
-or copy them aside as the run goes) is scored on the run's whole validation split
+or copy them aside as the run goes, into a directory that also holds or links the run's heldout/,
+tokenizer/ and config.yaml) is scored on the run's whole validation split
 (RUN/heldout/valid.*, all references): greedy BLEU, as validation translates. Then the candidates
 each rule would have made `best`, with the run's decode settings (beam 5 in configs/base.yaml), as
 translate.py translates:
@@ -31,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from transformer.checkpoints.format import read_meta  # noqa: E402
+from transformer.errors import UserError  # noqa: E402
 from transformer.translation.metrics import score  # noqa: E402
 from transformer.translation.texts import translate_texts  # noqa: E402
 from transformer.translation.torch_engine import load_translator  # noqa: E402
@@ -57,8 +59,21 @@ def main() -> None:
     parser.add_argument("--run", type=Path, required=True)
     parser.add_argument("--test", metavar="CHECKPOINT", help="score this step checkpoint on the test split, alone")
     args = parser.parse_args()
+    try:
+        choose(parser, args)
+    except UserError as error:  # a checkpoint without its run's tokenizer, a damaged one: one line
+        parser.error(str(error))
+
+
+def choose(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.WARNING)
     checkpoints = args.run / "checkpoints"
+    split = "test" if args.test else "valid"
+    if not list((args.run / "heldout").glob(f"{split}.*.*")):
+        parser.error(f"{args.run / 'heldout'}: no {split} split with references here: --run takes a run "
+                     "directory that train.py wrote")
+    if args.test and not (checkpoints / args.test).is_dir():
+        parser.error(f"--test {args.test}: no such checkpoint in {checkpoints}")
 
     if args.test:
         sources, references = read_split(args.run, "test")
@@ -80,7 +95,7 @@ def main() -> None:
         print(f"{path.name}: sample BLEU {metrics['valid_bleu']:.2f}, valid NLL {metrics['valid_nll']:.4f}, "
               f"whole-split greedy BLEU {whole:.2f} ({rows[-1]['seconds']:.1f} s)", flush=True)
     if not rows:
-        raise SystemExit(f"{checkpoints}: no validated step checkpoint")
+        parser.error(f"{checkpoints}: no validated step checkpoint")
 
     def first_best(key, sign=1):
         best = rows[0]
@@ -89,7 +104,7 @@ def main() -> None:
                 best = row
         return best
 
-    candidates = {"sample BLEU (today's best)": first_best("sample"), "whole-split BLEU": first_best("whole"),
+    candidates = {"sample BLEU (the rule before)": first_best("sample"), "whole-split BLEU": first_best("whole"),
                   "validation loss": first_best("nll", -1), "last": rows[-1]}
     beam: dict[str, float] = {}
     print(f"\n{len(sources)} validation sentences; beam BLEU with the run's decode settings")

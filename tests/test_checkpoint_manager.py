@@ -257,3 +257,28 @@ def test_the_run_state_is_replaced_in_one_rename(tmp_path: Path, tiny_csv: Path,
     assert train_run(config, run_dir) == 2
     assert (run_dir / STATE_FILE).read_bytes() == state_bytes
     assert not list(run_dir.glob(f".{STATE_FILE}.tmp-*"))
+
+
+@pytest.mark.slow
+def test_the_checkpoint_bench_refuses_a_directory_without_a_run_in_one_line(tmp_path: Path):
+    """bench/checkpoint_choice.py, which measured the rule above, stopped with a traceback (StopIteration) on
+    a directory train.py did not write."""
+    import subprocess
+
+    bench = [sys.executable, str(ROOT / "bench" / "checkpoint_choice.py"), "--run", str(tmp_path)]
+    for extra, message in (([], f"{tmp_path / 'heldout'}: no valid split with references here"),
+                           (["--test", "step_00000010"], f"{tmp_path / 'heldout'}: no test split")):
+        result = subprocess.run(bench + extra, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert message in result.stderr.strip().splitlines()[-1]
+    (tmp_path / "heldout").mkdir()
+    (tmp_path / "heldout" / "test.en").write_text("Hi.\n", encoding="utf-8")
+    (tmp_path / "heldout" / "test.fr.1").write_text("Salut.\n", encoding="utf-8")
+    result = subprocess.run(bench + ["--test", "step_00000010"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        f"--test step_00000010: no such checkpoint in {tmp_path / 'checkpoints'}")
+    (tmp_path / "checkpoints" / "step_00000010").mkdir(parents=True)  # copied aside without its files
+    result = subprocess.run(bench + ["--test", "step_00000010"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert str(tmp_path / "checkpoints" / "step_00000010") in result.stderr.strip().splitlines()[-1]
